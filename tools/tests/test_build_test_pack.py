@@ -1,0 +1,404 @@
+"""Tests for the test-pack build, the pack writer and the cubin reader.
+
+Run with ``PYTHONPATH=tools python3 -m pytest tools/tests``; no GPU needed.
+The manifest validator below re-implements the rules of docs/pack-format.md
+independently of the writer, so a writer bug cannot hide behind itself.
+"""
+
+import hashlib
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+from kpack_tools import build_test_pack
+from kpack_tools.cubin import parse_cubin, read_cubin
+from kpack_tools.pack import Kernel, Variant, write_pack
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED_PACK = REPO / "kernels" / "testpack"
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+SLOT_SIZES = {
+    "i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
+    "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8,
+}
+HIDDEN = ("$global_scratch", "$profile_scratch")
+VARIANT_REQUIRED = {
+    "name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
+    "shared", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
+    "profile_scratch_align", "launch_pdl", "launch_cooperative_grid", "layout",
+}
+VARIANT_OPTIONAL = {"num_stages", "triton_version"}
+
+
+def _is_int(value):
+    return type(value) is int  # bool is an int subclass, and not an integer field
+
+
+def _type_size(param_type):
+    if re.fullmatch(r"\*[A-Za-z0-9_]+", param_type):
+        return 8
+    return SLOT_SIZES.get(param_type)
+
+
+def validate_manifest(manifest, pack_dir):
+    """Return the list of docs/pack-format.md rule violations (empty if valid)."""
+    errors = []
+    pack_dir = Path(pack_dir).resolve()
+    unknown = set(manifest) - {"format", "generator", "kernels"}
+    if unknown:
+        errors.append(f"unknown top-level fields {sorted(unknown)}")
+    if manifest.get("format") != "kpack/1":
+        errors.append("format is not kpack/1")
+    if "generator" in manifest and not isinstance(manifest["generator"], str):
+        errors.append("generator is not a string")
+    kernels = manifest.get("kernels")
+    if not isinstance(kernels, list) or not kernels:
+        return errors + ["kernels must be a non-empty array"]
+    names = [k.get("name") for k in kernels]
+    if len(set(names)) != len(names):
+        errors.append(f"duplicate kernel names {names}")
+    for kernel in kernels:
+        errors += _validate_kernel(kernel, pack_dir)
+    return errors
+
+
+def _validate_kernel(kernel, pack_dir):
+    where = f"kernel {kernel.get('name')!r}"
+    if set(kernel) != {"name", "params", "variants"}:
+        return [f"{where}: fields {sorted(kernel)}"]
+    errors = []
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", kernel["name"]):
+        errors.append(f"{where}: bad name")
+    params = kernel["params"]
+    for param in params:
+        if set(param) != {"name", "type"}:
+            errors.append(f"{where}: param fields {sorted(param)}")
+        elif param["type"] != "constexpr" and _type_size(param["type"]) is None:
+            errors.append(f"{where}: param {param['name']!r} has bad type {param['type']!r}")
+    param_names = [p.get("name") for p in params]
+    if len(set(param_names)) != len(param_names):
+        errors.append(f"{where}: duplicate param names")
+    if errors:
+        return errors
+    variants = kernel["variants"]
+    if len(variants) != 1:  # until dispatch lands
+        errors.append(f"{where}: {len(variants)} variants, kpack/1 needs exactly one")
+    for variant in variants:
+        errors += _validate_variant(variant, params, pack_dir,
+                                    f"{where}: variant {variant.get('name')!r}")
+    return errors
+
+
+def _validate_variant(variant, params, pack_dir, where):
+    fields = set(variant)
+    if not VARIANT_REQUIRED <= fields or fields - VARIANT_REQUIRED - VARIANT_OPTIONAL:
+        return [f"{where}: fields {sorted(fields)}"]
+    errors = []
+    cubin = variant["cubin"]
+    if os.path.isabs(cubin) or ".." in Path(cubin).parts:
+        errors.append(f"{where}: cubin path {cubin!r} not relative inside the pack")
+    path = (pack_dir / cubin).resolve()
+    if pack_dir not in path.parents or not path.is_file():
+        errors.append(f"{where}: cubin {cubin!r} missing or outside the pack")
+    elif hashlib.sha256(path.read_bytes()).hexdigest() != variant["sha256"]:
+        errors.append(f"{where}: sha256 mismatch")
+    if not re.fullmatch(r"[0-9a-f]{64}", variant["sha256"]):
+        errors.append(f"{where}: sha256 is not 64 lowercase hex digits")
+    for field in ("name", "entry"):
+        if not isinstance(variant[field], str):
+            errors.append(f"{where}: {field} is not a string")
+    ranges = {"arch": (0, None), "num_warps": (1, 32), "num_ctas": (1, 16),
+              "shared": (0, 1 << 20), "global_scratch_size": (0, None),
+              "profile_scratch_size": (0, None), "global_scratch_align": (1, 4096),
+              "profile_scratch_align": (1, 4096)}
+    for field, (low, high) in ranges.items():
+        value = variant[field]
+        if not _is_int(value) or value < low or (high is not None and value > high):
+            errors.append(f"{where}: {field} = {value!r} out of range")
+    for field in ("global_scratch_align", "profile_scratch_align"):
+        if _is_int(variant[field]) and variant[field] & (variant[field] - 1):
+            errors.append(f"{where}: {field} is not a power of two")
+    for field in ("launch_pdl", "launch_cooperative_grid"):
+        if not isinstance(variant[field], bool):
+            errors.append(f"{where}: {field} is not a bool")
+    if "num_stages" in variant and not _is_int(variant["num_stages"]):
+        errors.append(f"{where}: num_stages is not an integer")
+    if "triton_version" in variant and not isinstance(variant["triton_version"], str):
+        errors.append(f"{where}: triton_version is not a string")
+    constexpr_names = {p["name"] for p in params if p["type"] == "constexpr"}
+    constexprs = variant["constexprs"]
+    if not isinstance(constexprs, dict) or set(constexprs) != constexpr_names:
+        errors.append(f"{where}: constexprs do not match the constexpr params")
+    elif not all(isinstance(v, (bool, int, float, str, type(None))) for v in constexprs.values()):
+        errors.append(f"{where}: constexpr values must be scalars")
+    return errors + _validate_layout(variant["layout"], params, where)
+
+
+def _validate_layout(layout, params, where):
+    sizes = {p["name"]: _type_size(p["type"]) for p in params if p["type"] != "constexpr"}
+    sizes.update({name: 8 for name in HIDDEN})
+    errors = []
+    end = 0
+    seen = []
+    for i, slot in enumerate(layout):
+        if set(slot) != {"param", "offset", "size"}:
+            errors.append(f"{where}: layout[{i}] fields {sorted(slot)}")
+            continue
+        name, offset, size = slot["param"], slot["offset"], slot["size"]
+        if name not in sizes:
+            errors.append(f"{where}: layout[{i}] names unknown param {name!r}")
+            continue
+        seen.append(name)
+        if not _is_int(offset) or not _is_int(size) or size != sizes[name]:
+            errors.append(f"{where}: layout[{i}].size {size!r} != {sizes[name]} for {name!r}")
+            continue
+        if offset < end:
+            errors.append(f"{where}: layout[{i}] overlaps or is out of order")
+        if offset % size:
+            errors.append(f"{where}: layout[{i}] offset {offset} not aligned to {size}")
+        end = offset + size
+    if end > 4096:
+        errors.append(f"{where}: parameter buffer ends at {end} > 4096")
+    call_params = [n for n in sizes if n not in HIDDEN]
+    if sorted(n for n in seen if n not in HIDDEN) != sorted(call_params):
+        errors.append(f"{where}: call params in layout {seen} != {call_params}")
+    for name in HIDDEN:
+        if seen.count(name) > 1:
+            errors.append(f"{where}: {name} appears {seen.count(name)} times")
+    return errors
+
+
+def _variants(manifest):
+    for kernel in manifest["kernels"]:
+        for variant in kernel["variants"]:
+            yield kernel, variant
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A fresh build of the test pack: (pack directory, manifest)."""
+    out = tmp_path_factory.mktemp("build") / "testpack"
+    manifest = build_test_pack.build(out, log=lambda line: None)
+    return out, manifest
+
+
+@pytest.fixture(scope="module")
+def add_cubin(built):
+    return (built[0] / "cubins" / "add" / "default.cubin").read_bytes()
+
+
+def test_written_manifest_is_what_build_returned(built):
+    out, manifest = built
+    text = (out / "manifest.json").read_text(encoding="utf-8")
+    assert text == json.dumps(manifest, indent=2) + "\n"
+
+
+def test_manifest_follows_pack_format(built):
+    out, manifest = built
+    assert validate_manifest(manifest, out) == []
+    assert [k["name"] for k in manifest["kernels"]] == \
+        ["add", "scalars", "matmul", "cluster", "pdl", "scratch"]
+
+
+def test_layout_is_what_the_cubin_says(built):
+    out, manifest = built
+    for _, variant in _variants(manifest):
+        cubin = read_cubin(out / variant["cubin"])
+        assert cubin.arch == variant["arch"] == 90 and cubin.arch_specific
+        assert cubin.entries == (variant["entry"],)
+        slots = cubin.layouts[variant["entry"]]
+        assert [(s["offset"], s["size"]) for s in variant["layout"]] == \
+            [(s.offset, s.size) for s in slots]
+
+
+def test_add_layout_is_the_known_truth(built):
+    _, manifest = built
+    add = manifest["kernels"][0]["variants"][0]
+    assert [(s["param"], s["offset"], s["size"]) for s in add["layout"]] == [
+        ("x_ptr", 0, 8), ("y_ptr", 8, 8), ("out_ptr", 16, 8), ("n", 24, 4),
+        ("$global_scratch", 32, 8), ("$profile_scratch", 40, 8)]
+
+
+@pytest.mark.skipif(not CUOBJDUMP.is_file(), reason="Triton's cuobjdump not found")
+def test_cubin_reader_agrees_with_cuobjdump(built):
+    out, manifest = built
+    for _, variant in _variants(manifest):
+        path = out / variant["cubin"]
+        dump = subprocess.run([str(CUOBJDUMP), "-elf", str(path)], check=True,
+                              capture_output=True, text=True).stdout
+        assert "sm=90a" in dump.splitlines()[1]
+        records = re.findall(r"Ordinal\s*:\s*(0x[0-9a-f]+)\s+Offset\s*:\s*(0x[0-9a-f]+)\s+"
+                             r"Size\s*:\s*(0x[0-9a-f]+)", dump)
+        expected = sorted(tuple(int(v, 16) for v in record) for record in records)
+        slots = read_cubin(path).layouts[variant["entry"]]
+        assert [(s.ordinal, s.offset, s.size) for s in slots] == expected
+
+
+def test_kernels_have_their_features(built):
+    _, manifest = built
+    variants = {k["name"]: v for k, v in _variants(manifest)}
+    assert variants["matmul"]["shared"] > 49152
+    assert variants["cluster"]["num_ctas"] == 2
+    assert variants["pdl"]["launch_pdl"] is True
+    assert variants["scratch"]["global_scratch_size"] > 0
+    scalars = [(s["param"], s["size"]) for s in variants["scalars"]["layout"]]
+    assert scalars[3:8] == [("alpha", 4), ("beta", 2), ("gamma", 2), ("flag", 1), ("big", 8)]
+
+
+def test_pack_is_small(built):
+    out, _ = built
+    assert sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) < 500 * 1024
+
+
+def test_committed_pack_matches_a_fresh_build(built):
+    """The cubins are byte-reproducible (no line info), so everything but the
+    free-text generator, sha256s included, must match the committed pack."""
+    out, manifest = built
+    committed = json.loads((COMMITTED_PACK / "manifest.json").read_text(encoding="utf-8"))
+    assert validate_manifest(committed, COMMITTED_PACK) == []
+    committed.pop("generator", None)
+    fresh = {k: v for k, v in manifest.items() if k != "generator"}
+    assert committed == fresh, "kernels/testpack is stale: rebuild it with build_test_pack"
+    for _, variant in _variants(manifest):
+        assert (COMMITTED_PACK / variant["cubin"]).read_bytes() == \
+            (out / variant["cubin"]).read_bytes()
+
+
+def _add_variant(cubin, **metadata):
+    meta = {"name": "add_kernel", "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+            "num_warps": 4, "num_ctas": 1, "shared": 0,
+            "global_scratch_size": 0, "global_scratch_align": 1,
+            "profile_scratch_size": 0, "profile_scratch_align": 1,
+            "launch_pdl": False, "launch_cooperative_grid": False}
+    meta.update(metadata)
+    return Variant(name="default", cubin=cubin, metadata=meta, constexprs={"BLOCK": 1024})
+
+
+ADD_PARAMS = [("x_ptr", "*fp32"), ("y_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"),
+              ("BLOCK", "constexpr")]
+
+
+def test_writer_accepts_raw_cubin_and_metadata(tmp_path, add_cubin):
+    manifest = write_pack(tmp_path / "p", [Kernel("add", ADD_PARAMS, [_add_variant(add_cubin)])])
+    assert validate_manifest(manifest, tmp_path / "p") == []
+    assert "generator" not in manifest and "num_stages" not in manifest["kernels"][0]["variants"][0]
+
+
+@pytest.mark.parametrize("params, variant_meta, message", [
+    (ADD_PARAMS[:2] + ADD_PARAMS[3:], {}, "cubin has 6 parameters, expected 3 call"),
+    (ADD_PARAMS[:3] + [("n", "i64"), ADD_PARAMS[4]], {}, "('n') is 4 bytes, its type needs 8"),
+    (ADD_PARAMS, {"name": "other_kernel"}, "entry 'other_kernel' not in cubin"),
+    (ADD_PARAMS, {"target": {"arch": 80}}, "cubin is for sm_90, metadata target is 80"),
+    (ADD_PARAMS[:4] + [("BLOCK", "nvTmaDesc")], {}, "'nvTmaDesc' is not supported"),
+])
+def test_writer_refuses_mismatches(tmp_path, add_cubin, params, variant_meta, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        write_pack(tmp_path / "p",
+                   [Kernel("add", params, [_add_variant(add_cubin, **variant_meta)])])
+    assert not (tmp_path / "p").exists()
+
+
+def test_writer_refuses_to_replace_a_non_pack(tmp_path, add_cubin):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "precious.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="is not a pack"):
+        write_pack(tmp_path / "p", [Kernel("add", ADD_PARAMS, [_add_variant(add_cubin)])])
+    assert (tmp_path / "p" / "precious.txt").read_text() == "keep me"
+
+
+def _section_header(data, name):
+    """Byte offset of the section header named ``name``."""
+    shoff, = struct.unpack_from("<Q", data, 40)
+    shnum, shstrndx = struct.unpack_from("<HH", data, 60)
+    strtab_offset, = struct.unpack_from("<Q", data, shoff + shstrndx * 64 + 24)
+    for i in range(shnum):
+        header = shoff + i * 64
+        name_offset, = struct.unpack_from("<I", data, header)
+        start = strtab_offset + name_offset
+        if data[start:data.index(b"\0", start)] == name.encode():
+            return header
+    raise KeyError(name)
+
+
+def _kparam_payloads(data):
+    """Byte offsets of the KPARAM_INFO payloads in .nv.info.add_kernel."""
+    header = _section_header(data, ".nv.info.add_kernel")
+    offset, size = struct.unpack_from("<QQ", data, header + 24)
+    body = data[offset:offset + size]
+    return [offset + m.start() + 4 for m in re.finditer(b"\x04\x17\x0c\x00", body)]
+
+
+@pytest.mark.parametrize("cut", [0, 3, 20, 63, 64, 200, 2000, -300, -1])
+def test_cubin_truncated(add_cubin, cut):
+    with pytest.raises(ValueError, match="truncated|not an ELF"):
+        parse_cubin(add_cubin[:cut])
+
+
+@pytest.mark.parametrize("data", [b"", b"hello world" * 10, b"// PTX\n.version 8.7\n" * 5])
+def test_cubin_not_elf(data):
+    with pytest.raises(ValueError, match="not an ELF file"):
+        parse_cubin(data)
+
+
+def test_cubin_wrong_class_machine_abi(add_cubin):
+    elf32 = add_cubin[:4] + b"\x01" + add_cubin[5:]
+    with pytest.raises(ValueError, match="not a 64-bit little-endian"):
+        parse_cubin(elf32)
+    x86 = add_cubin[:18] + struct.pack("<H", 62) + add_cubin[20:]
+    with pytest.raises(ValueError, match="e_machine is 62"):
+        parse_cubin(x86)
+    abi9 = add_cubin[:8] + b"\x09" + add_cubin[9:]
+    with pytest.raises(ValueError, match="unsupported CUDA ELF ABI version 9"):
+        parse_cubin(abi9)
+
+
+def test_cubin_missing_nv_info_section(add_cubin):
+    renamed = add_cubin.replace(b".nv.info.add_kernel\0", b".nv.ofni.add_kernel\0")
+    assert renamed != add_cubin
+    with pytest.raises(ValueError, match=r"no section '\.nv\.info\.add_kernel'"):
+        parse_cubin(renamed)
+
+
+def test_cubin_truncated_nv_info_record(add_cubin):
+    data = bytearray(add_cubin)
+    header = _section_header(data, ".nv.info.add_kernel")
+    size, = struct.unpack_from("<Q", data, header + 32)
+    struct.pack_into("<Q", data, header + 32, size - 2)
+    with pytest.raises(ValueError, match="runs past the end|truncated record"):
+        parse_cubin(bytes(data))
+
+
+def test_cubin_bad_kparam_ordinals(add_cubin):
+    data = bytearray(add_cubin)
+    payloads = _kparam_payloads(data)
+    assert len(payloads) == 6
+    struct.pack_into("<H", data, payloads[0] + 4, 0)  # two parameters with ordinal 0
+    with pytest.raises(ValueError, match=r"ordinals of 'add_kernel' are not 0\.\.5"):
+        parse_cubin(bytes(data))
+
+
+def test_cubin_layout_sorted_by_ordinal(add_cubin):
+    cubin = parse_cubin(add_cubin)
+    assert cubin.entries == ("add_kernel",)
+    assert [s.ordinal for s in cubin.layouts["add_kernel"]] == list(range(6))
+    # ptxas writes the records in descending ordinal order; sorting is the reader's job.
+    data = add_cubin
+    ordinals = [struct.unpack_from("<H", data, p + 4)[0] for p in _kparam_payloads(data)]
+    assert ordinals == sorted(ordinals, reverse=True)
+
+
+def test_cli_writes_the_pack(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tools"))
+    out = tmp_path / "cli"
+    result = subprocess.run(
+        [sys.executable, "-m", "kpack_tools.build_test_pack",
+         "--out", str(out)], env=env, check=True, capture_output=True, text=True)
+    assert "matmul" in result.stdout and (out / "manifest.json").is_file()
