@@ -1,0 +1,1548 @@
+// The recording fake CUDA driver; fake_driver.h describes what it models.
+
+#include "fake_driver.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <elf.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "cubin/cubin_reader.h"
+
+namespace kpack::fake {
+namespace {
+
+// driver_symbols.h as data: Fn::k<name> indexes kFnNames and kFnVersions.
+enum class Fn : int {
+#define KPACK_DRIVER_SYMBOL(name, version) k##name,
+#include "driver/driver_symbols.h"
+#undef KPACK_DRIVER_SYMBOL
+  kCount,
+};
+constexpr int kFnCount = static_cast<int>(Fn::kCount);
+
+constexpr std::string_view kFnNames[] = {
+#define KPACK_DRIVER_SYMBOL(name, version) #name,
+#include "driver/driver_symbols.h"
+#undef KPACK_DRIVER_SYMBOL
+};
+
+constexpr int kFnVersions[] = {
+#define KPACK_DRIVER_SYMBOL(name, version) version,
+#include "driver/driver_symbols.h"
+#undef KPACK_DRIVER_SYMBOL
+};
+
+constexpr int kDriverVersion = 13000;
+constexpr int kWarpSize = 32;
+// Static plus dynamic shared memory a launch may use without opting in, per block.
+constexpr int kDefaultSharedPerBlock = 48 * 1024;
+constexpr unsigned kMaxBlockDimXY = 1024;
+constexpr unsigned kMaxBlockDimZ = 64;
+constexpr unsigned kMaxGridDimX = INT_MAX;
+constexpr unsigned kMaxGridDimYZ = 65535;
+constexpr uint64_t kPortableClusterSize = 8;
+constexpr uint64_t kNonPortableClusterSize = 16;
+constexpr int kMaxContextDepth = 64;
+constexpr size_t kAllocationAlignment = 256;
+// Device memory is host memory; this bounds what a runaway size can take from the host.
+constexpr size_t kMaxLiveBytes = size_t{4} << 30;
+constexpr uint64_t kMaxImageBytes = uint64_t{1} << 30;
+// An `extra` array longer than this has lost its CU_LAUNCH_PARAM_END.
+constexpr int kMaxExtraEntries = 16;
+// Launches a capture graph holds before its first reallocation.
+constexpr size_t kCaptureReserve = 64;
+// Allocations before the allocation table first grows.
+constexpr size_t kAllocationReserve = 1024;
+// Fresh device memory is filled with this, so reading memory nobody wrote shows.
+constexpr unsigned char kUninitializedByte = 0xa5;
+
+[[noreturn]] void Die(std::string_view message) {
+  std::fprintf(stderr, "kpack fake CUDA driver: %.*s\n", static_cast<int>(message.size()),
+               message.data());
+  std::abort();
+}
+
+int FnIndexOrDie(std::string_view fn) {
+  for (int i = 0; i < kFnCount; ++i) {
+    if (kFnNames[i] == fn) return i;
+  }
+  Die(std::string(fn) + " is not in driver_symbols.h (give the name without \"cu\")");
+}
+
+// std::mutex with thread-safety annotations. Not absl::Mutex: the Debian libabsl is built
+// without TSan instrumentation, so TSan cannot see its synchronization and reports races
+// on everything it guards.
+class ABSL_LOCKABLE Mutex {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+
+ private:
+  std::mutex mu_;
+};
+
+class ABSL_SCOPED_LOCKABLE MutexLock {
+ public:
+  explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+// Everything a handle can point at. A destroyed object is parked in State::retired, not
+// freed, until Reset(), so a stale handle can never alias a newer object.
+struct Object {
+  virtual ~Object() = default;
+};
+
+struct Context : Object {
+  int device = 0;
+  int refcount = 0;
+};
+
+struct Image;
+
+// A kernel of a loaded library or module. CUkernel and CUfunction handles both point here.
+struct Entry {
+  Image* image = nullptr;
+  std::string name;
+  std::vector<internal::CubinParam> params;
+  uint32_t param_bytes = 0;
+  // (device, CUfunction_attribute) -> value, as set with cuKernelSetAttribute.
+  absl::flat_hash_map<std::pair<int, int>, int> attributes;
+};
+
+// A loaded library (context-independent) or module (bound to the context it was loaded in).
+struct Image : Object {
+  int arch = 0;
+  Context* module_context = nullptr;  // null for a library
+  std::vector<std::unique_ptr<Entry>> entries;
+};
+
+struct Graph : Object {
+  std::vector<LaunchRecord> launches;
+};
+
+struct GraphExec : Object {
+  std::vector<LaunchRecord> launches;
+};
+
+struct Stream : Object {
+  Context* context = nullptr;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id capture_thread;
+  std::unique_ptr<Graph> capture_graph;
+};
+
+struct Allocation {
+  CUdeviceptr base;
+  size_t size;  // as requested
+};
+
+struct Failure {
+  int countdown;  // calls to let through first
+  CUresult code;
+};
+
+// The live objects of one kind, keyed by the address their handles carry.
+template <typename T>
+class Registry {
+ public:
+  T* Add(std::unique_ptr<T> object) {
+    T* raw = object.get();
+    live_.emplace(raw, std::move(object));
+    return raw;
+  }
+  T* Find(const void* handle) const {
+    auto it = live_.find(handle);
+    return it == live_.end() ? nullptr : it->second.get();
+  }
+  std::unique_ptr<T> Take(const void* handle) {
+    auto it = live_.find(handle);
+    std::unique_ptr<T> object = std::move(it->second);
+    live_.erase(it);
+    return object;
+  }
+  size_t size() const { return live_.size(); }
+  void clear() { live_.clear(); }
+  auto begin() { return live_.begin(); }
+  auto end() { return live_.end(); }
+
+ private:
+  absl::flat_hash_map<const void*, std::unique_ptr<T>> live_;
+};
+
+struct State {
+  State();
+
+  Mutex mu;
+  // Read without the lock on every call.
+  std::atomic<bool> initialized{false};
+  std::atomic<bool> launch_noop{false};
+  std::atomic<int> pending_failures{0};
+  std::array<std::atomic<int64_t>, kFnCount> calls{};
+  // Bumped to empty every thread's context stack at once (Reset, SetDevices).
+  std::atomic<uint64_t> generation{1};
+
+  std::vector<DeviceConfig> devices ABSL_GUARDED_BY(mu);
+  KernelLimits limits ABSL_GUARDED_BY(mu);
+  bool auto_context ABSL_GUARDED_BY(mu) = true;
+  CUresult init_error ABSL_GUARDED_BY(mu) = CUDA_SUCCESS;
+  std::array<std::vector<Failure>, kFnCount> failures ABSL_GUARDED_BY(mu);
+  std::array<bool, kFnCount> hidden ABSL_GUARDED_BY(mu) = {};
+
+  std::vector<Context*> primaries ABSL_GUARDED_BY(mu);  // by device
+  Registry<Context> contexts ABSL_GUARDED_BY(mu);
+  Registry<Image> images ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<const void*, Entry*> entries ABSL_GUARDED_BY(mu);
+  Registry<Stream> streams ABSL_GUARDED_BY(mu);
+  Registry<Graph> graphs ABSL_GUARDED_BY(mu);
+  Registry<GraphExec> execs ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<Object>> retired ABSL_GUARDED_BY(mu);
+  int active_captures ABSL_GUARDED_BY(mu) = 0;
+
+  std::vector<Allocation> allocations ABSL_GUARDED_BY(mu);
+  int64_t live_bytes ABSL_GUARDED_BY(mu) = 0;
+
+  std::vector<KernelAttributeSet> attribute_sets ABSL_GUARDED_BY(mu);
+  int64_t library_loads ABSL_GUARDED_BY(mu) = 0;
+  // Allocated once, so recording a launch never allocates.
+  std::vector<LaunchRecord> ring ABSL_GUARDED_BY(mu);
+  int64_t launch_count ABSL_GUARDED_BY(mu) = 0;
+};
+
+void CreatePrimaries(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  for (size_t device = 0; device < s.devices.size(); ++device) {
+    auto context = std::make_unique<Context>();
+    context->device = static_cast<int>(device);
+    s.primaries.push_back(s.contexts.Add(std::move(context)));
+  }
+}
+
+void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  for (const Allocation& allocation : s.allocations) {
+    std::free(reinterpret_cast<void*>(allocation.base));
+  }
+  s.allocations.clear();
+  s.live_bytes = 0;
+  s.streams.clear();
+  s.graphs.clear();
+  s.execs.clear();
+  s.entries.clear();
+  s.images.clear();
+  s.primaries.clear();
+  s.contexts.clear();
+  s.retired.clear();
+  s.active_captures = 0;
+  s.devices = {DeviceConfig{}};
+  CreatePrimaries(s);
+  s.limits = KernelLimits{};
+  s.auto_context = true;
+  s.init_error = CUDA_SUCCESS;
+  for (std::vector<Failure>& pending : s.failures) pending.clear();
+  s.pending_failures.store(0);
+  s.hidden.fill(false);
+  for (std::atomic<int64_t>& count : s.calls) count.store(0);
+  s.attribute_sets.clear();
+  s.library_loads = 0;
+  s.launch_count = 0;
+  s.initialized.store(false);
+  s.launch_noop.store(false);
+  s.generation.fetch_add(1);
+}
+
+State::State() : ring(kLaunchRingCapacity) {
+  MutexLock lock(&mu);
+  allocations.reserve(kAllocationReserve);
+  ResetLocked(*this);
+}
+
+// Never destroyed: threads may still call into the fake while the process exits.
+State& S() {
+  static State* const state = new State();
+  return *state;
+}
+
+// Trivially constructible and destructible: no TLS guard, constructor or exit-time
+// destructor runs, and the zeroed initial state means "stale generation, empty stack".
+struct ThreadContexts {
+  uint64_t generation;
+  int depth;
+  std::array<Context*, kMaxContextDepth> stack;
+};
+thread_local ThreadContexts tls_contexts;
+
+ThreadContexts& ThisThread(State& s) {
+  const uint64_t generation = s.generation.load(std::memory_order_acquire);
+  if (tls_contexts.generation != generation) {
+    tls_contexts.generation = generation;
+    tls_contexts.depth = 0;
+  }
+  return tls_contexts;
+}
+
+Context* CurrentContext(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  ThreadContexts& thread = ThisThread(s);
+  if (thread.depth > 0) return thread.stack[thread.depth - 1];
+  if (s.auto_context && !s.primaries.empty()) return s.primaries[0];
+  return nullptr;
+}
+
+bool NeedsInit(Fn fn) {
+  return fn != Fn::kInit && fn != Fn::kGetErrorName && fn != Fn::kGetErrorString &&
+         fn != Fn::kDriverGetVersion;
+}
+
+// The prologue of every driver function: counts the call, applies FailNext, and refuses
+// calls before cuInit as the real driver does.
+CUresult Enter(Fn fn) {
+  State& s = S();
+  const int index = static_cast<int>(fn);
+  s.calls[index].fetch_add(1, std::memory_order_relaxed);
+  if (s.pending_failures.load(std::memory_order_acquire) > 0) {
+    MutexLock lock(&s.mu);
+    std::optional<CUresult> fire;
+    std::vector<Failure>& pending = s.failures[index];
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->countdown-- > 0) {
+        ++it;
+        continue;
+      }
+      if (!fire.has_value()) fire = it->code;
+      it = pending.erase(it);
+      s.pending_failures.fetch_sub(1);
+    }
+    if (fire.has_value()) return *fire;
+  }
+  if (NeedsInit(fn) && !s.initialized.load(std::memory_order_acquire)) {
+    return CUDA_ERROR_NOT_INITIALIZED;
+  }
+  return CUDA_SUCCESS;
+}
+
+bool ValidDevice(const State& s, CUdevice device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  return device >= 0 && static_cast<size_t>(device) < s.devices.size();
+}
+
+// Whether a cubin for `arch` runs on `device`: an sm_90a-style cubin (arch >= 90) only on
+// exactly that compute capability, an older one on the same major with minor <= the
+// device's.
+bool ArchRunsOn(int arch, const DeviceConfig& device) {
+  if (arch >= 90) return arch == device.cc_major * 10 + device.cc_minor;
+  return arch / 10 == device.cc_major && arch % 10 <= device.cc_minor;
+}
+
+bool IsDefaultStream(CUstream stream) {
+  return stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+}
+
+// A launch's or graph launch's stream: null for a default stream, else a live stream of
+// the current context.
+CUresult ResolveStream(State& s, CUstream handle, const Context* context, Stream** stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  *stream = nullptr;
+  if (IsDefaultStream(handle)) return CUDA_SUCCESS;
+  *stream = s.streams.Find(handle);
+  if (*stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if ((*stream)->context != context) return CUDA_ERROR_INVALID_CONTEXT;
+  if ((*stream)->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The real driver's rule for "potentially unsafe" calls (allocation, synchronous copies,
+// synchronization) during stream capture: forbidden while this thread runs a capture that is
+// not RELAXED, or while any thread runs a GLOBAL one. The call fails, and this thread's
+// capture is invalidated.
+CUresult CheckUnsafeCall(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (s.active_captures == 0) return CUDA_SUCCESS;
+  const std::thread::id self = std::this_thread::get_id();
+  bool forbidden = false;
+  for (auto& [handle, stream] : s.streams) {
+    if (stream->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) continue;
+    const bool mine = stream->capture_thread == self;
+    if (mine && stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+      stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      forbidden = true;
+    } else if (!mine && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+      forbidden = true;
+    }
+  }
+  return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+Entry* FindEntry(State& s, const void* handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  auto it = s.entries.find(handle);
+  return it == s.entries.end() ? nullptr : it->second;
+}
+
+// The cuKernel* functions take only library kernels.
+Entry* FindLibraryEntry(State& s, CUkernel handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  Entry* entry = FindEntry(s, handle);
+  return entry != nullptr && entry->image->module_context == nullptr ? entry : nullptr;
+}
+
+Entry* FindByName(Image& image, const char* name) {
+  for (const std::unique_ptr<Entry>& entry : image.entries) {
+    if (entry->name == name) return entry.get();
+  }
+  return nullptr;
+}
+
+std::optional<int> SetAttribute(const Entry& entry, int device, CUfunction_attribute attribute) {
+  auto it = entry.attributes.find({device, static_cast<int>(attribute)});
+  if (it == entry.attributes.end()) return std::nullopt;
+  return it->second;
+}
+
+int DynamicSharedLimit(const State& s, const Entry& entry, int device)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  return SetAttribute(entry, device, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+      .value_or(kDefaultSharedPerBlock - s.limits.static_shared_bytes);
+}
+
+// cuLibraryLoadData and cuModuleLoadData take a bare pointer, so like the real driver the
+// fake finds the image's end from its ELF headers: the furthest of the header tables and
+// the section contents. 0 when `code` is not an ELF64 image or the extent is absurd.
+size_t ElfImageExtent(const void* code) {
+  const auto* bytes = static_cast<const unsigned char*>(code);
+  // Compared byte by byte so that a short non-ELF buffer is not read past its first
+  // mismatching byte.
+  constexpr unsigned char kIdent[] = {ELFMAG0, ELFMAG1, ELFMAG2, ELFMAG3, ELFCLASS64};
+  for (size_t i = 0; i < sizeof(kIdent); ++i) {
+    if (bytes[i] != kIdent[i]) return 0;
+  }
+  Elf64_Ehdr header;
+  std::memcpy(&header, bytes, sizeof(header));
+  uint64_t end = sizeof(header);
+  auto extend = [&end](uint64_t offset, uint64_t size) {
+    if (offset > kMaxImageBytes || size > kMaxImageBytes - offset) return false;
+    end = std::max(end, offset + size);
+    return true;
+  };
+  if (!extend(header.e_phoff, uint64_t{header.e_phnum} * header.e_phentsize) ||
+      !extend(header.e_shoff, uint64_t{header.e_shnum} * header.e_shentsize)) {
+    return 0;
+  }
+  if (header.e_shentsize == sizeof(Elf64_Shdr)) {
+    for (int i = 0; i < header.e_shnum; ++i) {
+      Elf64_Shdr section;
+      std::memcpy(&section, bytes + header.e_shoff + i * sizeof(section), sizeof(section));
+      if (section.sh_type != SHT_NOBITS && !extend(section.sh_offset, section.sh_size)) {
+        return 0;
+      }
+    }
+  }
+  return end;
+}
+
+// Parses and registers an image. `module_context` is null for a library.
+CUresult LoadImage(State& s, const void* code, Context* module_context, Image** loaded)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  const size_t size = ElfImageExtent(code);
+  if (size == 0) return CUDA_ERROR_INVALID_IMAGE;
+  absl::StatusOr<internal::CubinInfo> info =
+      internal::ReadCubin(std::span(static_cast<const std::byte*>(code), size));
+  if (!info.ok()) return CUDA_ERROR_INVALID_IMAGE;
+  if (module_context != nullptr && !ArchRunsOn(info->arch, s.devices[module_context->device])) {
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
+  auto image = std::make_unique<Image>();
+  image->arch = info->arch;
+  image->module_context = module_context;
+  for (internal::CubinKernel& kernel : info->kernels) {
+    auto entry = std::make_unique<Entry>();
+    entry->image = image.get();
+    entry->param_bytes = internal::ParamBufferSize(kernel);
+    entry->name = std::move(kernel.name);
+    entry->params = std::move(kernel.params);
+    s.entries.emplace(entry.get(), entry.get());
+    image->entries.push_back(std::move(entry));
+  }
+  ++s.library_loads;
+  *loaded = s.images.Add(std::move(image));
+  return CUDA_SUCCESS;
+}
+
+void UnloadImage(State& s, Image* image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  for (const std::unique_ptr<Entry>& entry : image->entries) s.entries.erase(entry.get());
+  s.retired.push_back(s.images.Take(image));
+}
+
+// Appends to the ring; a launch into a capturing stream also goes into its graph.
+void RecordLaunch(State& s, const LaunchRecord& record, Stream* stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  LaunchRecord& slot = s.ring[s.launch_count % kLaunchRingCapacity];
+  slot = record;
+  if (stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    slot.captured = true;
+    stream->capture_graph->launches.push_back(slot);
+  }
+  ++s.launch_count;
+}
+
+// ---------------------------------------------------------------------------------------
+// The driver functions, one per driver_symbols.h line, named Fake<name>.
+
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+
+#define KPACK_FAKE_ERROR(code, text) \
+  { code, #code, text }
+constexpr ErrorText kErrors[] = {
+    KPACK_FAKE_ERROR(CUDA_SUCCESS, "no error"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_OUT_OF_MEMORY, "out of memory"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NOT_SUPPORTED, "operation not supported"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NO_BINARY_FOR_GPU,
+                     "no kernel image is available for execution on the device"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_ILLEGAL_STATE,
+                     "the operation cannot be performed in the present state"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_NOT_READY, "device not ready"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
+                     "too many blocks in cooperative launch"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                     "operation not permitted when stream is capturing"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                     "operation failed due to a previous error during capture"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                     "attempt to terminate a thread-local capture sequence from another "
+                     "thread"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+                     "system has unsupported display driver / cuda driver combination"),
+    KPACK_FAKE_ERROR(CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+                     "the provided PTX was compiled with an unsupported toolchain."),
+    KPACK_FAKE_ERROR(CUDA_ERROR_UNKNOWN, "unknown error"),
+};
+#undef KPACK_FAKE_ERROR
+
+// The real driver fails for codes it does not know; the fake names them
+// CUDA_ERROR_UNKNOWN so that messages stay readable.
+const ErrorText& ErrorFor(CUresult code) {
+  for (const ErrorText& error : kErrors) {
+    if (error.code == code) return error;
+  }
+  return kErrors[std::size(kErrors) - 1];
+}
+
+CUresult FakeGetErrorName(CUresult error, const char** name) {
+  if (CUresult r = Enter(Fn::kGetErrorName); r != CUDA_SUCCESS) return r;
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *name = ErrorFor(error).name;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGetErrorString(CUresult error, const char** text) {
+  if (CUresult r = Enter(Fn::kGetErrorString); r != CUDA_SUCCESS) return r;
+  if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *text = ErrorFor(error).text;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeInit(unsigned int flags) {
+  if (CUresult r = Enter(Fn::kInit); r != CUDA_SUCCESS) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (s.init_error != CUDA_SUCCESS) return s.init_error;
+  if (s.devices.empty()) return CUDA_ERROR_NO_DEVICE;
+  s.initialized.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDriverGetVersion(int* version) {
+  if (CUresult r = Enter(Fn::kDriverGetVersion); r != CUDA_SUCCESS) return r;
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = kDriverVersion;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGet(CUdevice* device, int ordinal) {
+  if (CUresult r = Enter(Fn::kDeviceGet); r != CUDA_SUCCESS) return r;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (!ValidDevice(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGetCount(int* count) {
+  if (CUresult r = Enter(Fn::kDeviceGetCount); r != CUDA_SUCCESS) return r;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  *count = static_cast<int>(s.devices.size());
+  return CUDA_SUCCESS;
+}
+
+// Attributes the fake does not model fail with CUDA_ERROR_INVALID_VALUE, so that code
+// starting to depend on a new one is noticed (and the fake extended) rather than fed 0.
+CUresult FakeDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (CUresult r = Enter(Fn::kDeviceGetAttribute); r != CUDA_SUCCESS) return r;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  const DeviceConfig& config = s.devices[device];
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = config.cc_major;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = config.cc_minor;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+      *value = config.max_shared_memory_per_block_optin;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+      *value = kDefaultSharedPerBlock;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = config.max_threads_per_block;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = config.multiprocessor_count;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      *value = kWarpSize;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y:
+      *value = kMaxBlockDimXY;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z:
+      *value = kMaxBlockDimZ;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X:
+      *value = kMaxGridDimX;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z:
+      *value = kMaxGridDimYZ;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+      *value = 1;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH:
+      *value = config.cc_major >= 9 ? 1 : 0;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult FakeDeviceGetName(char* name, int length, CUdevice device) {
+  if (CUresult r = Enter(Fn::kDeviceGetName); r != CUDA_SUCCESS) return r;
+  if (name == nullptr || length <= 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  const std::string& full = s.devices[device].name;
+  const size_t copied = std::min(full.size(), static_cast<size_t>(length) - 1);
+  std::memcpy(name, full.data(), copied);
+  name[copied] = '\0';
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+  if (CUresult r = Enter(Fn::kDevicePrimaryCtxRetain); r != CUDA_SUCCESS) return r;
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  ++s.primaries[device]->refcount;
+  *context = reinterpret_cast<CUcontext>(s.primaries[device]);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDevicePrimaryCtxRelease(CUdevice device) {
+  if (CUresult r = Enter(Fn::kDevicePrimaryCtxRelease); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (s.primaries[device]->refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --s.primaries[device]->refcount;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxGetCurrent(CUcontext* context) {
+  if (CUresult r = Enter(Fn::kCtxGetCurrent); r != CUDA_SUCCESS) return r;
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  *context = reinterpret_cast<CUcontext>(CurrentContext(s));
+  return CUDA_SUCCESS;
+}
+
+// Replaces the top of the thread's stack; null pops it (a no-op on an empty stack).
+CUresult FakeCtxSetCurrent(CUcontext handle) {
+  if (CUresult r = Enter(Fn::kCtxSetCurrent); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  ThreadContexts& thread = ThisThread(s);
+  if (handle == nullptr) {
+    if (thread.depth > 0) --thread.depth;
+    return CUDA_SUCCESS;
+  }
+  Context* context = s.contexts.Find(handle);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (thread.depth == 0) thread.depth = 1;
+  thread.stack[thread.depth - 1] = context;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxGetDevice(CUdevice* device) {
+  if (CUresult r = Enter(Fn::kCtxGetDevice); r != CUDA_SUCCESS) return r;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = context->device;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxPushCurrent(CUcontext handle) {
+  if (CUresult r = Enter(Fn::kCtxPushCurrent); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Context* context = s.contexts.Find(handle);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  ThreadContexts& thread = ThisThread(s);
+  // The stack is a fixed array so that no context call allocates; 64 deep is plenty.
+  if (thread.depth == kMaxContextDepth) return CUDA_ERROR_OUT_OF_MEMORY;
+  thread.stack[thread.depth++] = context;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxPopCurrent(CUcontext* popped) {
+  if (CUresult r = Enter(Fn::kCtxPopCurrent); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  ThreadContexts& thread = ThisThread(s);
+  if (thread.depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  Context* top = thread.stack[--thread.depth];
+  if (popped != nullptr) *popped = reinterpret_cast<CUcontext>(top);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeCtxSynchronize() {
+  if (CUresult r = Enter(Fn::kCtxSynchronize); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return CheckUnsafeCall(s);
+}
+
+CUresult FakeLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* /*options*/,
+                             void** /*option_values*/, unsigned int /*num_options*/,
+                             CUlibraryOption* /*library_options*/, void** /*library_option_values*/,
+                             unsigned int /*num_library_options*/) {
+  if (CUresult r = Enter(Fn::kLibraryLoadData); r != CUDA_SUCCESS) return r;
+  if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Image* image = nullptr;
+  if (CUresult r = LoadImage(s, code, nullptr, &image); r != CUDA_SUCCESS) return r;
+  *library = reinterpret_cast<CUlibrary>(image);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeLibraryUnload(CUlibrary library) {
+  if (CUresult r = Enter(Fn::kLibraryUnload); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Image* image = s.images.Find(library);
+  if (image == nullptr || image->module_context != nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  UnloadImage(s, image);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  if (CUresult r = Enter(Fn::kLibraryGetKernel); r != CUDA_SUCCESS) return r;
+  if (kernel == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Image* image = s.images.Find(library);
+  if (image == nullptr || image->module_context != nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Entry* entry = FindByName(*image, name);
+  if (entry == nullptr) return CUDA_ERROR_NOT_FOUND;
+  // With lazy loading the real driver loads the kernel's code here, which is when an
+  // unusable architecture shows.
+  const bool runs = std::any_of(s.devices.begin(), s.devices.end(),
+                                [&](const DeviceConfig& d) { return ArchRunsOn(image->arch, d); });
+  if (!runs) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  *kernel = reinterpret_cast<CUkernel>(entry);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel kernel,
+                                CUdevice device) {
+  if (CUresult r = Enter(Fn::kKernelGetAttribute); r != CUDA_SUCCESS) return r;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Entry* entry = FindLibraryEntry(s, kernel);
+  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = std::min(s.limits.max_threads_per_block, s.devices[device].max_threads_per_block);
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+      *value = s.limits.static_shared_bytes;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS:
+      *value = s.limits.num_regs;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+      *value = 0;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+      *value = entry->image->arch;
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      *value = DynamicSharedLimit(s, *entry, device);
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      *value = SetAttribute(*entry, device, attribute).value_or(-1);
+      return CUDA_SUCCESS;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      *value = SetAttribute(*entry, device, attribute).value_or(0);
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// Only the attributes the real driver lets one set; read-only ones are
+// CUDA_ERROR_INVALID_VALUE there too.
+CUresult FakeKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
+                                CUdevice device) {
+  if (CUresult r = Enter(Fn::kKernelSetAttribute); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Entry* entry = FindLibraryEntry(s, kernel);
+  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  bool valid = false;
+  switch (attribute) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+      valid = value >= 0 && value <= s.devices[device].max_shared_memory_per_block_optin -
+                                         s.limits.static_shared_bytes;
+      break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+      valid = value >= -1 && value <= 100;
+      break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+      valid = value == 0 || value == 1;
+      break;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+      valid = value >= CU_CLUSTER_SCHEDULING_POLICY_DEFAULT &&
+              value <= CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING;
+      break;
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+      valid = value >= 0;
+      break;
+    default:
+      break;
+  }
+  if (!valid) return CUDA_ERROR_INVALID_VALUE;
+  entry->attributes[{device, static_cast<int>(attribute)}] = value;
+  s.attribute_sets.push_back(
+      {.entry = entry->name, .attribute = attribute, .value = value, .device = device});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, size_t* size) {
+  if (CUresult r = Enter(Fn::kKernelGetParamInfo); r != CUDA_SUCCESS) return r;
+  if (offset == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Entry* entry = FindLibraryEntry(s, kernel);
+  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (index >= entry->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  *offset = entry->params[index].offset;
+  if (size != nullptr) *size = entry->params[index].size;
+  return CUDA_SUCCESS;
+}
+
+// The fake's CUfunction for a library kernel is the kernel handle itself; the real driver
+// returns a distinct per-context handle, but launches accept either.
+CUresult FakeKernelGetFunction(CUfunction* function, CUkernel kernel) {
+  if (CUresult r = Enter(Fn::kKernelGetFunction); r != CUDA_SUCCESS) return r;
+  if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Entry* entry = FindLibraryEntry(s, kernel);
+  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
+  *function = reinterpret_cast<CUfunction>(kernel);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeModuleLoadData(CUmodule* module, const void* code) {
+  if (CUresult r = Enter(Fn::kModuleLoadData); r != CUDA_SUCCESS) return r;
+  if (module == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Image* image = nullptr;
+  if (CUresult r = LoadImage(s, code, context, &image); r != CUDA_SUCCESS) return r;
+  *module = reinterpret_cast<CUmodule>(image);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeModuleUnload(CUmodule module) {
+  if (CUresult r = Enter(Fn::kModuleUnload); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Image* image = s.images.Find(module);
+  if (image == nullptr || image->module_context == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  UnloadImage(s, image);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  if (CUresult r = Enter(Fn::kModuleGetFunction); r != CUDA_SUCCESS) return r;
+  if (function == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Image* image = s.images.Find(module);
+  if (image == nullptr || image->module_context == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Entry* entry = FindByName(*image, name);
+  if (entry == nullptr) return CUDA_ERROR_NOT_FOUND;
+  *function = reinterpret_cast<CUfunction>(entry);
+  return CUDA_SUCCESS;
+}
+
+CUresult CheckShape(const State& s, const CUlaunchConfig& config, const Entry& entry, int device)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (config.gridDimX == 0 || config.gridDimY == 0 || config.gridDimZ == 0 ||
+      config.blockDimX == 0 || config.blockDimY == 0 || config.blockDimZ == 0 ||
+      config.gridDimX > kMaxGridDimX || config.gridDimY > kMaxGridDimYZ ||
+      config.gridDimZ > kMaxGridDimYZ || config.blockDimX > kMaxBlockDimXY ||
+      config.blockDimY > kMaxBlockDimXY || config.blockDimZ > kMaxBlockDimZ) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const uint64_t threads = uint64_t{config.blockDimX} * config.blockDimY * config.blockDimZ;
+  const int max_threads =
+      std::min(s.limits.max_threads_per_block, s.devices[device].max_threads_per_block);
+  if (threads > static_cast<uint64_t>(max_threads)) return CUDA_ERROR_INVALID_VALUE;
+  if (config.sharedMemBytes > static_cast<unsigned>(DynamicSharedLimit(s, entry, device))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (unsigned i = 0; i < config.numAttrs; ++i) {
+    const CUlaunchAttribute& attribute = config.attrs[i];
+    if (attribute.id != CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) continue;
+    const auto& cluster = attribute.value.clusterDim;
+    if (cluster.x == 0 || cluster.y == 0 || cluster.z == 0 || config.gridDimX % cluster.x != 0 ||
+        config.gridDimY % cluster.y != 0 || config.gridDimZ % cluster.z != 0) {
+      return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    }
+    const bool non_portable =
+        SetAttribute(entry, device, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED)
+            .value_or(0) == 1;
+    const uint64_t size = uint64_t{cluster.x} * cluster.y * cluster.z;
+    if (size > (non_portable ? kNonPortableClusterSize : kPortableClusterSize)) {
+      return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+// Copies the arguments into record->params as the kernel's parameter buffer.
+CUresult CopyParams(const Entry& entry, void** kernel_params, void** extra, LaunchRecord* record) {
+  record->param_size = entry.param_bytes;
+  if (kernel_params != nullptr && extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (extra != nullptr) {
+    record->params_via_extra = true;
+    const void* buffer = nullptr;
+    const size_t* size = nullptr;
+    for (int i = 0;; i += 2) {
+      if (i >= 2 * kMaxExtraEntries) return CUDA_ERROR_INVALID_VALUE;
+      if (extra[i] == CU_LAUNCH_PARAM_END) break;
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) {
+        buffer = extra[i + 1];
+      } else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) {
+        size = static_cast<const size_t*>(extra[i + 1]);
+      } else {
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+    if (size == nullptr || *size != entry.param_bytes || (buffer == nullptr && *size > 0)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (*size > 0) {
+      std::memcpy(record->params.data(), buffer, std::min(*size, kMaxRecordedParamBytes));
+    }
+    return CUDA_SUCCESS;
+  }
+  if (entry.params.empty()) return CUDA_SUCCESS;
+  if (kernel_params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (const internal::CubinParam& param : entry.params) {
+    const void* value = kernel_params[param.ordinal];
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (param.offset >= kMaxRecordedParamBytes) continue;
+    std::memcpy(record->params.data() + param.offset, value,
+                std::min<size_t>(param.size, kMaxRecordedParamBytes - param.offset));
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
+                            void** extra) {
+  if (CUresult r = Enter(Fn::kLaunchKernelEx); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  if (s.launch_noop.load(std::memory_order_relaxed)) return CUDA_SUCCESS;
+  if (config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  MutexLock lock(&s.mu);
+  Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const Entry* entry = FindEntry(s, function);
+  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Context* module_context = entry->image->module_context;
+  if (module_context != nullptr && module_context != context) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveStream(s, config->hStream, context, &stream); r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (CUresult r = CheckShape(s, *config, *entry, context->device); r != CUDA_SUCCESS) return r;
+
+  // On the stack, not the heap: the launch path must not allocate.
+  LaunchRecord record{};
+  const size_t name_size = std::min(entry->name.size(), kMaxRecordedEntryName - 1);
+  std::memcpy(record.entry.data(), entry->name.data(), name_size);
+  record.grid = {config->gridDimX, config->gridDimY, config->gridDimZ};
+  record.block = {config->blockDimX, config->blockDimY, config->blockDimZ};
+  record.shared_bytes = config->sharedMemBytes;
+  record.stream = config->hStream;
+  record.context = reinterpret_cast<CUcontext>(context);
+  record.function = function;
+  record.num_attrs = config->numAttrs;
+  const unsigned copied = std::min<unsigned>(config->numAttrs, kMaxRecordedLaunchAttrs);
+  std::copy_n(config->attrs, copied, record.attrs.begin());
+  if (CUresult r = CopyParams(*entry, kernel_params, extra, &record); r != CUDA_SUCCESS) {
+    return r;
+  }
+  RecordLaunch(s, record, stream);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemAlloc(CUdeviceptr* pointer, size_t size) {
+  if (CUresult r = Enter(Fn::kMemAlloc); r != CUDA_SUCCESS) return r;
+  if (pointer == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (size > kMaxLiveBytes - static_cast<size_t>(s.live_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t rounded =
+      (size + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  // malloc-family memory, not operator new, so tests counting allocations per launch do
+  // not see device allocations as host ones.
+  void* memory = std::aligned_alloc(kAllocationAlignment, rounded);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(memory, kUninitializedByte, rounded);
+  const auto base = reinterpret_cast<CUdeviceptr>(memory);
+  s.allocations.push_back({.base = base, .size = size});
+  s.live_bytes += static_cast<int64_t>(size);
+  *pointer = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFree(CUdeviceptr pointer) {
+  if (CUresult r = Enter(Fn::kMemFree); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  auto it = std::find_if(s.allocations.begin(), s.allocations.end(),
+                         [pointer](const Allocation& a) { return a.base == pointer; });
+  if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(reinterpret_cast<void*>(it->base));
+  s.live_bytes -= static_cast<int64_t>(it->size);
+  *it = s.allocations.back();
+  s.allocations.pop_back();
+  return CUDA_SUCCESS;
+}
+
+// The checks shared by the synchronous memory functions: a context, no capture forbidding
+// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
+CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  *host = nullptr;
+  if (size == 0) return CUDA_SUCCESS;
+  for (const Allocation& allocation : s.allocations) {
+    if (pointer >= allocation.base && size <= allocation.size &&
+        pointer - allocation.base <= allocation.size - size) {
+      *host = reinterpret_cast<void*>(pointer);
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size) {
+  if (CUresult r = Enter(Fn::kMemcpyHtoD); r != CUDA_SUCCESS) return r;
+  if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  void* host = nullptr;
+  if (CUresult r = DeviceRange(s, destination, size, &host); r != CUDA_SUCCESS) return r;
+  if (size > 0) std::memcpy(host, source, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemcpyDtoH(void* destination, CUdeviceptr source, size_t size) {
+  if (CUresult r = Enter(Fn::kMemcpyDtoH); r != CUDA_SUCCESS) return r;
+  if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  void* host = nullptr;
+  if (CUresult r = DeviceRange(s, source, size, &host); r != CUDA_SUCCESS) return r;
+  if (size > 0) std::memcpy(destination, host, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemsetD8(CUdeviceptr destination, unsigned char value, size_t count) {
+  if (CUresult r = Enter(Fn::kMemsetD8); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  void* host = nullptr;
+  if (CUresult r = DeviceRange(s, destination, count, &host); r != CUDA_SUCCESS) return r;
+  if (count > 0) std::memset(host, value, count);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamCreate(CUstream* handle, unsigned int flags) {
+  if (CUresult r = Enter(Fn::kStreamCreate); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr || (flags & ~CU_STREAM_NON_BLOCKING) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  auto stream = std::make_unique<Stream>();
+  stream->context = context;
+  *handle = reinterpret_cast<CUstream>(s.streams.Add(std::move(stream)));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamDestroy(CUstream handle) {
+  if (CUresult r = Enter(Fn::kStreamDestroy); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) --s.active_captures;
+  s.retired.push_back(s.streams.Take(handle));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamSynchronize(CUstream handle) {
+  if (CUresult r = Enter(Fn::kStreamSynchronize); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) {
+    return CurrentContext(s) == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+  }
+  Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamGetCtx(CUstream handle, CUcontext* context) {
+  if (CUresult r = Enter(Fn::kStreamGetCtx); r != CUDA_SUCCESS) return r;
+  if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) {
+    Context* current = CurrentContext(s);
+    if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    *context = reinterpret_cast<CUcontext>(current);
+    return CUDA_SUCCESS;
+  }
+  const Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *context = reinterpret_cast<CUcontext>(stream->context);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamBeginCapture(CUstream handle, CUstreamCaptureMode mode) {
+  if (CUresult r = Enter(Fn::kStreamBeginCapture); r != CUDA_SUCCESS) return r;
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
+  stream->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  stream->capture_mode = mode;
+  stream->capture_thread = std::this_thread::get_id();
+  stream->capture_graph = std::make_unique<Graph>();
+  stream->capture_graph->launches.reserve(kCaptureReserve);
+  ++s.active_captures;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamEndCapture(CUstream handle, CUgraph* graph) {
+  if (CUresult r = Enter(Fn::kStreamEndCapture); r != CUDA_SUCCESS) return r;
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) return CUDA_ERROR_ILLEGAL_STATE;
+  Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (stream->capture == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
+  if (stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+      stream->capture_thread != std::this_thread::get_id()) {
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
+  const bool invalidated = stream->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+  stream->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  --s.active_captures;
+  if (invalidated) {
+    *graph = nullptr;
+    s.retired.push_back(std::move(stream->capture_graph));
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *graph = reinterpret_cast<CUgraph>(s.graphs.Add(std::move(stream->capture_graph)));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeStreamIsCapturing(CUstream handle, CUstreamCaptureStatus* status) {
+  if (CUresult r = Enter(Fn::kStreamIsCapturing); r != CUDA_SUCCESS) return r;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) {
+    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+  }
+  const Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *status = stream->capture;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
+                                       unsigned long long flags) {  // NOLINT(runtime/int)
+  if (CUresult r = Enter(Fn::kGraphInstantiateWithFlags); r != CUDA_SUCCESS) return r;
+  constexpr unsigned long long kKnownFlags =  // NOLINT(runtime/int)
+      CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+      CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+  if (exec == nullptr || graph == nullptr || (flags & ~kKnownFlags) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Graph* source = s.graphs.Find(graph);
+  if (source == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  auto instance = std::make_unique<GraphExec>();
+  instance->launches = source->launches;
+  *exec = reinterpret_cast<CUgraphExec>(s.execs.Add(std::move(instance)));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
+  if (CUresult r = Enter(Fn::kGraphLaunch); r != CUDA_SUCCESS) return r;
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const GraphExec* instance = s.execs.Find(exec);
+  if (instance == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
+  for (const LaunchRecord& captured : instance->launches) {
+    LaunchRecord replay = captured;
+    replay.stream = handle;
+    replay.captured = false;
+    replay.graph_replay = true;
+    RecordLaunch(s, replay, stream);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGraphDestroy(CUgraph graph) {
+  if (CUresult r = Enter(Fn::kGraphDestroy); r != CUDA_SUCCESS) return r;
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (s.graphs.Find(graph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  s.retired.push_back(s.graphs.Take(graph));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGraphExecDestroy(CUgraphExec exec) {
+  if (CUresult r = Enter(Fn::kGraphExecDestroy); r != CUDA_SUCCESS) return r;
+  if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (s.execs.Find(exec) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  s.retired.push_back(s.execs.Take(exec));
+  return CUDA_SUCCESS;
+}
+
+// The table cuGetProcAddress serves. The static_cast to the list's PFN type is what keeps
+// each Fake<name> in step with the ABI driver_symbols.h names: a mismatch does not compile.
+void* const kFnPointers[] = {
+#define KPACK_DRIVER_SYMBOL(name, version) \
+  reinterpret_cast<void*>(static_cast<PFN_cu##name##_v##version>(&Fake##name)),
+#include "driver/driver_symbols.h"
+#undef KPACK_DRIVER_SYMBOL
+};
+
+CUresult GetProcAddress(const char* symbol, void** function, int cuda_version, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult* status) {
+  auto answer = [status](CUdriverProcAddressQueryResult result) {
+    if (status != nullptr) *status = result;
+    return result == CU_GET_PROC_ADDRESS_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+  };
+  constexpr cuuint64_t kKnownFlags =
+      CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  if (symbol == nullptr || function == nullptr || (flags & ~kKnownFlags) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *function = nullptr;
+  std::string_view name = symbol;
+  if (!name.starts_with("cu")) return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  name.remove_prefix(2);
+  for (int i = 0; i < kFnCount; ++i) {
+    if (kFnNames[i] != name) continue;
+    State& s = S();
+    {
+      MutexLock lock(&s.mu);
+      if (s.hidden[i]) return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    }
+    if (cuda_version < kFnVersions[i]) return answer(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    // A newer version may have a different ABI (cuCtxGetDevice at 13000 takes a context);
+    // the fake implements exactly the one driver_symbols.h names.
+    if (cuda_version > kFnVersions[i]) return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    *function = kFnPointers[i];
+    return answer(CU_GET_PROC_ADDRESS_SUCCESS);
+  }
+  return answer(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// The control API.
+
+void Reset() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  ResetLocked(s);
+}
+
+void SetDevices(const std::vector<DeviceConfig>& devices) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  for (Context* primary : s.primaries) s.retired.push_back(s.contexts.Take(primary));
+  s.primaries.clear();
+  s.devices = devices;
+  CreatePrimaries(s);
+  s.generation.fetch_add(1);
+}
+
+void SetKernelLimits(const KernelLimits& limits) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.limits = limits;
+}
+
+void FailNext(std::string_view fn, CUresult code, int skip) {
+  const int index = FnIndexOrDie(fn);
+  if (skip < 0) Die("FailNext: skip must be >= 0");
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.failures[index].push_back({.countdown = skip, .code = code});
+  s.pending_failures.fetch_add(1);
+}
+
+void HideSymbol(std::string_view fn) {
+  const int index = FnIndexOrDie(fn);
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.hidden[index] = true;
+}
+
+void SetInitError(CUresult code) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.init_error = code;
+}
+
+void SetAutoContext(bool on) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.auto_context = on;
+}
+
+void SetLaunchNoop(bool on) { S().launch_noop.store(on); }
+
+int64_t CallCount(std::string_view fn) { return S().calls[FnIndexOrDie(fn)].load(); }
+
+int64_t LaunchCount() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.launch_count;
+}
+
+LaunchRecord GetLaunch(int64_t i) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (i < 0 || i >= s.launch_count || i < s.launch_count - kLaunchRingCapacity) {
+    Die("GetLaunch(" + std::to_string(i) + "): not among the retained launches (" +
+        std::to_string(s.launch_count) + " recorded, the last " +
+        std::to_string(kLaunchRingCapacity) + " kept)");
+  }
+  return s.ring[i % kLaunchRingCapacity];
+}
+
+std::vector<KernelAttributeSet> KernelAttributeSets() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.attribute_sets;
+}
+
+int64_t LiveAllocations() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int64_t>(s.allocations.size());
+}
+
+int64_t LiveBytes() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.live_bytes;
+}
+
+int LoadedLibraries() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int>(s.images.size());
+}
+
+int64_t LibraryLoads() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.library_loads;
+}
+
+int PrimaryContextRefCount(int device) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return ValidDevice(s, device) ? s.primaries[device]->refcount : -1;
+}
+
+int LiveStreams() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int>(s.streams.size());
+}
+
+int LiveGraphs() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int>(s.graphs.size() + s.execs.size());
+}
+
+}  // namespace kpack::fake
+
+// The driver's exported entry points. cuda.h maps the name cuGetProcAddress to
+// cuGetProcAddress_v2; the older export without the status argument keeps its plain name.
+extern "C" {
+
+KPACK_FAKE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** function,
+                                               int cuda_version, cuuint64_t flags,
+                                               CUdriverProcAddressQueryResult* status) {
+  return kpack::fake::GetProcAddress(symbol, function, cuda_version, flags, status);
+}
+
+#undef cuGetProcAddress
+KPACK_FAKE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** function, int cuda_version,
+                                            cuuint64_t flags) {
+  return kpack::fake::GetProcAddress(symbol, function, cuda_version, flags, nullptr);
+}
+
+}  // extern "C"

@@ -1,0 +1,171 @@
+// A recording fake of the CUDA driver, for testing kpack on machines without a GPU.
+//
+// libkpack_fake_cuda.so is loaded exactly like libcuda.so.1 (point KPACK_CUDA_DRIVER or the
+// runtime's driver-path option at it): it exports cuGetProcAddress_v2 (and the older
+// cuGetProcAddress), which serves its own implementation of every function in
+// src/driver/driver_symbols.h with the same PFN_cu<name>_v<version> type. A test links the
+// same .so to reach the control API below; dlopen of the same file returns the already
+// loaded object, so both see one state.
+//
+// What it models, briefly (fake_driver.cc has the details):
+//  - cuGetProcAddress serves a function only at the ABI version driver_symbols.h names: an
+//    older version gets CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, a newer one
+//    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND (the fake cannot vouch for a newer ABI).
+//  - cuInit first; everything except cuGetErrorName/String and cuDriverGetVersion fails
+//    with CUDA_ERROR_NOT_INITIALIZED before it.
+//  - Devices as configured; one primary context per device with a retain count; a
+//    per-thread context stack. With auto context on (the default), a thread whose stack is
+//    empty sees device 0's primary context as current.
+//  - Libraries and modules are parsed with kpack's cubin reader (anything else is
+//    CUDA_ERROR_INVALID_IMAGE); kernels answer param info, attributes and launches from the
+//    parsed layout. A cubin for arch >= 90 runs only on exactly that compute capability, an
+//    older one on the same major with minor <= the device's: otherwise
+//    CUDA_ERROR_NO_BINARY_FOR_GPU from cuLibraryGetKernel (no device fits),
+//    cuModuleLoadData, cuKernelGetFunction and launches (the current device does not fit).
+//  - Device memory is host memory (256-byte aligned), so copies and memsets really happen.
+//    The image pointer given to cuLibraryLoadData/cuModuleLoadData must cover the whole
+//    cubin: like the real driver, the fake reads its extent from the ELF headers.
+//  - Launches are validated like the real driver (context, handle, grid and block limits,
+//    dynamic shared memory limit, parameter buffer size, cluster shape) and recorded in a
+//    ring of the last kLaunchRingCapacity launches. The launch path does not allocate
+//    (except to grow a capture graph past 64 launches).
+//  - Stream capture records launches into a graph; cuGraphLaunch replays them, recording
+//    each again. While a capture is active, cuMemAlloc/Free, synchronous copies, memset and
+//    cuCtxSynchronize fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the capture mode
+//    dictates (and invalidate the calling thread's capture), as the real driver does.
+//  - cuGetErrorName/String name an unknown code CUDA_ERROR_UNKNOWN / "unknown error" and
+//    succeed, where the real driver fails with CUDA_ERROR_INVALID_VALUE and a null string.
+//  - A handle that is not live (never created, destroyed, unloaded) is answered with
+//    CUDA_ERROR_INVALID_HANDLE; a handle bound to another context than the current one
+//    with CUDA_ERROR_INVALID_CONTEXT. Destroyed objects are kept until Reset() so their
+//    addresses are not reused by new handles.
+//
+// Thread safety: every driver function and every control function may be called from any
+// thread, except Reset() and SetDevices(), which need the fake to be otherwise idle.
+
+#ifndef KPACK_TESTS_FAKE_DRIVER_FAKE_DRIVER_H_
+#define KPACK_TESTS_FAKE_DRIVER_FAKE_DRIVER_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#define KPACK_FAKE_EXPORT __attribute__((visibility("default")))
+
+namespace kpack::fake {
+
+struct DeviceConfig {
+  int cc_major = 9;
+  int cc_minor = 0;
+  int max_shared_memory_per_block_optin = 232448;
+  int max_threads_per_block = 1024;
+  int multiprocessor_count = 132;
+  std::string name = "Fake H200";
+};
+
+// What every loaded kernel reports; there is no real compiler output to read them from.
+struct KernelLimits {
+  int max_threads_per_block = 1024;  // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+  int static_shared_bytes = 0;       // CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+  int num_regs = 32;                 // CU_FUNC_ATTRIBUTE_NUM_REGS
+};
+
+inline constexpr int kMaxRecordedLaunchAttrs = 8;
+inline constexpr size_t kMaxRecordedParamBytes = 4096;
+inline constexpr size_t kMaxRecordedEntryName = 256;
+inline constexpr int64_t kLaunchRingCapacity = 1024;
+
+// One accepted cuLaunchKernelEx, or one kernel replayed by cuGraphLaunch.
+struct LaunchRecord {
+  std::array<char, kMaxRecordedEntryName> entry;  // NUL-terminated symbol, truncated if long
+  std::array<unsigned, 3> grid;
+  std::array<unsigned, 3> block;
+  unsigned shared_bytes;
+  CUstream stream;
+  CUcontext context;
+  CUfunction function;    // as passed: a CUfunction, or a CUkernel cast to one
+  bool params_via_extra;  // passed as a CU_LAUNCH_PARAM_BUFFER_POINTER buffer
+  bool captured;          // issued into a capturing stream: added to its graph, not run
+  bool graph_replay;      // issued by cuGraphLaunch
+  unsigned num_attrs;     // as passed; only the first kMaxRecordedLaunchAttrs are copied
+  std::array<CUlaunchAttribute, kMaxRecordedLaunchAttrs> attrs;
+  size_t param_size;  // the kernel's parameter buffer size
+  // The parameter buffer as the kernel would see it (bytes between parameters are zero
+  // when passed as kernelParams). Only the first kMaxRecordedParamBytes are kept.
+  std::array<std::byte, kMaxRecordedParamBytes> params;
+};
+
+// A successful cuKernelSetAttribute.
+struct KernelAttributeSet {
+  std::string entry;
+  CUfunction_attribute attribute;
+  int value;
+  CUdevice device;
+};
+
+// Back to the initial state: one default device, not initialized, no contexts current on
+// any thread, everything freed and unloaded, counters, failures and hidden symbols
+// cleared, auto context on, launch no-op off, default kernel limits.
+KPACK_FAKE_EXPORT void Reset();
+
+// Replaces the devices (an empty list makes cuInit fail with CUDA_ERROR_NO_DEVICE). Drops
+// the primary contexts and every thread's context stack. Call it before the code under test
+// runs.
+KPACK_FAKE_EXPORT void SetDevices(const std::vector<DeviceConfig>& devices);
+
+KPACK_FAKE_EXPORT void SetKernelLimits(const KernelLimits& limits);
+
+// `fn` is a driver_symbols.h name, without "cu" (e.g. "MemAlloc"); an unknown name aborts.
+// The (skip + 1)-th next call of `fn` returns `code` without doing anything. Several
+// pending failures for one function count down independently; when two fall due on the
+// same call, both are used up and the earlier-registered code is returned.
+KPACK_FAKE_EXPORT void FailNext(std::string_view fn, CUresult code, int skip = 0);
+
+// cuGetProcAddress reports `fn` as missing (CUDA_ERROR_NOT_FOUND).
+KPACK_FAKE_EXPORT void HideSymbol(std::string_view fn);
+
+// cuInit returns `code` (e.g. CUDA_ERROR_NO_DEVICE) and leaves the driver uninitialized;
+// CUDA_SUCCESS restores normal behaviour.
+KPACK_FAKE_EXPORT void SetInitError(CUresult code);
+
+KPACK_FAKE_EXPORT void SetAutoContext(bool on);
+
+// On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
+// nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks.
+KPACK_FAKE_EXPORT void SetLaunchNoop(bool on);
+
+// Calls of `fn` (a driver_symbols.h name, as in FailNext) since Reset(), failed ones too.
+KPACK_FAKE_EXPORT int64_t CallCount(std::string_view fn);
+
+// Launches recorded since Reset() (captured ones and graph replays included).
+KPACK_FAKE_EXPORT int64_t LaunchCount();
+
+// The i-th recorded launch, 0-based. Aborts unless LaunchCount() - kLaunchRingCapacity
+// <= i < LaunchCount().
+KPACK_FAKE_EXPORT LaunchRecord GetLaunch(int64_t i);
+
+KPACK_FAKE_EXPORT std::vector<KernelAttributeSet> KernelAttributeSets();
+
+// Device allocations not yet freed, and their requested bytes.
+KPACK_FAKE_EXPORT int64_t LiveAllocations();
+KPACK_FAKE_EXPORT int64_t LiveBytes();
+
+// Libraries and modules loaded and not unloaded; successful loads of either since Reset().
+KPACK_FAKE_EXPORT int LoadedLibraries();
+KPACK_FAKE_EXPORT int64_t LibraryLoads();
+
+// The retain count of `device`'s primary context (-1 for no such device).
+KPACK_FAKE_EXPORT int PrimaryContextRefCount(int device);
+
+// Streams not destroyed; graphs plus graph execs not destroyed.
+KPACK_FAKE_EXPORT int LiveStreams();
+KPACK_FAKE_EXPORT int LiveGraphs();
+
+}  // namespace kpack::fake
+
+#endif  // KPACK_TESTS_FAKE_DRIVER_FAKE_DRIVER_H_
