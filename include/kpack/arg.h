@@ -1,0 +1,119 @@
+// kpack/arg.h: launch arguments and grids.
+//
+// A `kpack::Arg` is one call argument, tagged with the C++ type it came from. The runtime
+// checks it against the parameter's Triton type at launch and converts it into the slot
+// (a double passed for an `fp32` parameter goes as a 4-byte float; a float passed for a
+// `bf16` parameter goes as its rounded 16-bit pattern). A mismatch is an error that names
+// the parameter, never a silent bad launch.
+//
+//   Pointers        T*, void*, CUdeviceptr          -> pointer params (`*fp32`, ...)
+//   Integers        any integral type but bool      -> iN/uN params, range-checked
+//   bool                                            -> i1/u1 params
+//   float, double                                   -> fp16/bf16/fp32/fp64 params
+//   kpack::Half, kpack::BFloat16 (raw bit patterns) -> fp16 / bf16 params only
+//
+// `CUdeviceptr` is `unsigned long long`, so a value of that type is a device pointer; it
+// is also accepted by 64-bit integer parameters (u64/i64, range-checked), because the same
+// C++ type is often used for both. Use int64_t/uint64_t for plain integers.
+//
+// Arg is a trivially copyable 16-byte value; building one allocates nothing.
+
+#ifndef KPACK_ARG_H_
+#define KPACK_ARG_H_
+
+#include <cuda.h>
+
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+namespace kpack {
+
+// The raw 16-bit pattern of an IEEE half. Passed unchanged to `fp16` parameters.
+struct Half {
+  uint16_t bits;
+};
+
+// The raw 16-bit pattern of a bfloat16. Passed unchanged to `bf16` parameters.
+struct BFloat16 {
+  uint16_t bits;
+};
+
+// Launch grid in programs (Triton's grid), before kpack multiplies x by num_ctas.
+struct Grid {
+  uint32_t x = 1;
+  uint32_t y = 1;
+  uint32_t z = 1;
+};
+
+class Arg {
+ public:
+  enum class Kind : uint8_t {
+    kHostTypedPointer,  // T* or void*
+    kDevicePtr,         // CUdeviceptr (unsigned long long)
+    kSigned,            // signed integral types
+    kUnsigned,          // unsigned integral types other than unsigned long long
+    kBool,
+    kFloat32,
+    kFloat64,
+    kHalf,
+    kBFloat16,
+  };
+
+  template <typename T>
+  static constexpr bool kSupported =
+      std::is_pointer_v<T> || std::is_arithmetic_v<T> || std::is_same_v<T, Half> ||
+      std::is_same_v<T, BFloat16> || std::is_null_pointer_v<T>;
+
+  // Implicit on purpose: `Launch(grid, stream, x, y, n)` builds Args from the values.
+  template <typename T, typename U = std::remove_cvref_t<T>,
+            typename = std::enable_if_t<kSupported<U>>>
+  Arg(T value) {  // NOLINT(google-explicit-constructor)
+    if constexpr (std::is_pointer_v<U> || std::is_null_pointer_v<U>) {
+      kind_ = Kind::kHostTypedPointer;
+      bits_ = reinterpret_cast<uint64_t>(static_cast<const volatile void*>(value));
+    } else if constexpr (std::is_same_v<U, bool>) {
+      kind_ = Kind::kBool;
+      bits_ = value ? 1 : 0;
+    } else if constexpr (std::is_same_v<U, unsigned long long>) {  // NOLINT(runtime/int)
+      kind_ = Kind::kDevicePtr;
+      bits_ = value;
+    } else if constexpr (std::is_integral_v<U> && std::is_signed_v<U>) {
+      kind_ = Kind::kSigned;
+      bits_ = static_cast<uint64_t>(static_cast<int64_t>(value));
+    } else if constexpr (std::is_integral_v<U>) {
+      kind_ = Kind::kUnsigned;
+      bits_ = static_cast<uint64_t>(value);
+    } else if constexpr (std::is_same_v<U, float>) {
+      kind_ = Kind::kFloat32;
+      bits_ = std::bit_cast<uint32_t>(value);
+    } else if constexpr (std::is_floating_point_v<U>) {
+      kind_ = Kind::kFloat64;
+      bits_ = std::bit_cast<uint64_t>(static_cast<double>(value));
+    } else if constexpr (std::is_same_v<U, Half>) {
+      kind_ = Kind::kHalf;
+      bits_ = value.bits;
+    } else {
+      kind_ = Kind::kBFloat16;
+      bits_ = value.bits;
+    }
+  }
+
+  Kind kind() const { return kind_; }
+  // The payload: pointer address, integer (two's complement for kSigned), IEEE bits.
+  uint64_t bits() const { return bits_; }
+
+ private:
+  uint64_t bits_ = 0;
+  Kind kind_ = Kind::kUnsigned;
+};
+
+static_assert(sizeof(Arg) == 16);
+static_assert(std::is_trivially_copyable_v<Arg>);
+
+// A short English description of an Arg's C++ type, for error messages.
+const char* ArgKindName(Arg::Kind kind);
+
+}  // namespace kpack
+
+#endif  // KPACK_ARG_H_

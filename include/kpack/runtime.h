@@ -1,0 +1,188 @@
+// kpack/runtime.h: open a kernel pack and launch its kernels.
+//
+// A pack is a directory holding `manifest.json` (format `kpack/1`, see docs/pack-format.md)
+// and the cubins it names. `Runtime::Open` reads and validates all of it, checks every
+// cubin's sha256 and loads the CUDA driver (dlopen, never linked). Kernels are loaded into
+// the driver with the context-independent library API (`cuLibraryLoadData`), once for
+// every device and context: lazily at their first launch, or all at once by `Preload()`
+// (required before CUDA graph capture, which forbids loading).
+//
+//   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open("/opt/packs/mypack");
+//   if (!rt.ok()) return rt.status();
+//   absl::StatusOr<kpack::Kernel> add = rt->Find("add");     // resolve the name once
+//   ...
+//   absl::Status s = add->Launch(kpack::Grid{blocks}, stream, x, y, out, n);
+//
+// Arguments are the kernel's non-constexpr parameters in declaration order (see
+// kpack/arg.h for the accepted C++ types). Each is checked against the parameter's Triton
+// type: a wrong count, type or out-of-range integer is an INVALID_ARGUMENT naming the
+// parameter, and nothing is launched. Triton's hidden scratch parameters are filled by
+// kpack (see `ReserveScratch`).
+//
+// Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
+// formats no string and logs nothing; error messages are built only on failure. The first
+// launch of a variant (lazy load) and the growth of a stream's scratch arena are the only
+// slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
+//
+// Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
+// once (launch state is immutable after load; lazy loading is synchronized). A
+// `BoundLaunch` belongs to one thread at a time.
+//
+// Ownership: `Kernel` handles are views into their `Runtime` and must not outlive it.
+// Device memory passed as arguments stays the caller's.
+
+#ifndef KPACK_RUNTIME_H_
+#define KPACK_RUNTIME_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kpack/arg.h"
+
+namespace kpack {
+
+namespace internal {
+struct KernelData;
+struct BoundState;
+class RuntimeImpl;
+}  // namespace internal
+
+struct Options {
+  // The driver library to dlopen. Empty: the environment variable KPACK_CUDA_DRIVER if
+  // set, else "libcuda.so.1".
+  std::string driver_path;
+  // Load every variant during Open (like calling Preload()), so that no launch ever loads.
+  // Needs a current CUDA context on the calling thread.
+  bool preload = false;
+  // Emit an NVTX range (domain "kpack", message = kernel name) around every launch.
+  // The environment variable KPACK_NVTX=0 also turns it off; building with
+  // -DKPACK_ENABLE_NVTX=OFF removes it entirely.
+  bool nvtx = true;
+};
+
+// A launch whose arguments are already checked and packed into the variant's parameter
+// buffer. `Set` rewrites one argument's bytes (type-checked like at Bind); `Launch` sends
+// the buffer. Not thread-safe: one thread at a time per BoundLaunch. Valid while its
+// Runtime lives. Move-only.
+class BoundLaunch {
+ public:
+  BoundLaunch(BoundLaunch&&) noexcept;
+  BoundLaunch& operator=(BoundLaunch&&) noexcept;
+  ~BoundLaunch();
+
+  absl::Status Set(size_t index, Arg value);
+  void set_grid(const Grid& grid);
+  void set_stream(CUstream stream);
+  absl::Status Launch();
+
+ private:
+  friend class Kernel;
+  explicit BoundLaunch(std::unique_ptr<internal::BoundState> state);
+  std::unique_ptr<internal::BoundState> state_;
+};
+
+// A resolved kernel. Cheap to copy (one pointer); valid while its Runtime lives.
+class Kernel {
+ public:
+  Kernel() = default;  // An empty handle; launching it is FAILED_PRECONDITION.
+
+  bool valid() const { return data_ != nullptr; }
+  std::string_view name() const;
+  // The call parameters (non-constexpr), in the order Launch takes them.
+  size_t num_args() const;
+  std::string_view arg_name(size_t index) const;
+  std::string_view arg_type(size_t index) const;  // Triton type string, e.g. "*fp32"
+  // Index of the call parameter `name`, or NOT_FOUND.
+  absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
+
+  // Launches on `stream` (in the calling thread's current CUDA context) with `grid`
+  // programs. A grid with zero programs launches nothing and returns OK.
+  template <typename... Args>
+  absl::Status Launch(const Grid& grid, CUstream stream, const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};  // trailing element: no zero-size array
+    return LaunchArgs(grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+  // The same, for argument lists built at run time.
+  absl::Status LaunchArgs(const Grid& grid, CUstream stream, std::span<const Arg> args) const;
+
+  // Checks and packs the arguments once; the returned BoundLaunch relaunches them with
+  // only the changed bytes rewritten.
+  absl::StatusOr<BoundLaunch> Bind(const Grid& grid, CUstream stream,
+                                   std::span<const Arg> args) const;
+  template <typename... Args>
+  absl::StatusOr<BoundLaunch> BindArgs(const Grid& grid, CUstream stream,
+                                       const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};
+    return Bind(grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+
+ private:
+  friend class internal::RuntimeImpl;
+  explicit Kernel(const internal::KernelData* data) : data_(data) {}
+  const internal::KernelData* data_ = nullptr;
+};
+
+class Runtime {
+ public:
+  // Opens the pack in `dir`. Errors: UNAVAILABLE when no CUDA driver can be loaded or
+  // initialized (the message says what was tried); INVALID_ARGUMENT for anything wrong in
+  // the pack (the message names the file, kernel, variant and field); NOT_FOUND when the
+  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks.
+  static absl::StatusOr<Runtime> Open(std::string_view dir, const Options& options = {});
+
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  // Frees the scratch arenas and unloads the libraries. No launch may be in flight on the
+  // host side; kernels already enqueued on the GPU are unaffected by the host objects but
+  // the scratch memory they use is freed, so synchronize their streams first.
+  ~Runtime();
+
+  // Resolves a kernel by name: NOT_FOUND naming the pack if there is none.
+  absl::StatusOr<Kernel> Find(std::string_view name) const;
+  std::vector<std::string> kernel_names() const;
+
+  // Launch by name: one hash lookup, then the same as Kernel::Launch.
+  template <typename... Args>
+  absl::Status Launch(std::string_view name, const Grid& grid, CUstream stream,
+                      const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};
+    return LaunchArgs(name, grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+  absl::Status LaunchArgs(std::string_view name, const Grid& grid, CUstream stream,
+                          std::span<const Arg> args) const;
+
+  // Loads every variant of every kernel now and checks it against the current device.
+  // Needs a current CUDA context on the calling thread. Idempotent.
+  absl::Status Preload();
+
+  // Makes `stream`'s scratch arena at least `bytes` large (in the current context), so
+  // that launches of kernels with global/profile scratch never allocate, e.g. before
+  // CUDA graph capture. A kernel needs grid.x*grid.y*grid.z*num_ctas*scratch_size bytes.
+  absl::Status ReserveScratch(CUstream stream, size_t bytes);
+
+  // Counters for tests and monitoring.
+  struct Stats {
+    size_t libraries_loaded = 0;  // cuLibraryLoadData calls that succeeded
+    size_t scratch_arenas = 0;    // streams that own a scratch arena
+    size_t scratch_bytes = 0;     // device bytes held by all arenas
+  };
+  Stats stats() const;
+
+ private:
+  explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
+  std::unique_ptr<internal::RuntimeImpl> impl_;
+};
+
+}  // namespace kpack
+
+#endif  // KPACK_RUNTIME_H_

@@ -1,0 +1,55 @@
+// The one list of CUDA driver functions kpack uses. Each line is
+//   KPACK_DRIVER_SYMBOL(name, version)
+// where `name` is the driver function without its `cu` prefix and `version` is the CUDA
+// version whose semantics we ask cuGetProcAddress for; the field type is cudaTypedefs.h's
+// PFN_cu<name>_v<version>, so the prototype and the requested ABI can never disagree.
+//
+// Adding a function: add one line here. Nothing else declares driver entry points; the
+// fake driver used by the CPU tests serves exactly this list too.
+//
+// No include guard: this file is an X-macro list and is meant to be included repeatedly.
+
+// Error strings first: every later failure message uses them.
+KPACK_DRIVER_SYMBOL(GetErrorName, 6000)
+KPACK_DRIVER_SYMBOL(GetErrorString, 6000)
+KPACK_DRIVER_SYMBOL(Init, 2000)
+KPACK_DRIVER_SYMBOL(DriverGetVersion, 2020)
+KPACK_DRIVER_SYMBOL(DeviceGet, 2000)
+KPACK_DRIVER_SYMBOL(DeviceGetCount, 2000)
+KPACK_DRIVER_SYMBOL(DeviceGetAttribute, 2000)
+KPACK_DRIVER_SYMBOL(DeviceGetName, 2000)
+KPACK_DRIVER_SYMBOL(DevicePrimaryCtxRetain, 7000)
+KPACK_DRIVER_SYMBOL(DevicePrimaryCtxRelease, 11000)
+KPACK_DRIVER_SYMBOL(CtxGetCurrent, 4000)
+KPACK_DRIVER_SYMBOL(CtxSetCurrent, 4000)
+KPACK_DRIVER_SYMBOL(CtxGetDevice, 2000)
+KPACK_DRIVER_SYMBOL(CtxPushCurrent, 4000)
+KPACK_DRIVER_SYMBOL(CtxPopCurrent, 4000)
+KPACK_DRIVER_SYMBOL(CtxSynchronize, 2000)
+KPACK_DRIVER_SYMBOL(LibraryLoadData, 12000)
+KPACK_DRIVER_SYMBOL(LibraryUnload, 12000)
+KPACK_DRIVER_SYMBOL(LibraryGetKernel, 12000)
+KPACK_DRIVER_SYMBOL(KernelGetAttribute, 12000)
+KPACK_DRIVER_SYMBOL(KernelSetAttribute, 12000)
+KPACK_DRIVER_SYMBOL(KernelGetParamInfo, 12040)
+KPACK_DRIVER_SYMBOL(KernelGetFunction, 12000)
+KPACK_DRIVER_SYMBOL(ModuleLoadData, 2000)
+KPACK_DRIVER_SYMBOL(ModuleUnload, 2000)
+KPACK_DRIVER_SYMBOL(ModuleGetFunction, 2000)
+KPACK_DRIVER_SYMBOL(LaunchKernelEx, 11060)
+KPACK_DRIVER_SYMBOL(MemAlloc, 3020)
+KPACK_DRIVER_SYMBOL(MemFree, 3020)
+KPACK_DRIVER_SYMBOL(MemcpyHtoD, 3020)
+KPACK_DRIVER_SYMBOL(MemcpyDtoH, 3020)
+KPACK_DRIVER_SYMBOL(MemsetD8, 3020)
+KPACK_DRIVER_SYMBOL(StreamCreate, 2000)
+KPACK_DRIVER_SYMBOL(StreamDestroy, 4000)
+KPACK_DRIVER_SYMBOL(StreamSynchronize, 2000)
+KPACK_DRIVER_SYMBOL(StreamGetCtx, 9020)
+KPACK_DRIVER_SYMBOL(StreamBeginCapture, 10010)
+KPACK_DRIVER_SYMBOL(StreamEndCapture, 10000)
+KPACK_DRIVER_SYMBOL(StreamIsCapturing, 10000)
+KPACK_DRIVER_SYMBOL(GraphInstantiateWithFlags, 11040)
+KPACK_DRIVER_SYMBOL(GraphLaunch, 10000)
+KPACK_DRIVER_SYMBOL(GraphDestroy, 10000)
+KPACK_DRIVER_SYMBOL(GraphExecDestroy, 10000)

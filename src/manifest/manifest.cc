@@ -1,0 +1,482 @@
+#include "manifest/manifest.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "util/status_macros.h"
+
+namespace kpack::internal {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr absl::string_view kFormat = "kpack/1";
+
+// Where in the manifest we are, for messages: "manifest.json: kernel 'add': variant 'v'".
+class Where {
+ public:
+  explicit Where(std::string prefix) : prefix_(std::move(prefix)) {}
+  Where Kernel(absl::string_view name) const {
+    return Where(absl::StrCat(prefix_, ": kernel '", name, "'"));
+  }
+  Where Variant(absl::string_view name) const {
+    return Where(absl::StrCat(prefix_, ": variant '", name, "'"));
+  }
+  absl::Status Error(absl::string_view field, absl::string_view problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix_, ": field '", field, "': ", problem));
+  }
+  absl::Status Unimplemented(absl::string_view field, absl::string_view problem) const {
+    return absl::UnimplementedError(
+        absl::StrCat(prefix_, ": field '", field, "': ", problem));
+  }
+
+ private:
+  std::string prefix_;
+};
+
+std::string TypeOf(const json& j) { return j.type_name(); }
+
+// Fields this version understands, and those reserved for dispatch (refused loudly
+// rather than ignored: a pack that needs them would otherwise launch the wrong variant).
+absl::Status CheckKeys(const json& obj, const Where& where, absl::string_view what,
+                       std::initializer_list<absl::string_view> known,
+                       std::initializer_list<absl::string_view> reserved = {}) {
+  for (const auto& [key, value] : obj.items()) {
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    if (std::find(reserved.begin(), reserved.end(), key) != reserved.end()) {
+      return where.Unimplemented(
+          key, "dispatch over buckets and specializations is not supported by this "
+               "version of kpack; the pack needs a newer runtime");
+    }
+    return where.Error(key, absl::StrCat("unknown field in ", what,
+                                         " (known: ", absl::StrJoin(known, ", "), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const json*> Field(const json& obj, absl::string_view key, const Where& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return where.Error(key, "missing");
+  return &*it;
+}
+
+absl::StatusOr<std::string> GetString(const json& obj, absl::string_view key,
+                                      const Where& where, bool required = true) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (required) return where.Error(key, "missing");
+    return std::string();
+  }
+  if (!it->is_string()) {
+    return where.Error(key, absl::StrCat("expected a string, got ", TypeOf(*it)));
+  }
+  return it->get<std::string>();
+}
+
+absl::StatusOr<int64_t> GetInt(const json& obj, absl::string_view key, const Where& where,
+                               int64_t min, int64_t max, bool required = true,
+                               int64_t fallback = 0) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (required) return where.Error(key, "missing");
+    return fallback;
+  }
+  if (!it->is_number_integer()) {
+    return where.Error(key, absl::StrCat("expected an integer, got ", TypeOf(*it)));
+  }
+  int64_t value;
+  if (it->is_number_unsigned()) {
+    uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return where.Error(key, absl::StrCat(u, " is out of range [", min, ", ", max, "]"));
+    }
+    value = static_cast<int64_t>(u);
+  } else {
+    value = it->get<int64_t>();
+  }
+  if (value < min || value > max) {
+    return where.Error(key, absl::StrCat(value, " is out of range [", min, ", ", max, "]"));
+  }
+  return value;
+}
+
+absl::StatusOr<bool> GetBool(const json& obj, absl::string_view key, const Where& where) {
+  KPACK_ASSIGN_OR_RETURN(const json* v, Field(obj, key, where));
+  if (!v->is_boolean()) {
+    return where.Error(key, absl::StrCat("expected true or false, got ", TypeOf(*v)));
+  }
+  return v->get<bool>();
+}
+
+bool IsIdentifier(absl::string_view s, bool allow_dot) {
+  if (s.empty()) return false;
+  auto head = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
+  if (!head(s[0])) return false;
+  for (char c : s.substr(1)) {
+    if (!(head(c) || (c >= '0' && c <= '9') || (allow_dot && c == '.'))) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<ParamType> ParseType(absl::string_view t, const Where& where,
+                                    absl::string_view field) {
+  if (!t.empty() && t[0] == '*') {
+    if (t.size() == 1) return where.Error(field, "pointer type '*' names no element type");
+    return ParamType::kPointer;
+  }
+  static const auto* const kTypes = new absl::flat_hash_map<absl::string_view, ParamType>{
+      {"i1", ParamType::kI1},     {"i8", ParamType::kI8},     {"i16", ParamType::kI16},
+      {"i32", ParamType::kI32},   {"i64", ParamType::kI64},   {"u1", ParamType::kU1},
+      {"u8", ParamType::kU8},     {"u16", ParamType::kU16},   {"u32", ParamType::kU32},
+      {"u64", ParamType::kU64},   {"fp16", ParamType::kFp16}, {"bf16", ParamType::kBf16},
+      {"fp32", ParamType::kFp32}, {"fp64", ParamType::kFp64},
+      {"constexpr", ParamType::kConstexpr}};
+  auto it = kTypes->find(t);
+  if (it != kTypes->end()) return it->second;
+  if (t == "nvTmaDesc" || absl::StartsWith(t, "tensordesc")) {
+    return where.Unimplemented(field, absl::StrCat("type '", t,
+                                                   "' (a host TMA descriptor passed by "
+                                                   "value) is not supported by this version"));
+  }
+  return where.Error(field, absl::StrCat("unknown Triton type '", t, "'"));
+}
+
+bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) {
+  KPACK_ASSIGN_OR_RETURN(const json* params, Field(k, "params", where));
+  if (!params->is_array()) {
+    return where.Error("params", absl::StrCat("expected an array, got ", TypeOf(*params)));
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < params->size(); ++i) {
+    const json& p = (*params)[i];
+    std::string field = absl::StrCat("params[", i, "]");
+    if (!p.is_object()) {
+      return where.Error(field, absl::StrCat("expected an object, got ", TypeOf(p)));
+    }
+    KPACK_RETURN_IF_ERROR(CheckKeys(p, where, field, {"name", "type"}));
+    ParamSpec spec;
+    KPACK_ASSIGN_OR_RETURN(spec.name, GetString(p, "name", where));
+    if (!IsIdentifier(spec.name, false)) {
+      return where.Error(absl::StrCat(field, ".name"),
+                         absl::StrCat("'", spec.name, "' is not an identifier"));
+    }
+    if (!seen.insert(spec.name).second) {
+      return where.Error(absl::StrCat(field, ".name"),
+                         absl::StrCat("duplicate parameter '", spec.name, "'"));
+    }
+    KPACK_ASSIGN_OR_RETURN(spec.type_name, GetString(p, "type", where));
+    KPACK_ASSIGN_OR_RETURN(spec.type,
+                           ParseType(spec.type_name, where, absl::StrCat(field, ".type")));
+    if (spec.type != ParamType::kConstexpr) kernel.args.push_back(static_cast<int>(i));
+    kernel.params.push_back(std::move(spec));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& kernel,
+                         VariantSpec& variant) {
+  KPACK_ASSIGN_OR_RETURN(const json* layout, Field(v, "layout", where));
+  if (!layout->is_array()) {
+    return where.Error("layout", absl::StrCat("expected an array, got ", TypeOf(*layout)));
+  }
+  absl::flat_hash_map<absl::string_view, int> arg_index;
+  for (size_t a = 0; a < kernel.args.size(); ++a) {
+    arg_index[kernel.params[kernel.args[a]].name] = static_cast<int>(a);
+  }
+  std::vector<bool> arg_seen(kernel.args.size(), false);
+  bool global_seen = false, profile_seen = false;
+  int64_t end = 0;
+  for (size_t i = 0; i < layout->size(); ++i) {
+    const json& s = (*layout)[i];
+    std::string field = absl::StrCat("layout[", i, "]");
+    if (!s.is_object()) {
+      return where.Error(field, absl::StrCat("expected an object, got ", TypeOf(s)));
+    }
+    KPACK_RETURN_IF_ERROR(CheckKeys(s, where, field, {"param", "offset", "size"}));
+    SlotSpec slot;
+    KPACK_ASSIGN_OR_RETURN(std::string param, GetString(s, "param", where));
+    KPACK_ASSIGN_OR_RETURN(int64_t offset, GetInt(s, "offset", where, 0, kMaxParamBytes));
+    KPACK_ASSIGN_OR_RETURN(int64_t size, GetInt(s, "size", where, 1, kMaxParamBytes));
+    uint32_t expected_size = 8;
+    std::string what;
+    if (param == "$global_scratch" || param == "$profile_scratch") {
+      bool& seen = param == "$global_scratch" ? global_seen : profile_seen;
+      if (seen) {
+        return where.Error(absl::StrCat(field, ".param"), absl::StrCat(param, " appears twice"));
+      }
+      seen = true;
+      slot.kind = param == "$global_scratch" ? SlotKind::kGlobalScratch
+                                             : SlotKind::kProfileScratch;
+      what = absl::StrCat("hidden pointer ", param);
+    } else {
+      auto it = arg_index.find(param);
+      if (it == arg_index.end()) {
+        return where.Error(absl::StrCat(field, ".param"),
+                           absl::StrCat("'", param, "' is not a call parameter of the kernel "
+                                        "(constexprs are not in the layout)"));
+      }
+      if (arg_seen[it->second]) {
+        return where.Error(absl::StrCat(field, ".param"),
+                           absl::StrCat("parameter '", param, "' appears twice"));
+      }
+      arg_seen[it->second] = true;
+      slot.kind = SlotKind::kArg;
+      slot.arg = it->second;
+      const ParamSpec& p = kernel.params[kernel.args[it->second]];
+      expected_size = SlotSize(p.type);
+      what = absl::StrCat("parameter '", p.name, "' of type ", p.type_name);
+    }
+    if (size != expected_size) {
+      return where.Error(absl::StrCat(field, ".size"),
+                         absl::StrCat("expected ", expected_size, " for ", what, ", got ", size));
+    }
+    if (offset % size != 0) {
+      return where.Error(absl::StrCat(field, ".offset"),
+                         absl::StrCat(offset, " is not aligned to the slot size ", size));
+    }
+    if (offset < end) {
+      return where.Error(absl::StrCat(field, ".offset"),
+                         absl::StrCat(offset, " overlaps or precedes the previous slot, "
+                                              "which ends at ", end));
+    }
+    end = offset + size;
+    if (end > kMaxParamBytes) {
+      return where.Error(absl::StrCat(field, ".offset"),
+                         absl::StrCat("the slot ends at byte ", end, ", past the ",
+                                      kMaxParamBytes, "-byte parameter limit"));
+    }
+    slot.offset = static_cast<uint32_t>(offset);
+    slot.size = static_cast<uint32_t>(size);
+    variant.layout.push_back(slot);
+  }
+  for (size_t a = 0; a < arg_seen.size(); ++a) {
+    if (!arg_seen[a]) {
+      return where.Error("layout", absl::StrCat("call parameter '",
+                                                kernel.params[kernel.args[a]].name,
+                                                "' has no slot"));
+    }
+  }
+  variant.param_bytes = static_cast<uint32_t>(end);
+  return absl::OkStatus();
+}
+
+absl::Status ParseVariant(const json& v, const Where& kernel_where, const KernelSpec& kernel,
+                          VariantSpec& variant, size_t index) {
+  if (!v.is_object()) {
+    return kernel_where.Error(absl::StrCat("variants[", index, "]"),
+                              absl::StrCat("expected an object, got ", TypeOf(v)));
+  }
+  KPACK_ASSIGN_OR_RETURN(variant.name, GetString(v, "name", kernel_where));
+  if (!IsIdentifier(variant.name, true)) {
+    return kernel_where.Error(absl::StrCat("variants[", index, "].name"),
+                              absl::StrCat("'", variant.name, "' is not a valid name"));
+  }
+  Where where = kernel_where.Variant(variant.name);
+  KPACK_RETURN_IF_ERROR(CheckKeys(
+      v, where, "a variant",
+      {"name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
+       "num_stages", "shared", "global_scratch_size", "global_scratch_align",
+       "profile_scratch_size", "profile_scratch_align", "launch_pdl",
+       "launch_cooperative_grid", "layout", "triton_version"},
+      {"bucket", "assumptions"}));
+
+  KPACK_ASSIGN_OR_RETURN(variant.cubin, GetString(v, "cubin", where));
+  if (variant.cubin.empty()) return where.Error("cubin", "empty path");
+  KPACK_ASSIGN_OR_RETURN(variant.sha256, GetString(v, "sha256", where));
+  if (variant.sha256.size() != 64 ||
+      !std::all_of(variant.sha256.begin(), variant.sha256.end(), [](char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+      })) {
+    return where.Error("sha256", "expected 64 lowercase hex digits");
+  }
+  KPACK_ASSIGN_OR_RETURN(variant.entry, GetString(v, "entry", where));
+  if (variant.entry.empty()) return where.Error("entry", "empty symbol name");
+  KPACK_ASSIGN_OR_RETURN(int64_t arch, GetInt(v, "arch", where, 10, 1000));
+  variant.arch = static_cast<int>(arch);
+
+  KPACK_ASSIGN_OR_RETURN(const json* constexprs, Field(v, "constexprs", where));
+  if (!constexprs->is_object()) {
+    return where.Error("constexprs", absl::StrCat("expected an object, got ",
+                                                  TypeOf(*constexprs)));
+  }
+  for (const ParamSpec& p : kernel.params) {
+    if (p.type == ParamType::kConstexpr && !constexprs->contains(p.name)) {
+      return where.Error("constexprs", absl::StrCat("no value for constexpr '", p.name, "'"));
+    }
+  }
+  for (const auto& [key, value] : constexprs->items()) {
+    auto it = std::find_if(kernel.params.begin(), kernel.params.end(),
+                           [&](const ParamSpec& p) { return p.name == key; });
+    if (it == kernel.params.end() || it->type != ParamType::kConstexpr) {
+      return where.Error(absl::StrCat("constexprs.", key),
+                         "not a constexpr parameter of the kernel");
+    }
+  }
+  variant.constexprs = constexprs->dump();
+
+  KPACK_ASSIGN_OR_RETURN(int64_t num_warps, GetInt(v, "num_warps", where, 1, 32));
+  KPACK_ASSIGN_OR_RETURN(int64_t num_ctas, GetInt(v, "num_ctas", where, 1, 16));
+  KPACK_ASSIGN_OR_RETURN(int64_t num_stages,
+                         GetInt(v, "num_stages", where, 0, 64, /*required=*/false));
+  KPACK_ASSIGN_OR_RETURN(int64_t shared, GetInt(v, "shared", where, 0, 1 << 20));
+  KPACK_ASSIGN_OR_RETURN(int64_t gs_size,
+                         GetInt(v, "global_scratch_size", where, 0, 1 << 30));
+  KPACK_ASSIGN_OR_RETURN(int64_t gs_align, GetInt(v, "global_scratch_align", where, 1, 4096));
+  KPACK_ASSIGN_OR_RETURN(int64_t ps_size,
+                         GetInt(v, "profile_scratch_size", where, 0, 1 << 30));
+  KPACK_ASSIGN_OR_RETURN(int64_t ps_align,
+                         GetInt(v, "profile_scratch_align", where, 1, 4096));
+  if (!IsPowerOfTwo(gs_align)) {
+    return where.Error("global_scratch_align", absl::StrCat(gs_align, " is not a power of two"));
+  }
+  if (!IsPowerOfTwo(ps_align)) {
+    return where.Error("profile_scratch_align",
+                       absl::StrCat(ps_align, " is not a power of two"));
+  }
+  variant.num_warps = static_cast<int>(num_warps);
+  variant.num_ctas = static_cast<int>(num_ctas);
+  variant.num_stages = static_cast<int>(num_stages);
+  variant.shared = static_cast<uint32_t>(shared);
+  variant.global_scratch_size = static_cast<uint32_t>(gs_size);
+  variant.global_scratch_align = static_cast<uint32_t>(gs_align);
+  variant.profile_scratch_size = static_cast<uint32_t>(ps_size);
+  variant.profile_scratch_align = static_cast<uint32_t>(ps_align);
+  KPACK_ASSIGN_OR_RETURN(variant.launch_pdl, GetBool(v, "launch_pdl", where));
+  KPACK_ASSIGN_OR_RETURN(variant.launch_cooperative_grid,
+                         GetBool(v, "launch_cooperative_grid", where));
+  KPACK_ASSIGN_OR_RETURN(variant.triton_version,
+                         GetString(v, "triton_version", where, /*required=*/false));
+  KPACK_RETURN_IF_ERROR(ParseLayout(v, where, kernel, variant));
+  bool has_global = std::any_of(variant.layout.begin(), variant.layout.end(),
+                                [](const SlotSpec& s) { return s.kind == SlotKind::kGlobalScratch; });
+  bool has_profile = std::any_of(variant.layout.begin(), variant.layout.end(),
+                                 [](const SlotSpec& s) { return s.kind == SlotKind::kProfileScratch; });
+  if (variant.global_scratch_size > 0 && !has_global) {
+    return where.Error("layout", "global_scratch_size > 0 but no $global_scratch slot");
+  }
+  if (variant.profile_scratch_size > 0 && !has_profile) {
+    return where.Error("layout", "profile_scratch_size > 0 but no $profile_scratch slot");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, size_t index) {
+  if (!k.is_object()) {
+    return top.Error(absl::StrCat("kernels[", index, "]"),
+                     absl::StrCat("expected an object, got ", TypeOf(k)));
+  }
+  KPACK_ASSIGN_OR_RETURN(kernel.name, GetString(k, "name", top));
+  if (!IsIdentifier(kernel.name, true)) {
+    return top.Error(absl::StrCat("kernels[", index, "].name"),
+                     absl::StrCat("'", kernel.name, "' is not a valid kernel name"));
+  }
+  Where where = top.Kernel(kernel.name);
+  KPACK_RETURN_IF_ERROR(CheckKeys(k, where, "a kernel", {"name", "params", "variants"},
+                                  {"buckets", "grid"}));
+  KPACK_RETURN_IF_ERROR(ParseParams(k, where, kernel));
+  KPACK_ASSIGN_OR_RETURN(const json* variants, Field(k, "variants", where));
+  if (!variants->is_array()) {
+    return where.Error("variants", absl::StrCat("expected an array, got ", TypeOf(*variants)));
+  }
+  if (variants->empty()) return where.Error("variants", "a kernel needs at least one variant");
+  absl::flat_hash_set<std::string> names;
+  for (size_t i = 0; i < variants->size(); ++i) {
+    VariantSpec variant;
+    KPACK_RETURN_IF_ERROR(ParseVariant((*variants)[i], where, kernel, variant, i));
+    if (!names.insert(variant.name).second) {
+      return where.Error(absl::StrCat("variants[", i, "].name"),
+                         absl::StrCat("duplicate variant '", variant.name, "'"));
+    }
+    kernel.variants.push_back(std::move(variant));
+  }
+  if (kernel.variants.size() > 1) {
+    return where.Unimplemented(
+        "variants", absl::StrCat(kernel.variants.size(),
+                                 " variants: choosing among variants (dispatch) is not "
+                                 "supported by this version; give each kernel exactly one"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint32_t SlotSize(ParamType type) {
+  switch (type) {
+    case ParamType::kPointer:
+    case ParamType::kI64:
+    case ParamType::kU64:
+    case ParamType::kFp64:
+      return 8;
+    case ParamType::kI32:
+    case ParamType::kU32:
+    case ParamType::kFp32:
+      return 4;
+    case ParamType::kI16:
+    case ParamType::kU16:
+    case ParamType::kFp16:
+    case ParamType::kBf16:
+      return 2;
+    case ParamType::kI1:
+    case ParamType::kU1:
+    case ParamType::kI8:
+    case ParamType::kU8:
+      return 1;
+    case ParamType::kConstexpr:
+      return 0;
+  }
+  return 0;
+}
+
+absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file) {
+  Where top{std::string(file)};
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": not valid JSON: ", e.what()));
+  }
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": expected a JSON object at the top level, got ", TypeOf(doc)));
+  }
+  KPACK_ASSIGN_OR_RETURN(std::string format, GetString(doc, "format", top));
+  if (format != kFormat) {
+    return top.Error("format", absl::StrCat("unsupported pack format '", format,
+                                            "'; this runtime reads '", kFormat, "'"));
+  }
+  KPACK_RETURN_IF_ERROR(CheckKeys(doc, top, "the manifest", {"format", "generator", "kernels"}));
+  ManifestSpec manifest;
+  KPACK_ASSIGN_OR_RETURN(manifest.generator,
+                         GetString(doc, "generator", top, /*required=*/false));
+  KPACK_ASSIGN_OR_RETURN(const json* kernels, Field(doc, "kernels", top));
+  if (!kernels->is_array()) {
+    return top.Error("kernels", absl::StrCat("expected an array, got ", TypeOf(*kernels)));
+  }
+  if (kernels->empty()) return top.Error("kernels", "the pack has no kernels");
+  absl::flat_hash_set<std::string> names;
+  for (size_t i = 0; i < kernels->size(); ++i) {
+    KernelSpec kernel;
+    KPACK_RETURN_IF_ERROR(ParseKernel((*kernels)[i], top, kernel, i));
+    if (!names.insert(kernel.name).second) {
+      return top.Error(absl::StrCat("kernels[", i, "].name"),
+                       absl::StrCat("duplicate kernel '", kernel.name, "'"));
+    }
+    manifest.kernels.push_back(std::move(kernel));
+  }
+  return manifest;
+}
+
+}  // namespace kpack::internal

@@ -1,0 +1,87 @@
+// The parsed and validated form of a pack's manifest.json (format "kpack/1"; the schema
+// is docs/pack-format.md). Parsing is pure: no I/O, no driver.
+
+#ifndef KPACK_SRC_MANIFEST_MANIFEST_H_
+#define KPACK_SRC_MANIFEST_MANIFEST_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kpack::internal {
+
+// Triton signature types that kpack can pass, plus constexpr.
+enum class ParamType : uint8_t {
+  kPointer,
+  kI1, kI8, kI16, kI32, kI64,
+  kU1, kU8, kU16, kU32, kU64,
+  kFp16, kBf16, kFp32, kFp64,
+  kConstexpr,
+};
+
+// Bytes a parameter of this type occupies in the parameter buffer (0 for constexpr).
+uint32_t SlotSize(ParamType type);
+
+struct ParamSpec {
+  std::string name;
+  std::string type_name;  // as written in the manifest, e.g. "*fp32"
+  ParamType type;
+};
+
+enum class SlotKind : uint8_t { kArg, kGlobalScratch, kProfileScratch };
+
+struct SlotSpec {
+  SlotKind kind = SlotKind::kArg;
+  int arg = -1;  // index into KernelSpec::args when kind == kArg
+  uint32_t offset = 0;
+  uint32_t size = 0;
+};
+
+struct VariantSpec {
+  std::string name;
+  std::string cubin;   // relative to the pack directory
+  std::string sha256;  // lowercase hex
+  std::string entry;
+  int arch = 0;                // major*10+minor
+  std::string constexprs;      // the JSON object, serialized, for inspection tools
+  int num_warps = 0;
+  int num_ctas = 1;
+  int num_stages = 0;
+  uint32_t shared = 0;
+  uint32_t global_scratch_size = 0;
+  uint32_t global_scratch_align = 1;
+  uint32_t profile_scratch_size = 0;
+  uint32_t profile_scratch_align = 1;
+  bool launch_pdl = false;
+  bool launch_cooperative_grid = false;
+  std::vector<SlotSpec> layout;  // in ordinal order
+  uint32_t param_bytes = 0;      // end of the last slot
+  std::string triton_version;
+};
+
+struct KernelSpec {
+  std::string name;
+  std::vector<ParamSpec> params;  // all, constexprs included, declaration order
+  std::vector<int> args;          // indices into params of the call parameters
+  std::vector<VariantSpec> variants;
+};
+
+struct ManifestSpec {
+  std::string generator;
+  std::vector<KernelSpec> kernels;
+};
+
+// The largest parameter buffer kpack accepts (the classic CUDA limit; larger buffers
+// need CUDA 12.1's 32 KiB mode, which Triton kernels never use).
+inline constexpr uint32_t kMaxParamBytes = 4096;
+
+// Parses and validates `text`. Every error is INVALID_ARGUMENT (UNIMPLEMENTED for a
+// feature this version lacks), prefixed with `file` and naming kernel, variant and field.
+absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file);
+
+}  // namespace kpack::internal
+
+#endif  // KPACK_SRC_MANIFEST_MANIFEST_H_

@@ -1,0 +1,32 @@
+// Reading a pack directory: manifest.json plus the cubins it names, each checked against
+// its sha256 and confined to the pack directory.
+
+#ifndef KPACK_SRC_MANIFEST_PACK_H_
+#define KPACK_SRC_MANIFEST_PACK_H_
+
+#include <cstddef>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "manifest/manifest.h"
+
+namespace kpack::internal {
+
+struct PackContents {
+  std::string dir;  // canonical absolute path of the pack directory
+  ManifestSpec manifest;
+  // cubins[k][v]: the bytes of kernel k's variant v.
+  std::vector<std::vector<std::vector<std::byte>>> cubins;
+};
+
+// Reads `dir`/manifest.json and every cubin. NOT_FOUND when the directory, manifest or a
+// cubin is missing; INVALID_ARGUMENT for a manifest problem, a cubin path that leaves the
+// pack (absolute, "..", or a symlink pointing outside), an empty cubin, or a sha256
+// mismatch — each naming the file, kernel and variant.
+absl::StatusOr<PackContents> ReadPack(absl::string_view dir);
+
+}  // namespace kpack::internal
+
+#endif  // KPACK_SRC_MANIFEST_PACK_H_

@@ -1,0 +1,541 @@
+#include <cuda.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kpack/runtime.h"
+#include "launch/args.h"
+#include "runtime/runtime_impl.h"
+#include "util/log.h"
+#include "util/status_macros.h"
+
+#if KPACK_ENABLE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace kpack {
+namespace internal {
+namespace {
+
+// The public API speaks std::string_view; Debian's abseil has its own string_view type.
+absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+constexpr uint32_t kDefaultSharedLimit = 48 * 1024;
+
+std::string Describe(const VariantData& v) {
+  return absl::StrCat("kernel '", v.kernel->spec->name, "' variant '", v.spec->name, "'");
+}
+
+// Triton's arch-specific targets (90 -> sm_90a, 100 -> sm_100a) run only on exactly that
+// compute capability; older targets run on any later minor version of the same major.
+bool ArchRunsOn(int arch, int cc) {
+  if (arch >= 90) return arch == cc;
+  return arch / 10 == cc / 10 && arch % 10 <= cc % 10;
+}
+
+bool NvtxRequested(const Options& options) {
+#if KPACK_ENABLE_NVTX
+  const char* env = std::getenv("KPACK_NVTX");
+  return options.nvtx && !(env != nullptr && std::string_view(env) == "0");
+#else
+  (void)options;
+  return false;
+#endif
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got) {
+  std::vector<std::string> expected;
+  for (int a : k.spec->args) {
+    const ParamSpec& p = k.spec->params[a];
+    expected.push_back(absl::StrCat(p.name, ": ", p.type_name));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("kernel '", k.spec->name, "' takes ", k.num_args, " arguments (",
+                   absl::StrJoin(expected, ", "), "), got ", got));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a) {
+  const ParamSpec& p = v.kernel->spec->params[v.kernel->spec->args[i]];
+  return ArgError(v.kernel->spec->name, i, p.name, p.type_name, a);
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
+      v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
+                                                 CUresult r) {
+  return d.Error(r, absl::StrCat("cuLaunchKernelEx for ", Describe(v)));
+}
+
+void BuildLaunchAttributes(VariantData& v) {
+  const VariantSpec& s = *v.spec;
+  if (s.num_ctas != 1) {
+    CUlaunchAttribute& cluster = v.attrs[v.num_attrs++];
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = static_cast<unsigned>(s.num_ctas);
+    cluster.value.clusterDim.y = 1;
+    cluster.value.clusterDim.z = 1;
+    CUlaunchAttribute& policy = v.attrs[v.num_attrs++];
+    policy.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    policy.value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+  }
+  if (s.launch_pdl) {
+    CUlaunchAttribute& pdl = v.attrs[v.num_attrs++];
+    pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    pdl.value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (s.launch_cooperative_grid) {
+    CUlaunchAttribute& coop = v.attrs[v.num_attrs++];
+    coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    coop.value.cooperative = 1;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
+                                                                 const Options& options) {
+  std::unique_ptr<RuntimeImpl> rt(new RuntimeImpl());
+  KPACK_ASSIGN_OR_RETURN(rt->pack_, ReadPack(dir));
+  KPACK_ASSIGN_OR_RETURN(rt->driver_, Driver::Load(options.driver_path));
+  rt->scratch_ = std::make_unique<ScratchArenas>(*rt->driver_);
+
+#if KPACK_ENABLE_NVTX
+  if (NvtxRequested(options)) rt->nvtx_domain_ = nvtxDomainCreateA("kpack");
+#endif
+
+  const ManifestSpec& manifest = rt->pack_.manifest;
+  for (size_t ki = 0; ki < manifest.kernels.size(); ++ki) {
+    const KernelSpec& ks = manifest.kernels[ki];
+    auto k = std::make_unique<KernelData>();
+    k->spec = &ks;
+    k->runtime = rt.get();
+    k->num_args = ks.args.size();
+#if KPACK_ENABLE_NVTX
+    if (rt->nvtx_domain_ != nullptr) {
+      k->nvtx_message = nvtxDomainRegisterStringA(
+          static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_), ks.name.c_str());
+    }
+#endif
+    for (size_t vi = 0; vi < ks.variants.size(); ++vi) {
+      const VariantSpec& vs = ks.variants[vi];
+      auto v = std::make_unique<VariantData>();
+      v->spec = &vs;
+      v->kernel = k.get();
+      v->arg_slots.resize(ks.args.size());
+      for (const SlotSpec& slot : vs.layout) {
+        switch (slot.kind) {
+          case SlotKind::kArg:
+            v->arg_slots[slot.arg] = {slot.offset, ks.params[ks.args[slot.arg]].type};
+            break;
+          case SlotKind::kGlobalScratch:
+            v->global_scratch_offset = static_cast<int32_t>(slot.offset);
+            break;
+          case SlotKind::kProfileScratch:
+            v->profile_scratch_offset = static_cast<int32_t>(slot.offset);
+            break;
+        }
+      }
+      v->param_bytes = vs.param_bytes;
+      v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);
+      v->num_ctas = static_cast<uint32_t>(vs.num_ctas);
+      v->shared = vs.shared;
+      v->global_scratch_size = vs.global_scratch_size;
+      v->profile_scratch_size = vs.profile_scratch_size;
+      v->profile_scratch_align = vs.profile_scratch_align;
+      BuildLaunchAttributes(*v);
+      v->cubin = std::move(rt->pack_.cubins[ki][vi]);
+      k->variants.push_back(std::move(v));
+    }
+    rt->by_name_[ks.name] = k.get();
+    rt->kernels_.push_back(std::move(k));
+  }
+  rt->pack_.cubins.clear();
+  Log().info("opened pack '{}': {} kernels, driver '{}'", rt->pack_.dir, rt->kernels_.size(),
+             rt->driver_->path);
+  return rt;
+}
+
+RuntimeImpl::~RuntimeImpl() {
+  scratch_.reset();
+  for (const auto& k : kernels_) {
+    for (const auto& v : k->variants) {
+      std::lock_guard<std::mutex> lock(v->load_mu);
+      if (v->library != nullptr) driver_->LibraryUnload(v->library);
+    }
+  }
+#if KPACK_ENABLE_NVTX
+  if (nvtx_domain_ != nullptr) {
+    nvtxDomainDestroy(static_cast<nvtxDomainHandle_t>(nvtx_domain_));
+  }
+#endif
+}
+
+absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel) const {
+  const Driver& d = *driver_;
+  const VariantSpec& s = *v.spec;
+  const std::string what = Describe(v);
+
+  // The manifest's parameter layout must be the cubin's, slot for slot: packing by a
+  // wrong layout would launch with garbage arguments.
+  for (size_t i = 0; i < s.layout.size(); ++i) {
+    size_t offset = 0, size = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(d.KernelGetParamInfo(kernel, i, &offset, &size),
+                                  absl::StrCat("cuKernelGetParamInfo(", i, ") for ", what)));
+    const SlotSpec& slot = s.layout[i];
+    if (offset != slot.offset || size != slot.size) {
+      std::string name = slot.kind == SlotKind::kArg
+                             ? v.kernel->spec->params[v.kernel->spec->args[slot.arg]].name
+                         : slot.kind == SlotKind::kGlobalScratch ? "$global_scratch"
+                                                                 : "$profile_scratch";
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": parameter ", i, " ('", name, "') is at offset ", slot.offset, " size ",
+          slot.size, " in the manifest but at offset ", offset, " size ", size,
+          " in the cubin"));
+    }
+  }
+  size_t extra_offset = 0, extra_size = 0;
+  if (d.KernelGetParamInfo(kernel, s.layout.size(), &extra_offset, &extra_size) ==
+      CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the cubin's entry '", s.entry, "' has more than the ", s.layout.size(),
+        " parameters the manifest's layout lists"));
+  }
+
+  int count = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGetCount(&count), "cuDeviceGetCount"));
+  for (CUdevice dev = 0; dev < count; ++dev) {
+    int major = 0, minor = 0, optin = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+    // Load checked the current device; GPUs of another kind never run this variant.
+    if (!ArchRunsOn(s.arch, major * 10 + minor)) continue;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+        "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"));
+    int static_shared = 0, max_threads = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.KernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, dev),
+        absl::StrCat("cuKernelGetAttribute(SHARED_SIZE_BYTES) for ", what)));
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.KernelGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, dev),
+        absl::StrCat("cuKernelGetAttribute(MAX_THREADS_PER_BLOCK) for ", what)));
+    if (static_cast<int64_t>(s.shared) + static_shared > optin) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": needs ", s.shared, " bytes of dynamic shared memory (plus ", static_shared,
+          " static), but device ", dev, " allows at most ", optin, " per block"));
+    }
+    if (v.block_x > static_cast<uint32_t>(max_threads)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": num_warps ", s.num_warps, " needs ", v.block_x,
+          " threads per block, but the kernel can run at most ", max_threads, " on device ",
+          dev));
+    }
+    if (s.shared > kDefaultSharedLimit) {
+      // Without this opt-in a launch asking for more than 48 KiB fails with
+      // CUDA_ERROR_INVALID_VALUE. Set once per device; it applies to all its contexts.
+      KPACK_RETURN_IF_ERROR(d.Check(
+          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                               optin - static_shared, kernel, dev),
+          absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
+    }
+    if (s.num_ctas > 8) {
+      KPACK_RETURN_IF_ERROR(d.Check(
+          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel,
+                               dev),
+          absl::StrCat("cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for ", what)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
+  std::lock_guard<std::mutex> lock(v.load_mu);
+  if (CUfunction f = v.function.load(std::memory_order_acquire)) return f;
+  const Driver& d = *driver_;
+  const VariantSpec& s = *v.spec;
+  const std::string what = Describe(v);
+
+  CUcontext ctx = nullptr;
+  KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent"));
+  if (ctx == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "loading ", what, ": no CUDA context is current on this thread; make one current "
+        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  }
+  CUdevice device = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetDevice(&device), "cuCtxGetDevice"));
+  int major = 0, minor = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+  if (!ArchRunsOn(s.arch, major * 10 + minor)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch,
+        s.arch >= 90 ? "a" : "", "), but the current device ", device,
+        " has compute capability ", major, ".", minor));
+  }
+
+  CUlibrary library = nullptr;
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr,
+                                nullptr, 0),
+              absl::StrCat("cuLibraryLoadData for ", what)));
+  CUkernel kernel = nullptr;
+  absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
+                                absl::StrCat("cuLibraryGetKernel('", s.entry, "') for ", what));
+  if (status.ok()) status = CheckAndPrepare(v, kernel);
+  if (!status.ok()) {
+    d.LibraryUnload(library);
+    return status;
+  }
+  v.library = library;
+  std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
+  libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
+  Log().info("loaded {} (entry '{}', {} warps, {} ctas, {} B shared)", what, s.entry,
+             s.num_warps, s.num_ctas, s.shared);
+  auto function = reinterpret_cast<CUfunction>(kernel);
+  v.function.store(function, std::memory_order_release);
+  return function;
+}
+
+absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> args,
+                                   std::byte* buf) const {
+  if (ABSL_PREDICT_FALSE(args.size() != v.arg_slots.size())) {
+    return ArgCountError(*v.kernel, args.size());
+  }
+  std::memset(buf, 0, v.param_bytes);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSlot& slot = v.arg_slots[i];
+    if (ABSL_PREDICT_FALSE(!PackArg(slot.type, args[i], buf + slot.offset))) {
+      return BadArg(v, i, args[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
+                                       CUstream stream, std::byte* buf) const {
+  const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
+  if (programs == 0) return absl::OkStatus();  // Triton skips empty grids too
+  const uint64_t grid_x = uint64_t{grid.x} * v.num_ctas;
+  if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max())) {
+    return GridError(v, grid);
+  }
+  CUfunction function = v.function.load(std::memory_order_acquire);
+  if (ABSL_PREDICT_FALSE(function == nullptr)) {
+    KPACK_ASSIGN_OR_RETURN(function, Load(v));
+  }
+
+  if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
+    const uint64_t blocks = programs * v.num_ctas;
+    const uint64_t global_bytes = blocks * v.global_scratch_size;
+    const uint64_t profile_start =
+        (global_bytes + v.profile_scratch_align - 1) / v.profile_scratch_align *
+        v.profile_scratch_align;
+    KPACK_ASSIGN_OR_RETURN(
+        CUdeviceptr base,
+        scratch_->Get(stream, profile_start + blocks * v.profile_scratch_size));
+    if (v.global_scratch_size != 0) {
+      std::memcpy(buf + v.global_scratch_offset, &base, sizeof(base));
+    }
+    if (v.profile_scratch_size != 0) {
+      CUdeviceptr profile = base + profile_start;
+      std::memcpy(buf + v.profile_scratch_offset, &profile, sizeof(profile));
+    }
+  }
+
+  CUlaunchConfig config;
+  config.gridDimX = static_cast<unsigned>(grid_x);
+  config.gridDimY = grid.y;
+  config.gridDimZ = grid.z;
+  config.blockDimX = v.block_x;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = v.shared;
+  config.hStream = stream;
+  // The driver reads the attributes and does not keep or modify them.
+  config.attrs = const_cast<CUlaunchAttribute*>(v.attrs.data());
+  config.numAttrs = v.num_attrs;
+  size_t size = v.param_bytes;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+
+#if KPACK_ENABLE_NVTX
+  const KernelData& k = *v.kernel;
+  auto domain = static_cast<nvtxDomainHandle_t>(k.runtime->nvtx_domain_);
+  if (domain != nullptr) {
+    nvtxEventAttributes_t attrs = {};
+    attrs.version = NVTX_VERSION;
+    attrs.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    attrs.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    attrs.message.registered = static_cast<nvtxStringHandle_t>(k.nvtx_message);
+    nvtxDomainRangePushEx(domain, &attrs);
+  }
+#endif
+  CUresult r = driver_->LaunchKernelEx(&config, function, nullptr,
+                                       size != 0 ? extra : nullptr);
+#if KPACK_ENABLE_NVTX
+  if (domain != nullptr) nvtxDomainRangePop(domain);
+#endif
+  if (ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) return LaunchError(*driver_, v, r);
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid& grid, CUstream stream,
+                                     std::span<const Arg> args) const {
+  // One variant per kernel until dispatch exists (the manifest parser enforces it).
+  const VariantData& v = *k.variants.front();
+  alignas(16) std::byte buf[kMaxParamBytes];
+  KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
+  return LaunchPacked(v, grid, stream, buf);
+}
+
+}  // namespace internal
+
+// ---- Kernel ----
+
+namespace {
+absl::Status EmptyKernel() {
+  return absl::FailedPreconditionError("launch through an empty kpack::Kernel handle");
+}
+}  // namespace
+
+std::string_view Kernel::name() const { return data_ ? data_->spec->name : ""; }
+size_t Kernel::num_args() const { return data_ ? data_->num_args : 0; }
+std::string_view Kernel::arg_name(size_t index) const {
+  return data_->spec->params[data_->spec->args.at(index)].name;
+}
+std::string_view Kernel::arg_type(size_t index) const {
+  return data_->spec->params[data_->spec->args.at(index)].type_name;
+}
+absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
+  if (data_ == nullptr) return EmptyKernel();
+  for (size_t i = 0; i < data_->num_args; ++i) {
+    if (arg_name(i) == name) return i;
+  }
+  return absl::NotFoundError(absl::StrCat("kernel '", data_->spec->name,
+                                          "' has no call parameter '",
+                                          internal::AbslView(name), "'"));
+}
+
+absl::Status Kernel::LaunchArgs(const Grid& grid, CUstream stream,
+                                std::span<const Arg> args) const {
+  if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
+  return data_->runtime->LaunchArgs(*data_, grid, stream, args);
+}
+
+absl::StatusOr<BoundLaunch> Kernel::Bind(const Grid& grid, CUstream stream,
+                                         std::span<const Arg> args) const {
+  if (data_ == nullptr) return EmptyKernel();
+  auto state = std::make_unique<internal::BoundState>();
+  state->variant = data_->variants.front().get();
+  state->grid = grid;
+  state->stream = stream;
+  KPACK_RETURN_IF_ERROR(data_->runtime->PackArgs(*state->variant, args, state->buf));
+  return BoundLaunch(std::move(state));
+}
+
+// ---- BoundLaunch ----
+
+BoundLaunch::BoundLaunch(std::unique_ptr<internal::BoundState> state)
+    : state_(std::move(state)) {}
+BoundLaunch::BoundLaunch(BoundLaunch&&) noexcept = default;
+BoundLaunch& BoundLaunch::operator=(BoundLaunch&&) noexcept = default;
+BoundLaunch::~BoundLaunch() = default;
+
+absl::Status BoundLaunch::Set(size_t index, Arg value) {
+  const internal::VariantData& v = *state_->variant;
+  if (ABSL_PREDICT_FALSE(index >= v.arg_slots.size())) {
+    return absl::OutOfRangeError(absl::StrCat("kernel '", v.kernel->spec->name, "' has ",
+                                              v.arg_slots.size(), " arguments; no index ",
+                                              index));
+  }
+  const internal::ArgSlot& slot = v.arg_slots[index];
+  if (ABSL_PREDICT_FALSE(!internal::PackArg(slot.type, value, state_->buf + slot.offset))) {
+    return internal::BadArg(v, index, value);
+  }
+  return absl::OkStatus();
+}
+
+void BoundLaunch::set_grid(const Grid& grid) { state_->grid = grid; }
+void BoundLaunch::set_stream(CUstream stream) { state_->stream = stream; }
+
+absl::Status BoundLaunch::Launch() {
+  const internal::VariantData& v = *state_->variant;
+  return v.kernel->runtime->LaunchPacked(v, state_->grid, state_->stream, state_->buf);
+}
+
+// ---- Runtime ----
+
+Runtime::Runtime(std::unique_ptr<internal::RuntimeImpl> impl) : impl_(std::move(impl)) {}
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+Runtime::~Runtime() = default;
+
+absl::StatusOr<Runtime> Runtime::Open(std::string_view dir, const Options& options) {
+  KPACK_ASSIGN_OR_RETURN(std::unique_ptr<internal::RuntimeImpl> impl,
+                         internal::RuntimeImpl::Create(internal::AbslView(dir), options));
+  Runtime runtime(std::move(impl));
+  if (options.preload) KPACK_RETURN_IF_ERROR(runtime.Preload());
+  return runtime;
+}
+
+absl::StatusOr<Kernel> Runtime::Find(std::string_view name) const {
+  const internal::KernelData* k = impl_->FindKernel(name);
+  if (k == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no kernel named '", internal::AbslView(name),
+                                            "' in pack '", impl_->dir(), "'"));
+  }
+  return internal::RuntimeImpl::MakeKernel(k);
+}
+
+std::vector<std::string> Runtime::kernel_names() const {
+  std::vector<std::string> names;
+  for (const auto& k : impl_->kernels()) names.push_back(k->spec->name);
+  return names;
+}
+
+absl::Status Runtime::LaunchArgs(std::string_view name, const Grid& grid, CUstream stream,
+                                 std::span<const Arg> args) const {
+  const internal::KernelData* k = impl_->FindKernel(name);
+  if (ABSL_PREDICT_FALSE(k == nullptr)) return Find(name).status();
+  return impl_->LaunchArgs(*k, grid, stream, args);
+}
+
+absl::Status Runtime::Preload() {
+  for (const auto& k : impl_->kernels()) {
+    for (const auto& v : k->variants) KPACK_RETURN_IF_ERROR(impl_->Load(*v).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReserveScratch(CUstream stream, size_t bytes) {
+  return impl_->scratch().Reserve(stream, bytes);
+}
+
+Runtime::Stats Runtime::stats() const {
+  Stats s;
+  s.libraries_loaded = impl_->libraries_loaded();
+  s.scratch_arenas = impl_->scratch().arenas();
+  s.scratch_bytes = impl_->scratch().bytes();
+  return s;
+}
+
+}  // namespace kpack

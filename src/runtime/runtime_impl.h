@@ -1,0 +1,124 @@
+// The state behind kpack::Runtime, Kernel and BoundLaunch. Everything here is built at
+// Open and immutable afterwards, except each variant's load state (published once,
+// through an atomic) and the scratch arenas (see launch/scratch.h).
+
+#ifndef KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
+#define KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "driver/driver.h"
+#include "kpack/runtime.h"
+#include "launch/scratch.h"
+#include "manifest/manifest.h"
+#include "manifest/pack.h"
+
+namespace kpack::internal {
+
+class RuntimeImpl;
+struct KernelData;
+
+// Where call argument i goes in a variant's parameter buffer.
+struct ArgSlot {
+  uint32_t offset;
+  ParamType type;
+};
+
+struct VariantData {
+  const VariantSpec* spec = nullptr;
+  const KernelData* kernel = nullptr;
+
+  std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
+  int32_t global_scratch_offset = -1;   // slot offset, -1 if the layout has none
+  int32_t profile_scratch_offset = -1;
+  uint32_t param_bytes = 0;
+  uint32_t block_x = 0;
+  uint32_t num_ctas = 1;
+  uint32_t shared = 0;
+  // Bytes per program of each scratch kind, and where profile scratch starts in the
+  // arena relative to the end of global scratch (its alignment).
+  uint64_t global_scratch_size = 0;
+  uint64_t profile_scratch_size = 0;
+  uint64_t profile_scratch_align = 1;
+  std::array<CUlaunchAttribute, 4> attrs{};
+  unsigned num_attrs = 0;
+
+  // Load state. `function` is the CUkernel (cast to CUfunction, as cuLaunchKernelEx
+  // accepts), published with release order once every load-time check has passed.
+  mutable std::atomic<CUfunction> function{nullptr};
+  mutable std::mutex load_mu;
+  mutable CUlibrary library = nullptr;           // guarded by load_mu
+  mutable std::vector<std::byte> cubin;          // guarded by load_mu; freed once loaded
+};
+
+struct KernelData {
+  const KernelSpec* spec = nullptr;
+  RuntimeImpl* runtime = nullptr;
+  std::vector<std::unique_ptr<VariantData>> variants;
+  size_t num_args = 0;
+  // The NVTX registered string for this kernel's name (nullptr when NVTX is off).
+  void* nvtx_message = nullptr;
+};
+
+class RuntimeImpl {
+ public:
+  static absl::StatusOr<std::unique_ptr<RuntimeImpl>> Create(absl::string_view dir,
+                                                             const Options& options);
+  ~RuntimeImpl();
+
+  const KernelData* FindKernel(std::string_view name) const {
+    auto it = by_name_.find(absl::string_view(name.data(), name.size()));
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+  const std::vector<std::unique_ptr<KernelData>>& kernels() const { return kernels_; }
+  const Driver& driver() const { return *driver_; }
+  const std::string& dir() const { return pack_.dir; }
+  ScratchArenas& scratch() const { return *scratch_; }
+  size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
+
+  // Loads `v` into the driver if it is not yet (slow path; takes the variant's mutex).
+  absl::StatusOr<CUfunction> Load(const VariantData& v) const;
+  absl::Status LaunchArgs(const KernelData& k, const Grid& grid, CUstream stream,
+                          std::span<const Arg> args) const;
+  // Packs `args` into `buf`, zeroing the variant's whole buffer first.
+  absl::Status PackArgs(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
+  // Sends a packed buffer: fills scratch pointers, skips empty grids, loads lazily.
+  absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
+                            std::byte* buf) const;
+
+  static Kernel MakeKernel(const KernelData* k) { return Kernel(k); }
+
+ private:
+  RuntimeImpl() = default;
+  absl::Status CheckAndPrepare(const VariantData& v, CUkernel kernel) const;
+
+  std::shared_ptr<const Driver> driver_;
+  PackContents pack_;
+  std::vector<std::unique_ptr<KernelData>> kernels_;
+  absl::flat_hash_map<std::string, const KernelData*> by_name_;
+  std::unique_ptr<ScratchArenas> scratch_;
+  void* nvtx_domain_ = nullptr;
+  mutable std::atomic<size_t> libraries_loaded_{0};
+};
+
+// A BoundLaunch's packed call.
+struct BoundState {
+  const VariantData* variant = nullptr;
+  Grid grid;
+  CUstream stream = nullptr;
+  alignas(16) std::byte buf[kMaxParamBytes];
+};
+
+}  // namespace kpack::internal
+
+#endif  // KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_

@@ -1,0 +1,167 @@
+// The launch path allocates nothing, locks nothing and logs nothing. This binary replaces
+// the global operator new and interposes pthread_mutex_lock to count both, attaches a
+// counting sink to kpack's logger at trace level, then launches through every API path
+// against the fake driver (launch entry made a no-op, so only kpack's own work is seen).
+// Each count must be zero across the launches, and nonzero where the slow paths run
+// (the positive controls show the counters work).
+
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "fake_driver.h"
+#include "fake_runtime.h"
+#include "gtest/gtest.h"
+#include "kpack/kpack.h"
+#include "spdlog/sinks/base_sink.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+std::atomic<long> g_allocations{0};
+std::atomic<long> g_locks{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(n ? n : 1);
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::aligned_alloc(static_cast<size_t>(a), (n + static_cast<size_t>(a) - 1) /
+                                                               static_cast<size_t>(a) *
+                                                               static_cast<size_t>(a))) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) { return operator new(n, a); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+// std::mutex locks through pthread_mutex_lock, and this definition interposes every call.
+// Only calls from this executable's own code count: kpack is linked in statically, while
+// the fake driver, a separate shared object, may lock as it likes (it is not kpack).
+extern "C" char __executable_start;  // the executable's text, from the GNU linker
+extern "C" char etext;
+extern "C" int pthread_mutex_lock(pthread_mutex_t* m) {
+  using Fn = int (*)(pthread_mutex_t*);
+  static Fn real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_mutex_lock"));
+  auto caller = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  if (caller >= reinterpret_cast<uintptr_t>(&__executable_start) &&
+      caller < reinterpret_cast<uintptr_t>(&etext)) {
+    g_locks.fetch_add(1, std::memory_order_relaxed);
+  }
+  return real(m);
+}
+
+namespace kpack {
+namespace {
+
+class CountingSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::atomic<long> messages{0};
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg&) override { messages.fetch_add(1); }
+  void flush_() override {}
+};
+
+struct Counts {
+  long allocations, locks, logs;
+};
+
+class LaunchPathTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { setenv("KPACK_LOG_LEVEL", "trace", 1); }
+  void SetUp() override { fake::Reset(); }
+
+  Counts Snapshot() const {
+    return {g_allocations.load(), g_locks.load(), sink_ ? sink_->messages.load() : 0};
+  }
+  void AttachSink() {
+    sink_ = std::make_shared<CountingSink>();
+    spdlog::get("kpack")->sinks().push_back(sink_);
+  }
+  void TearDown() override {
+    if (sink_) spdlog::get("kpack")->sinks().pop_back();
+    fake::Reset();
+  }
+  std::shared_ptr<CountingSink> sink_;
+};
+
+const CUdeviceptr kX = 0x10000, kY = 0x20000, kOut = 0x30000;
+
+TEST_F(LaunchPathTest, CountersSeeTheSlowPaths) {
+  Counts before = Snapshot();
+  auto rt = kpack::testing::OpenFake();
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  AttachSink();
+  ASSERT_TRUE(rt->Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1).ok());  // lazy load
+  Counts after = Snapshot();
+  EXPECT_GT(after.allocations, before.allocations);
+  EXPECT_GT(after.locks, before.locks);
+  EXPECT_GT(after.logs, 0) << "the load is logged";
+  // Errors may allocate (the message), but must still not reach the driver.
+  EXPECT_FALSE(rt->Launch("add", Grid{1}, nullptr, kX).ok());
+}
+
+TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
+  auto rt = kpack::testing::OpenFake();
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rt->Preload().ok());
+  AttachSink();
+  Kernel add = *rt->Find("add");
+  Kernel scalars = *rt->Find("scalars");
+  Kernel cluster = *rt->Find("cluster");
+  Kernel scratch = *rt->Find("scratch");
+  auto bound = add.BindArgs(Grid{4}, nullptr, kX, kY, kOut, 4096);
+  ASSERT_TRUE(bound.ok());
+  const Arg dynamic[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(4096)};
+  // Warm the scratch arena: its growth is the documented slow path.
+  ASSERT_TRUE(scratch.Launch(Grid{8, 8}, nullptr, kX, kOut, 256, 256, 256).ok());
+  fake::SetLaunchNoop(true);
+
+  const int64_t launches_before = fake::CallCount("LaunchKernelEx");
+  Counts before = Snapshot();
+  bool ok = true;
+  for (int i = 0; i < 1000; ++i) {
+    ok &= rt->Launch("add", Grid{4}, nullptr, kX, kY, kOut, i).ok();
+    ok &= add.Launch(Grid{4}, nullptr, kX, kY, kOut, i).ok();
+    ok &= add.LaunchArgs(Grid{4}, nullptr, dynamic).ok();
+    ok &= bound->Set(3, i).ok();
+    ok &= bound->Launch().ok();
+    ok &= scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40)
+              .ok();
+    ok &= cluster.Launch(Grid{3}, nullptr, kX, kOut, i).ok();
+    ok &= scratch.Launch(Grid{4, 4}, nullptr, kX, kOut, 128, 128, 128).ok();
+  }
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 7000);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
+}
+
+}  // namespace
+}  // namespace kpack

@@ -1,0 +1,66 @@
+// Helpers for tests that run kpack against the recording fake driver: a Runtime opened
+// on the fake, and a scratch copy of the test pack whose manifest and files a test may
+// break.
+
+#ifndef KPACK_TESTS_UNIT_FAKE_RUNTIME_H_
+#define KPACK_TESTS_UNIT_FAKE_RUNTIME_H_
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fake_driver.h"
+#include "kpack/kpack.h"
+#include "nlohmann/json.hpp"
+
+namespace kpack::testing {
+
+inline Options FakeOptions() {
+  Options o;
+  o.driver_path = KPACK_FAKE_DRIVER;
+  return o;
+}
+
+inline absl::StatusOr<Runtime> OpenFake(const std::string& dir = KPACK_TEST_PACK_DIR,
+                                        Options options = FakeOptions()) {
+  return Runtime::Open(dir, options);
+}
+
+// A copy of kernels/testpack in a fresh temporary directory, removed on destruction.
+class TempPack {
+ public:
+  TempPack() {
+    char tmpl[] = "/tmp/kpack_test_XXXXXX";
+    root_ = mkdtemp(tmpl);
+    dir_ = root_ / "pack";
+    std::filesystem::copy(KPACK_TEST_PACK_DIR, dir_, std::filesystem::copy_options::recursive);
+    std::ifstream in(dir_ / "manifest.json");
+    manifest_ = nlohmann::json::parse(in);
+  }
+  ~TempPack() { std::filesystem::remove_all(root_); }
+
+  std::string dir() const { return dir_.string(); }
+  const std::filesystem::path& root() const { return root_; }
+  nlohmann::json& manifest() { return manifest_; }
+  nlohmann::json& kernel(const std::string& name) {
+    for (auto& k : manifest_["kernels"]) {
+      if (k["name"] == name) return k;
+    }
+    std::abort();
+  }
+  nlohmann::json& variant(const std::string& name) { return kernel(name)["variants"][0]; }
+  void Save() {
+    std::ofstream out(dir_ / "manifest.json");
+    out << manifest_.dump(2);
+  }
+
+ private:
+  std::filesystem::path root_;
+  std::filesystem::path dir_;
+  nlohmann::json manifest_;
+};
+
+}  // namespace kpack::testing
+
+#endif  // KPACK_TESTS_UNIT_FAKE_RUNTIME_H_

@@ -1,0 +1,216 @@
+#include "manifest/manifest.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "test_manifest_json.h"
+
+namespace kpack::internal {
+namespace {
+
+using ::kpack::testing::AddManifest;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+absl::StatusOr<ManifestSpec> Parse(const json& j) { return ParseManifest(j.dump(), "m.json"); }
+
+json& Variant(json& m) { return m["kernels"][0]["variants"][0]; }
+
+TEST(ManifestTest, ParsesTritonAddKernel) {
+  absl::StatusOr<ManifestSpec> m = Parse(AddManifest());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->kernels.size(), 1u);
+  const KernelSpec& k = m->kernels[0];
+  EXPECT_EQ(k.name, "add");
+  ASSERT_EQ(k.params.size(), 5u);
+  EXPECT_EQ(k.params[4].type, ParamType::kConstexpr);
+  EXPECT_THAT(k.args, ::testing::ElementsAre(0, 1, 2, 3));  // BLOCK is not passed
+  const VariantSpec& v = k.variants[0];
+  EXPECT_EQ(v.entry, "add_kernel");
+  EXPECT_EQ(v.arch, 90);
+  EXPECT_EQ(v.num_warps, 4);
+  EXPECT_EQ(v.param_bytes, 48u);
+  ASSERT_EQ(v.layout.size(), 6u);
+  EXPECT_EQ(v.layout[3].kind, SlotKind::kArg);
+  EXPECT_EQ(v.layout[3].arg, 3);
+  EXPECT_EQ(v.layout[3].offset, 24u);
+  EXPECT_EQ(v.layout[4].kind, SlotKind::kGlobalScratch);
+  EXPECT_EQ(v.layout[5].kind, SlotKind::kProfileScratch);
+  EXPECT_EQ(v.constexprs, R"({"BLOCK":1024})");
+}
+
+TEST(ManifestTest, SlotSizesFollowTriton) {
+  EXPECT_EQ(SlotSize(ParamType::kPointer), 8u);
+  EXPECT_EQ(SlotSize(ParamType::kI1), 1u);
+  EXPECT_EQ(SlotSize(ParamType::kU8), 1u);
+  EXPECT_EQ(SlotSize(ParamType::kFp16), 2u);
+  EXPECT_EQ(SlotSize(ParamType::kBf16), 2u);
+  EXPECT_EQ(SlotSize(ParamType::kFp32), 4u);  // a float, not a double
+  EXPECT_EQ(SlotSize(ParamType::kI64), 8u);
+  EXPECT_EQ(SlotSize(ParamType::kFp64), 8u);
+}
+
+// Each case breaks one thing; the error must be INVALID_ARGUMENT (or UNIMPLEMENTED) and
+// name the file, kernel, variant where there is one, and the field.
+struct BadCase {
+  const char* name;
+  void (*mutate)(json&);
+  absl::StatusCode code;
+  std::vector<std::string> mentions;
+};
+
+class ManifestErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ManifestErrorTest, NamesTheProblem) {
+  json m = AddManifest();
+  GetParam().mutate(m);
+  absl::StatusOr<ManifestSpec> parsed = Parse(m);
+  ASSERT_FALSE(parsed.ok()) << "accepted: " << m.dump();
+  EXPECT_EQ(parsed.status().code(), GetParam().code) << parsed.status();
+  EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("m.json"));
+  for (const std::string& s : GetParam().mentions) {
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(s));
+  }
+}
+
+constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ManifestErrorTest,
+    ::testing::Values(
+        BadCase{"unknown_format", [](json& m) { m["format"] = "kpack/2"; }, kInvalid,
+                {"'format'", "kpack/2"}},
+        BadCase{"format_not_string", [](json& m) { m["format"] = 1; }, kInvalid,
+                {"'format'", "expected a string"}},
+        BadCase{"no_kernels", [](json& m) { m["kernels"] = json::array(); }, kInvalid,
+                {"'kernels'"}},
+        BadCase{"unknown_top_field", [](json& m) { m["kernls"] = 1; }, kInvalid, {"'kernls'"}},
+        BadCase{"duplicate_kernel",
+                [](json& m) { m["kernels"].push_back(m["kernels"][0]); }, kInvalid,
+                {"duplicate kernel 'add'"}},
+        BadCase{"kernel_name_not_identifier",
+                [](json& m) { m["kernels"][0]["name"] = "../x"; }, kInvalid, {"kernels[0].name"}},
+        BadCase{"param_type_unknown",
+                [](json& m) { m["kernels"][0]["params"][3]["type"] = "int"; }, kInvalid,
+                {"kernel 'add'", "params[3].type", "'int'"}},
+        BadCase{"param_tma_unsupported",
+                [](json& m) { m["kernels"][0]["params"][3]["type"] = "nvTmaDesc"; },
+                kUnimplemented, {"kernel 'add'", "nvTmaDesc"}},
+        BadCase{"duplicate_param",
+                [](json& m) { m["kernels"][0]["params"][1]["name"] = "x_ptr"; }, kInvalid,
+                {"duplicate parameter 'x_ptr'"}},
+        BadCase{"buckets_reserved", [](json& m) { m["kernels"][0]["buckets"] = json::object(); },
+                kUnimplemented, {"kernel 'add'", "'buckets'"}},
+        BadCase{"assumptions_reserved",
+                [](json& m) { Variant(m)["assumptions"] = json::object(); }, kUnimplemented,
+                {"variant 'default'", "'assumptions'"}},
+        BadCase{"two_variants",
+                [](json& m) {
+                  json v = Variant(m);
+                  v["name"] = "other";
+                  m["kernels"][0]["variants"].push_back(v);
+                },
+                kUnimplemented, {"kernel 'add'", "2 variants"}},
+        BadCase{"duplicate_variant",
+                [](json& m) { m["kernels"][0]["variants"].push_back(Variant(m)); }, kInvalid,
+                {"duplicate variant 'default'"}},
+        BadCase{"no_variants",
+                [](json& m) { m["kernels"][0]["variants"] = json::array(); }, kInvalid,
+                {"'variants'"}},
+        BadCase{"missing_entry", [](json& m) { Variant(m).erase("entry"); }, kInvalid,
+                {"kernel 'add'", "variant 'default'", "'entry'", "missing"}},
+        BadCase{"unknown_variant_field", [](json& m) { Variant(m)["num_warp"] = 4; }, kInvalid,
+                {"variant 'default'", "'num_warp'"}},
+        BadCase{"num_warps_string", [](json& m) { Variant(m)["num_warps"] = "4"; }, kInvalid,
+                {"'num_warps'", "expected an integer, got string"}},
+        BadCase{"num_warps_float", [](json& m) { Variant(m)["num_warps"] = 4.5; }, kInvalid,
+                {"'num_warps'", "expected an integer"}},
+        BadCase{"num_warps_zero", [](json& m) { Variant(m)["num_warps"] = 0; }, kInvalid,
+                {"'num_warps'", "out of range"}},
+        BadCase{"num_ctas_huge", [](json& m) { Variant(m)["num_ctas"] = 17; }, kInvalid,
+                {"'num_ctas'"}},
+        BadCase{"shared_huge", [](json& m) { Variant(m)["shared"] = 1LL << 40; }, kInvalid,
+                {"'shared'", "out of range"}},
+        BadCase{"shared_u64_max",
+                [](json& m) { Variant(m)["shared"] = 18446744073709551615ULL; }, kInvalid,
+                {"'shared'", "out of range"}},
+        BadCase{"shared_negative", [](json& m) { Variant(m)["shared"] = -1; }, kInvalid,
+                {"'shared'"}},
+        BadCase{"pdl_not_bool", [](json& m) { Variant(m)["launch_pdl"] = 1; }, kInvalid,
+                {"'launch_pdl'", "true or false"}},
+        BadCase{"scratch_align_not_pow2",
+                [](json& m) { Variant(m)["global_scratch_align"] = 24; }, kInvalid,
+                {"'global_scratch_align'", "power of two"}},
+        BadCase{"scratch_without_slot",
+                [](json& m) {
+                  Variant(m)["global_scratch_size"] = 128;
+                  Variant(m)["layout"].erase(4);
+                },
+                kInvalid, {"$global_scratch"}},
+        BadCase{"sha_not_hex", [](json& m) { Variant(m)["sha256"] = std::string(64, 'G'); },
+                kInvalid, {"'sha256'"}},
+        BadCase{"sha_short", [](json& m) { Variant(m)["sha256"] = "abc"; }, kInvalid,
+                {"'sha256'"}},
+        BadCase{"constexpr_missing",
+                [](json& m) { Variant(m)["constexprs"] = json::object(); }, kInvalid,
+                {"'constexprs'", "BLOCK"}},
+        BadCase{"constexpr_not_a_constexpr",
+                [](json& m) { Variant(m)["constexprs"]["n"] = 3; }, kInvalid,
+                {"'constexprs.n'"}},
+        BadCase{"layout_lies_about_size",
+                [](json& m) { Variant(m)["layout"][3]["size"] = 8; }, kInvalid,
+                {"variant 'default'", "'layout[3].size'", "parameter 'n'", "i32"}},
+        BadCase{"layout_overlap",
+                [](json& m) { Variant(m)["layout"][1]["offset"] = 0; }, kInvalid,
+                {"'layout[1].offset'", "overlaps"}},
+        BadCase{"layout_misaligned",
+                [](json& m) { Variant(m)["layout"][3]["offset"] = 26; }, kInvalid,
+                {"'layout[3].offset'", "aligned"}},
+        BadCase{"layout_past_4k",
+                [](json& m) {
+                  Variant(m)["layout"][4]["offset"] = 4096;
+                },
+                kInvalid, {"'layout[4].offset'"}},
+        BadCase{"layout_ends_past_4k",
+                [](json& m) {
+                  Variant(m)["layout"][4]["offset"] = 4088;
+                  Variant(m)["layout"][5]["offset"] = 4096;
+                },
+                kInvalid, {"'layout[5].offset'"}},
+        BadCase{"layout_negative_size",
+                [](json& m) { Variant(m)["layout"][0]["size"] = -8; }, kInvalid,
+                {"'size'"}},
+        BadCase{"layout_missing_param",
+                [](json& m) { Variant(m)["layout"].erase(3); }, kInvalid,
+                {"call parameter 'n' has no slot"}},
+        BadCase{"layout_unknown_param",
+                [](json& m) { Variant(m)["layout"][3]["param"] = "BLOCK"; }, kInvalid,
+                {"'layout[3].param'", "BLOCK"}},
+        BadCase{"layout_param_twice",
+                [](json& m) { Variant(m)["layout"][1]["param"] = "x_ptr"; }, kInvalid,
+                {"'x_ptr' appears twice"}},
+        BadCase{"layout_hidden_twice",
+                [](json& m) { Variant(m)["layout"][5]["param"] = "$global_scratch"; },
+                kInvalid, {"$global_scratch appears twice"}},
+        BadCase{"layout_not_array", [](json& m) { Variant(m)["layout"] = 3; }, kInvalid,
+                {"'layout'", "expected an array"}}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(ManifestTest, RejectsMalformedJson) {
+  absl::StatusOr<ManifestSpec> m = ParseManifest("{\"format\": ", "m.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(m.status().message()), AllOf(HasSubstr("m.json"), HasSubstr("JSON")));
+}
+
+TEST(ManifestTest, RejectsNonObjectTopLevel) {
+  absl::StatusOr<ManifestSpec> m = ParseManifest("[1, 2]", "m.json");
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(m.status().message()), HasSubstr("top level"));
+}
+
+}  // namespace
+}  // namespace kpack::internal
