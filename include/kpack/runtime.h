@@ -36,7 +36,6 @@
 
 #include <cuda.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,6 +99,7 @@ class Kernel {
   std::string_view name() const;
   // The call parameters (non-constexpr), in the order Launch takes them.
   size_t num_args() const;
+  // Empty for an index past num_args().
   std::string_view arg_name(size_t index) const;
   std::string_view arg_type(size_t index) const;  // Triton type string, e.g. "*fp32"
   // Index of the call parameter `name`, or NOT_FOUND.

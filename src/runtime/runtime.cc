@@ -39,6 +39,18 @@ bool ArchRunsOn(int arch, int cc) {
   return arch / 10 == cc / 10 && arch % 10 <= cc % 10;
 }
 
+// major*10+minor of `device`.
+absl::StatusOr<int> ComputeCapability(const Driver& d, CUdevice device) {
+  int major = 0, minor = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+  return major * 10 + minor;
+}
+
 bool NvtxRequested(const Options& options) {
 #if KPACK_ENABLE_NVTX
   const char* env = std::getenv("KPACK_NVTX");
@@ -214,15 +226,10 @@ absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel)
   int count = 0;
   KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGetCount(&count), "cuDeviceGetCount"));
   for (CUdevice dev = 0; dev < count; ++dev) {
-    int major = 0, minor = 0, optin = 0;
-    KPACK_RETURN_IF_ERROR(d.Check(
-        d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
-        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
-    KPACK_RETURN_IF_ERROR(d.Check(
-        d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
-        "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+    KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, dev));
     // Load checked the current device; GPUs of another kind never run this variant.
-    if (!ArchRunsOn(s.arch, major * 10 + minor)) continue;
+    if (!ArchRunsOn(s.arch, cc)) continue;
+    int optin = 0;
     KPACK_RETURN_IF_ERROR(d.Check(
         d.DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
         "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"));
@@ -278,18 +285,12 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   }
   CUdevice device = 0;
   KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetDevice(&device), "cuCtxGetDevice"));
-  int major = 0, minor = 0;
-  KPACK_RETURN_IF_ERROR(d.Check(
-      d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
-  KPACK_RETURN_IF_ERROR(d.Check(
-      d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
-  if (!ArchRunsOn(s.arch, major * 10 + minor)) {
+  KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, device));
+  if (!ArchRunsOn(s.arch, cc)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch,
         s.arch >= 90 ? "a" : "", "), but the current device ", device,
-        " has compute capability ", major, ".", minor));
+        " has compute capability ", cc / 10, ".", cc % 10));
   }
 
   CUlibrary library = nullptr;
@@ -420,10 +421,12 @@ absl::Status EmptyKernel() {
 std::string_view Kernel::name() const { return data_ ? data_->spec->name : ""; }
 size_t Kernel::num_args() const { return data_ ? data_->num_args : 0; }
 std::string_view Kernel::arg_name(size_t index) const {
-  return data_->spec->params[data_->spec->args.at(index)].name;
+  if (data_ == nullptr || index >= data_->num_args) return "";
+  return data_->spec->params[data_->spec->args[index]].name;
 }
 std::string_view Kernel::arg_type(size_t index) const {
-  return data_->spec->params[data_->spec->args.at(index)].type_name;
+  if (data_ == nullptr || index >= data_->num_args) return "";
+  return data_->spec->params[data_->spec->args[index]].type_name;
 }
 absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
   if (data_ == nullptr) return EmptyKernel();

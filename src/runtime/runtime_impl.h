@@ -34,6 +34,8 @@ struct ArgSlot {
   ParamType type;
 };
 
+// The launch-time view of a variant. The fields copied from VariantSpec are copied on
+// purpose: a launch reads only this struct, which keeps the hot path on few cache lines.
 struct VariantData {
   const VariantSpec* spec = nullptr;
   const KernelData* kernel = nullptr;
