@@ -44,6 +44,17 @@ struct Setup {
   CUdeviceptr x = 0, y = 0, out = 0;
   int32_t n = 1;
   std::string error;
+
+  // Dynamic shapes: the dispatch pack's axpy with n cycling across its three buckets.
+  std::unique_ptr<kpack::Runtime> dispatch_runtime;
+  kpack::Kernel axpy;
+  struct Shape {
+    int32_t n;
+    CUfunction raw;  // the variant kpack picks for n, loaded by hand for the raw path
+    unsigned grid;
+    unsigned block;
+  };
+  std::vector<Shape> shapes;
 };
 
 Setup* g = nullptr;
@@ -87,9 +98,45 @@ bool Init() {
     return false;
   }
   g->raw_kernel = reinterpret_cast<CUfunction>(kernel);
-  if (drv.MemAlloc(&g->x, 4096) || drv.MemAlloc(&g->y, 4096) || drv.MemAlloc(&g->out, 4096)) {
+  // Big enough for the largest dynamic shape (n = 300000 floats).
+  if (drv.MemAlloc(&g->x, 4 << 20) || drv.MemAlloc(&g->y, 4 << 20) ||
+      drv.MemAlloc(&g->out, 4 << 20)) {
     g->error = "cuMemAlloc failed";
     return false;
+  }
+
+  auto drt = kpack::Runtime::Open(KPACK_DISPATCH_PACK_DIR, {.preload = true});
+  if (!drt.ok()) {
+    g->error = drt.status().ToString();
+    return false;
+  }
+  g->dispatch_runtime = std::make_unique<kpack::Runtime>(std::move(*drt));
+  g->axpy = *g->dispatch_runtime->Find("axpy");
+  // One shape per bucket and one more: {n, variant kpack picks, BLOCK, num_warps}.
+  struct {
+    int32_t n;
+    const char* variant;
+    unsigned block_size, warps;
+  } shapes[] = {{1024, "b0_div16_unit", 256, 2},
+                {65536, "b1_div16_unit", 1024, 4},
+                {300000, "b2_div16_unit", 4096, 8},
+                {2048, "b0_div16_unit", 256, 2}};
+  for (const auto& s : shapes) {
+    const kpack::Arg args[] = {g->x, g->y, g->out, s.n, 1, 2.0f};
+    auto chosen = g->axpy.SelectVariant(args);
+    if (!chosen.ok() || *chosen != s.variant) {
+      g->error = "dispatch pack selects an unexpected variant";
+      return false;
+    }
+    std::vector<char> bin = ReadFile(std::string(KPACK_DISPATCH_PACK_DIR) + "/cubins/axpy/" +
+                                     s.variant + ".cubin");
+    CUmodule m;
+    CUfunction f;
+    if (drv.ModuleLoadData(&m, bin.data()) || drv.ModuleGetFunction(&f, m, "axpy_kernel")) {
+      g->error = "raw load of a dispatch cubin failed";
+      return false;
+    }
+    g->shapes.push_back({s.n, f, (s.n + s.block_size - 1) / s.block_size, 32 * s.warps});
   }
   return true;
 }
@@ -145,6 +192,47 @@ void BM_RawExtra(benchmark::State& state) {
   });
 }
 
+// Raw driver with the shape changing every call: the caller's own bucket logic reduced to
+// a precomputed table, so this is the floor for a dynamic-shape launch.
+void BM_RawDynamic(benchmark::State& state) {
+  CUdeviceptr scratch = 0;
+  float alpha = 2.0f;
+  size_t i = 0;
+  RunBatches(state, [&] {
+    const Setup::Shape& s = g->shapes[i++ % g->shapes.size()];
+    int32_t n = s.n;
+    void* params[] = {&g->x, &g->y, &g->out, &n, &alpha, &scratch, &scratch};
+    CUlaunchConfig c = RawConfig();
+    c.gridDimX = s.grid;
+    c.blockDimX = s.block;
+    return g->driver->LaunchKernelEx(&c, s.raw, params, nullptr) == CUDA_SUCCESS;
+  });
+}
+
+// kpack choosing the variant per call (bucket + specialization) and computing the grid
+// from the manifest's expression.
+void BM_KpackDynamic(benchmark::State& state) {
+  size_t i = 0;
+  RunBatches(state, [&] {
+    int32_t n = g->shapes[i++ % g->shapes.size()].n;
+    return g->axpy.Launch(g->stream, g->x, g->y, g->out, n, 1, 2.0f).ok();
+  });
+}
+
+// The dispatch step alone (argument count, bucket, property mask, table lookup): no
+// packing, no driver call. Timed per call, not per batch.
+void BM_DispatchOnly(benchmark::State& state) {
+  std::vector<std::vector<kpack::Arg>> args;
+  for (const Setup::Shape& s : g->shapes) {
+    args.push_back({g->x, g->y, g->out, s.n, 1, 2.0f});
+  }
+  size_t i = 0;
+  for (auto _ : state) {
+    auto v = g->axpy.SelectVariant(args[i++ % args.size()]);
+    benchmark::DoNotOptimize(v);
+  }
+}
+
 void BM_KpackByName(benchmark::State& state) {
   RunBatches(state, [&] {
     return g->runtime->Launch("add", kpack::Grid{1}, g->stream, g->x, g->y, g->out, g->n).ok();
@@ -171,7 +259,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred) {
+      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
+      if (r.run_name.function_name == "dispatch_only") {
+        dispatch_ns_.push_back(r.GetAdjustedRealTime());
+      } else {
         // Iterations are batches of kBatch launches; report per launch.
         times_[r.run_name.function_name].push_back(r.GetAdjustedRealTime() / kBatch);
       }
@@ -185,20 +276,31 @@ class RatioReporter : public benchmark::ConsoleReporter {
       return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
     };
     auto raw = times_.find("raw_params_cufunction");
+    auto raw_dynamic = times_.find("raw_dynamic_shapes");
     if (raw == times_.end()) return;
     double base = median(raw->second);
     std::printf("\n%-28s %12s %12s %12s %8s\n", "path (host time per launch)", "median us",
                 "min us", "max us", "x raw");
     for (const auto& [name, v] : times_) {
       double m = median(v);
+      // Dynamic shapes compare with raw dynamic shapes (same kernels, same shapes).
+      double ref = name.find("dynamic") != std::string::npos && raw_dynamic != times_.end()
+                       ? median(raw_dynamic->second)
+                       : base;
       std::printf("%-28s %12.3f %12.3f %12.3f %8.3f\n", name.c_str(), m / 1e3,
                   *std::min_element(v.begin(), v.end()) / 1e3,
-                  *std::max_element(v.begin(), v.end()) / 1e3, m / base);
+                  *std::max_element(v.begin(), v.end()) / 1e3, m / ref);
+    }
+    std::printf("(x raw: each row over raw_params_cufunction; the dynamic rows over "
+                "raw_dynamic_shapes)\n");
+    if (!dispatch_ns_.empty()) {
+      std::printf("dispatch_only: %.1f ns per SelectVariant (median)\n", median(dispatch_ns_));
     }
   }
 
  private:
   std::map<std::string, std::vector<double>> times_;
+  std::vector<double> dispatch_ns_;
 };
 
 }  // namespace
@@ -218,6 +320,9 @@ int main(int argc, char** argv) {
   reg("kpack_by_name", BM_KpackByName);
   reg("kpack_by_kernel", BM_KpackByKernel);
   reg("kpack_bound_launch", BM_KpackBound);
+  reg("raw_dynamic_shapes", BM_RawDynamic);
+  reg("kpack_dynamic_shapes", BM_KpackDynamic);
+  benchmark::RegisterBenchmark("dispatch_only", BM_DispatchOnly)->Unit(benchmark::kNanosecond);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.Summarize();

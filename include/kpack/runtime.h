@@ -28,6 +28,10 @@
 // once (launch state is immutable after load; lazy loading is synchronized). A
 // `BoundLaunch` belongs to one thread at a time.
 //
+// Contexts: a launch goes to the calling thread's current CUDA context, and `stream` must
+// belong to it (or be a null/legacy/per-thread stream), as for any driver launch. One
+// Runtime serves every device and context: kernels are loaded once, context-independently.
+//
 // Ownership: `Kernel` handles are views into their `Runtime` and must not outlive it.
 // Device memory passed as arguments stays the caller's.
 
@@ -69,9 +73,11 @@ struct Options {
   bool nvtx = true;
 };
 
-// A launch whose arguments are already checked and packed into the variant's parameter
-// buffer. `Set` rewrites one argument's bytes (type-checked like at Bind); `Launch` sends
-// the buffer. Not thread-safe: one thread at a time per BoundLaunch. Valid while its
+// A launch whose arguments are already checked, dispatched and packed into the chosen
+// variant's parameter buffer. `Set` rewrites one argument's bytes (type-checked like at
+// Bind); when that argument decides the bucket or an assumption, Set selects the variant
+// again and repacks if it changes, so a BoundLaunch never launches a variant whose
+// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a time per BoundLaunch. Valid while its
 // Runtime lives. Move-only.
 class BoundLaunch {
  public:
@@ -106,29 +112,66 @@ class Kernel {
   absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
 
   // Launches on `stream` (in the calling thread's current CUDA context) with `grid`
-  // programs. A grid with zero programs launches nothing and returns OK.
+  // programs. The variant is chosen from the arguments (shape bucket, then the most
+  // specialized variant whose assumptions hold; see docs/pack-format.md); an argument
+  // list no variant is valid for is INVALID_ARGUMENT naming the parameter, its value and
+  // the failed assumption, and launches nothing. A grid with zero programs launches
+  // nothing and returns OK.
   template <typename... Args>
   absl::Status Launch(const Grid& grid, CUstream stream, const Args&... args) const {
     const Arg packed[] = {Arg(args)..., Arg(0)};  // trailing element: no zero-size array
     return LaunchArgs(grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
   }
-  // The same, for argument lists built at run time.
+  // The same with the grid computed from the manifest's grid expressions for the chosen
+  // variant (FAILED_PRECONDITION if the kernel has none).
+  template <typename... Args>
+  absl::Status Launch(CUstream stream, const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};
+    return LaunchArgs(stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+  // The same two, for argument lists built at run time.
   absl::Status LaunchArgs(const Grid& grid, CUstream stream, std::span<const Arg> args) const;
+  absl::Status LaunchArgs(CUstream stream, std::span<const Arg> args) const;
 
-  // Checks and packs the arguments once; the returned BoundLaunch relaunches them with
-  // only the changed bytes rewritten.
+  // Checks, dispatches and packs the arguments once; the returned BoundLaunch relaunches
+  // them with only the changed bytes rewritten. Without a grid, the grid expressions are
+  // evaluated at each Launch.
   absl::StatusOr<BoundLaunch> Bind(const Grid& grid, CUstream stream,
                                    std::span<const Arg> args) const;
+  absl::StatusOr<BoundLaunch> Bind(CUstream stream, std::span<const Arg> args) const;
   template <typename... Args>
   absl::StatusOr<BoundLaunch> BindArgs(const Grid& grid, CUstream stream,
                                        const Args&... args) const {
     const Arg packed[] = {Arg(args)..., Arg(0)};
     return Bind(grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
   }
+  template <typename... Args>
+  absl::StatusOr<BoundLaunch> BindArgs(CUstream stream, const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};
+    return Bind(stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+
+  // The name of the variant these arguments would launch, or the error a launch would
+  // return. Launches nothing.
+  absl::StatusOr<std::string_view> SelectVariant(std::span<const Arg> args) const;
+
+  // Launches per variant since Open, and how many of them were fallbacks: launches for
+  // which a more specialized variant of the same bucket existed but one of its
+  // assumptions failed (e.g. a misaligned pointer sending every call to the generic
+  // variant). Counted with relaxed atomics; a snapshot, not synchronized with launches in
+  // flight on other threads.
+  struct VariantStats {
+    std::string_view variant;
+    uint64_t launches = 0;
+    uint64_t fallback_launches = 0;
+  };
+  std::vector<VariantStats> variant_stats() const;
 
  private:
   friend class internal::RuntimeImpl;
   explicit Kernel(const internal::KernelData* data) : data_(data) {}
+  absl::StatusOr<BoundLaunch> BindImpl(const Grid* grid, CUstream stream,
+                                       std::span<const Arg> args) const;
   const internal::KernelData* data_ = nullptr;
 };
 
@@ -159,6 +202,14 @@ class Runtime {
     return LaunchArgs(name, grid, stream, std::span<const Arg>(packed, sizeof...(Args)));
   }
   absl::Status LaunchArgs(std::string_view name, const Grid& grid, CUstream stream,
+                          std::span<const Arg> args) const;
+  // By name with the grid from the manifest's grid expressions.
+  template <typename... Args>
+  absl::Status Launch(std::string_view name, CUstream stream, const Args&... args) const {
+    const Arg packed[] = {Arg(args)..., Arg(0)};
+    return LaunchArgs(name, stream, std::span<const Arg>(packed, sizeof...(Args)));
+  }
+  absl::Status LaunchArgs(std::string_view name, CUstream stream,
                           std::span<const Arg> args) const;
 
   // Loads every variant of every kernel now and checks it against the current device.

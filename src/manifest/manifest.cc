@@ -47,18 +47,11 @@ class Where {
 
 std::string TypeOf(const json& j) { return j.type_name(); }
 
-// Fields this version understands, and those reserved for dispatch (refused loudly
-// rather than ignored: a pack that needs them would otherwise launch the wrong variant).
+// Unknown fields are errors: a typo must not silently change what launches.
 absl::Status CheckKeys(const json& obj, const Where& where, absl::string_view what,
-                       std::initializer_list<absl::string_view> known,
-                       std::initializer_list<absl::string_view> reserved = {}) {
+                       std::initializer_list<absl::string_view> known) {
   for (const auto& [key, value] : obj.items()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    if (std::find(reserved.begin(), reserved.end(), key) != reserved.end()) {
-      return where.Unimplemented(
-          key, "dispatch over buckets and specializations is not supported by this "
-               "version of kpack; the pack needs a newer runtime");
-    }
     return where.Error(key, absl::StrCat("unknown field in ", what,
                                          " (known: ", absl::StrJoin(known, ", "), ")"));
   }
@@ -117,6 +110,23 @@ absl::StatusOr<bool> GetBool(const json& obj, absl::string_view key, const Where
     return where.Error(key, absl::StrCat("expected true or false, got ", TypeOf(*v)));
   }
   return v->get<bool>();
+}
+
+// Variant names become file names in packs: [A-Za-z0-9_][A-Za-z0-9_.-]*.
+bool IsVariantName(absl::string_view s) {
+  if (s.empty() || s[0] == '.' || s[0] == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '.' || c == '-';
+  });
+}
+
+// The call argument named `name`, or -1.
+int FindArg(const KernelSpec& kernel, absl::string_view name) {
+  for (size_t a = 0; a < kernel.args.size(); ++a) {
+    if (kernel.arg(static_cast<int>(a)).name == name) return static_cast<int>(a);
+  }
+  return -1;
 }
 
 bool IsIdentifier(absl::string_view s, bool allow_dot) {
@@ -186,6 +196,90 @@ absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) 
   return absl::OkStatus();
 }
 
+bool HasAssumption(const VariantSpec& v, int arg, Assumption::Kind kind) {
+  return std::any_of(v.assumptions.begin(), v.assumptions.end(),
+                     [&](const Assumption& a) { return a.arg == arg && a.kind == kind; });
+}
+
+// `bucket`, `assumptions` and `types`: what the variant is chosen by.
+absl::Status ParseVariantDispatch(const json& v, const Where& where, const KernelSpec& kernel,
+                                  VariantSpec& variant) {
+  variant.arg_types.clear();
+  for (int a : kernel.args) variant.arg_types.push_back(kernel.params[a].type);
+
+  if (auto it = v.find("bucket"); it != v.end()) {
+    if (!it->is_array() || it->size() != kernel.buckets.size()) {
+      return where.Error("bucket", absl::StrCat("expected an array of ", kernel.buckets.size(),
+                                                " bucket indices (one per bucket dim)"));
+    }
+    for (size_t d = 0; d < it->size(); ++d) {
+      const json& index = (*it)[d];
+      int64_t limit = static_cast<int64_t>(kernel.buckets[d].edges.size());
+      if (!index.is_number_integer() || index.get<int64_t>() < 0 ||
+          index.get<int64_t>() > limit) {
+        return where.Error(absl::StrCat("bucket[", d, "]"),
+                           absl::StrCat(index.dump(), " is not a bucket index in [0, ", limit,
+                                        "]"));
+      }
+      variant.bucket.push_back(index.get<int>());
+    }
+  }
+
+  if (auto it = v.find("assumptions"); it != v.end()) {
+    if (!it->is_object()) {
+      return where.Error("assumptions", absl::StrCat("expected an object, got ", TypeOf(*it)));
+    }
+    for (const auto& [name, kinds] : it->items()) {
+      std::string field = absl::StrCat("assumptions.", name);
+      int arg = FindArg(kernel, name);
+      if (arg < 0) return where.Error(field, "not a call parameter of the kernel");
+      if (!kinds.is_array() || kinds.empty()) {
+        return where.Error(field, "expected a non-empty array of \"div16\" / \"eq1\"");
+      }
+      ParamType type = kernel.arg(arg).type;
+      for (const json& k : kinds) {
+        Assumption as{arg, Assumption::kDiv16};
+        if (k == "div16") {
+          if (type != ParamType::kPointer && !IsInteger(type)) {
+            return where.Error(field, "div16 applies to pointers and integers only");
+          }
+        } else if (k == "eq1") {
+          if (!IsInteger(type)) return where.Error(field, "eq1 applies to integers only");
+          as.kind = Assumption::kEq1;
+        } else {
+          return where.Error(field, absl::StrCat("unknown assumption ", k.dump(),
+                                                 " (known: div16, eq1)"));
+        }
+        if (HasAssumption(variant, arg, as.kind)) {
+          return where.Error(field, absl::StrCat(k.dump(), " listed twice"));
+        }
+        variant.assumptions.push_back(as);
+      }
+    }
+  }
+
+  if (auto it = v.find("types"); it != v.end()) {
+    if (!it->is_object()) {
+      return where.Error("types", absl::StrCat("expected an object, got ", TypeOf(*it)));
+    }
+    for (const auto& [name, type] : it->items()) {
+      std::string field = absl::StrCat("types.", name);
+      int arg = FindArg(kernel, name);
+      if (arg < 0) return where.Error(field, "not a call parameter of the kernel");
+      if (!IsInteger(kernel.arg(arg).type)) {
+        return where.Error(field, "only integer parameters can change type between variants");
+      }
+      if (!type.is_string()) {
+        return where.Error(field, absl::StrCat("expected a type string, got ", TypeOf(type)));
+      }
+      KPACK_ASSIGN_OR_RETURN(ParamType t, ParseType(type.get<std::string>(), where, field));
+      if (!IsInteger(t)) return where.Error(field, "must be an integer type (i8..i64, u8..u64)");
+      variant.arg_types[arg] = t;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& kernel,
                          VariantSpec& variant) {
   KPACK_ASSIGN_OR_RETURN(const json* layout, Field(v, "layout", where));
@@ -235,9 +329,16 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
       arg_seen[it->second] = true;
       slot.kind = SlotKind::kArg;
       slot.arg = it->second;
-      const ParamSpec& p = kernel.params[kernel.args[it->second]];
-      expected_size = SlotSize(p.type);
-      what = absl::StrCat("parameter '", p.name, "' of type ", p.type_name);
+      const ParamSpec& p = kernel.arg(it->second);
+      if (HasAssumption(variant, it->second, Assumption::kEq1)) {
+        return where.Error(absl::StrCat(field, ".param"),
+                           absl::StrCat("parameter '", p.name, "' is assumed eq1, so Triton "
+                                        "compiled it away and it can have no slot"));
+      }
+      ParamType type = variant.arg_types[it->second];
+      expected_size = SlotSize(type);
+      what = absl::StrCat("parameter '", p.name, "' of type ",
+                          type == p.type ? p.type_name : std::string(TypeName(type)));
     }
     if (size != expected_size) {
       return where.Error(absl::StrCat(field, ".size"),
@@ -263,10 +364,11 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
     variant.layout.push_back(slot);
   }
   for (size_t a = 0; a < arg_seen.size(); ++a) {
-    if (!arg_seen[a]) {
+    if (!arg_seen[a] && !HasAssumption(variant, static_cast<int>(a), Assumption::kEq1)) {
       return where.Error("layout", absl::StrCat("call parameter '",
                                                 kernel.params[kernel.args[a]].name,
-                                                "' has no slot"));
+                                                "' has no slot (only an eq1 parameter may "
+                                                "lack one)"));
     }
   }
   variant.param_bytes = static_cast<uint32_t>(end);
@@ -280,7 +382,7 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                               absl::StrCat("expected an object, got ", TypeOf(v)));
   }
   KPACK_ASSIGN_OR_RETURN(variant.name, GetString(v, "name", kernel_where));
-  if (!IsIdentifier(variant.name, true)) {
+  if (!IsVariantName(variant.name)) {
     return kernel_where.Error(absl::StrCat("variants[", index, "].name"),
                               absl::StrCat("'", variant.name, "' is not a valid name"));
   }
@@ -290,8 +392,8 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
       {"name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
        "num_stages", "shared", "global_scratch_size", "global_scratch_align",
        "profile_scratch_size", "profile_scratch_align", "launch_pdl",
-       "launch_cooperative_grid", "layout", "triton_version"},
-      {"bucket", "assumptions"}));
+       "launch_cooperative_grid", "layout", "triton_version", "bucket", "assumptions",
+       "types"}));
 
   KPACK_ASSIGN_OR_RETURN(variant.cubin, GetString(v, "cubin", where));
   if (variant.cubin.empty()) return where.Error("cubin", "empty path");
@@ -359,6 +461,7 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                          GetBool(v, "launch_cooperative_grid", where));
   KPACK_ASSIGN_OR_RETURN(variant.triton_version,
                          GetString(v, "triton_version", where, /*required=*/false));
+  KPACK_RETURN_IF_ERROR(ParseVariantDispatch(v, where, kernel, variant));
   KPACK_RETURN_IF_ERROR(ParseLayout(v, where, kernel, variant));
   bool has_global = std::any_of(variant.layout.begin(), variant.layout.end(),
                                 [](const SlotSpec& s) { return s.kind == SlotKind::kGlobalScratch; });
@@ -369,6 +472,56 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
   }
   if (variant.profile_scratch_size > 0 && !has_profile) {
     return where.Error("layout", "profile_scratch_size > 0 but no $profile_scratch slot");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBuckets(const json& k, const Where& where, KernelSpec& kernel) {
+  auto it = k.find("buckets");
+  if (it == k.end()) return absl::OkStatus();
+  if (!it->is_array() || it->empty()) {
+    return where.Error("buckets", "expected a non-empty array of {param, edges}");
+  }
+  for (size_t d = 0; d < it->size(); ++d) {
+    const json& dim = (*it)[d];
+    std::string field = absl::StrCat("buckets[", d, "]");
+    if (!dim.is_object()) {
+      return where.Error(field, absl::StrCat("expected an object, got ", TypeOf(dim)));
+    }
+    KPACK_RETURN_IF_ERROR(CheckKeys(dim, where, field, {"param", "edges"}));
+    KPACK_ASSIGN_OR_RETURN(std::string name, GetString(dim, "param", where));
+    BucketSpec bucket;
+    bucket.arg = FindArg(kernel, name);
+    if (bucket.arg < 0 || !IsInteger(kernel.arg(bucket.arg).type)) {
+      return where.Error(absl::StrCat(field, ".param"),
+                         absl::StrCat("'", name, "' is not an integer call parameter"));
+    }
+    for (const BucketSpec& other : kernel.buckets) {
+      if (other.arg == bucket.arg) {
+        return where.Error(absl::StrCat(field, ".param"),
+                           absl::StrCat("'", name, "' is bucketed twice"));
+      }
+    }
+    KPACK_ASSIGN_OR_RETURN(const json* edges, Field(dim, "edges", where));
+    if (!edges->is_array() || edges->empty() || edges->size() > 4095) {
+      return where.Error(absl::StrCat(field, ".edges"),
+                         "expected an array of 1 to 4095 integers");
+    }
+    for (size_t e = 0; e < edges->size(); ++e) {
+      const json& edge = (*edges)[e];
+      if (!edge.is_number_integer() ||
+          (edge.is_number_unsigned() && edge.get<uint64_t>() > uint64_t{INT64_MAX})) {
+        return where.Error(absl::StrCat(field, ".edges[", e, "]"),
+                           absl::StrCat("expected a 64-bit integer, got ", edge.dump()));
+      }
+      int64_t value = edge.get<int64_t>();
+      if (!bucket.edges.empty() && value <= bucket.edges.back()) {
+        return where.Error(absl::StrCat(field, ".edges[", e, "]"),
+                           absl::StrCat(value, " does not increase on ", bucket.edges.back()));
+      }
+      bucket.edges.push_back(value);
+    }
+    kernel.buckets.push_back(std::move(bucket));
   }
   return absl::OkStatus();
 }
@@ -384,9 +537,22 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
                      absl::StrCat("'", kernel.name, "' is not a valid kernel name"));
   }
   Where where = top.Kernel(kernel.name);
-  KPACK_RETURN_IF_ERROR(CheckKeys(k, where, "a kernel", {"name", "params", "variants"},
-                                  {"buckets", "grid"}));
+  KPACK_RETURN_IF_ERROR(
+      CheckKeys(k, where, "a kernel", {"name", "params", "buckets", "grid", "variants"}));
   KPACK_RETURN_IF_ERROR(ParseParams(k, where, kernel));
+  KPACK_RETURN_IF_ERROR(ParseBuckets(k, where, kernel));
+  if (auto it = k.find("grid"); it != k.end()) {
+    if (!it->is_array() || it->empty() || it->size() > 3) {
+      return where.Error("grid", "expected an array of 1 to 3 expression strings (x, y, z)");
+    }
+    for (size_t axis = 0; axis < it->size(); ++axis) {
+      if (!(*it)[axis].is_string()) {
+        return where.Error(absl::StrCat("grid[", axis, "]"),
+                           absl::StrCat("expected a string, got ", TypeOf((*it)[axis])));
+      }
+      kernel.grid.push_back((*it)[axis].get<std::string>());
+    }
+  }
   KPACK_ASSIGN_OR_RETURN(const json* variants, Field(k, "variants", where));
   if (!variants->is_array()) {
     return where.Error("variants", absl::StrCat("expected an array, got ", TypeOf(*variants)));
@@ -402,16 +568,42 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
     }
     kernel.variants.push_back(std::move(variant));
   }
-  if (kernel.variants.size() > 1) {
-    return where.Unimplemented(
-        "variants", absl::StrCat(kernel.variants.size(),
-                                 " variants: choosing among variants (dispatch) is not "
-                                 "supported by this version; give each kernel exactly one"));
-  }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+bool IsInteger(ParamType type) {
+  switch (type) {
+    case ParamType::kI8: case ParamType::kI16: case ParamType::kI32: case ParamType::kI64:
+    case ParamType::kU8: case ParamType::kU16: case ParamType::kU32: case ParamType::kU64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* TypeName(ParamType type) {
+  switch (type) {
+    case ParamType::kPointer: return "pointer";
+    case ParamType::kI1: return "i1";
+    case ParamType::kI8: return "i8";
+    case ParamType::kI16: return "i16";
+    case ParamType::kI32: return "i32";
+    case ParamType::kI64: return "i64";
+    case ParamType::kU1: return "u1";
+    case ParamType::kU8: return "u8";
+    case ParamType::kU16: return "u16";
+    case ParamType::kU32: return "u32";
+    case ParamType::kU64: return "u64";
+    case ParamType::kFp16: return "fp16";
+    case ParamType::kBf16: return "bf16";
+    case ParamType::kFp32: return "fp32";
+    case ParamType::kFp64: return "fp64";
+    case ParamType::kConstexpr: return "constexpr";
+  }
+  return "?";
+}
 
 uint32_t SlotSize(ParamType type) {
   switch (type) {

@@ -24,6 +24,10 @@ enum class ParamType : uint8_t {
 
 // Bytes a parameter of this type occupies in the parameter buffer (0 for constexpr).
 uint32_t SlotSize(ParamType type);
+// i8..i64 and u8..u64: the types a bucket, grid, `eq1` or `types` entry may use.
+bool IsInteger(ParamType type);
+// The Triton spelling of a non-pointer type ("i32", "fp16", ...).
+const char* TypeName(ParamType type);
 
 struct ParamSpec {
   std::string name;
@@ -38,6 +42,14 @@ struct SlotSpec {
   int arg = -1;  // index into KernelSpec::args when kind == kArg
   uint32_t offset = 0;
   uint32_t size = 0;
+};
+
+// A specialization a variant was compiled with (Triton's `tt.divisibility = 16`, or an
+// integer equal to 1 compiled away).
+struct Assumption {
+  enum Kind : uint8_t { kDiv16, kEq1 };
+  int arg = -1;  // index into KernelSpec::args
+  Kind kind = kDiv16;
 };
 
 struct VariantSpec {
@@ -57,16 +69,29 @@ struct VariantSpec {
   uint32_t profile_scratch_align = 1;
   bool launch_pdl = false;
   bool launch_cooperative_grid = false;
-  std::vector<SlotSpec> layout;  // in ordinal order
+  std::vector<int> bucket;              // one index per KernelSpec::buckets dim; empty: all
+  std::vector<Assumption> assumptions;
+  std::vector<ParamType> arg_types;     // per call argument (the kernel's, or `types`)
+  std::vector<SlotSpec> layout;  // in ordinal order; eq1 arguments have no slot
   uint32_t param_bytes = 0;      // end of the last slot
   std::string triton_version;
+};
+
+// One bucket dimension: an integer call argument and inclusive upper edges.
+struct BucketSpec {
+  int arg = -1;  // index into KernelSpec::args
+  std::vector<int64_t> edges;
 };
 
 struct KernelSpec {
   std::string name;
   std::vector<ParamSpec> params;  // all, constexprs included, declaration order
   std::vector<int> args;          // indices into params of the call parameters
+  std::vector<BucketSpec> buckets;
+  std::vector<std::string> grid;  // 0-3 expressions (x, y, z)
   std::vector<VariantSpec> variants;
+
+  const ParamSpec& arg(int a) const { return params[args[a]]; }
 };
 
 struct ManifestSpec {

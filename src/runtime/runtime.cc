@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "kpack/runtime.h"
 #include "launch/args.h"
+#include "nlohmann/json.hpp"
 #include "runtime/runtime_impl.h"
 #include "util/log.h"
 #include "util/status_macros.h"
@@ -83,6 +84,12 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid&
       v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
 }
 
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      Describe(v), ": grid[", axis, "] = '", v.kernel->spec->grid[axis],
+      "' overflows, divides by zero, or falls outside [0, 2^32) for these arguments"));
+}
+
 ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
                                                  CUresult r) {
   return d.Error(r, absl::StrCat("cuLaunchKernelEx for ", Describe(v)));
@@ -112,6 +119,45 @@ void BuildLaunchAttributes(VariantData& v) {
   }
 }
 
+// Compiles the kernel's grid expressions against one variant: names are the integer
+// call parameters (read per launch) and the variant's integer constexprs (folded in).
+absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string_view where,
+                         std::array<GridExpr, 3>& grid) {
+  const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs);
+  GridExpr::Resolver resolve = [&](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
+    for (size_t a = 0; a < k.args.size(); ++a) {
+      const ParamSpec& p = k.arg(static_cast<int>(a));
+      if (p.name != name) continue;
+      if (!IsInteger(v.arg_types[a])) {
+        return absl::InvalidArgumentError(absl::StrCat("'", name, "' is a ", p.type_name,
+                                                       " parameter, not an integer"));
+      }
+      return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
+    }
+    auto it = constexprs.find(std::string(name));
+    if (it != constexprs.end()) {
+      if (!it->is_number_integer() ||
+          (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("constexpr '", name, "' is ", it->dump(), ", not an integer"));
+      }
+      return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown name '", name, "' (neither a call parameter nor a constexpr)"));
+  };
+  for (size_t axis = 0; axis < k.grid.size(); ++axis) {
+    absl::StatusOr<GridExpr> expr = GridExpr::Compile(k.grid[axis], resolve);
+    if (!expr.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": variant '", v.name,
+                                                     "': field 'grid[", axis, "]': ",
+                                                     expr.status().message()));
+    }
+    grid[axis] = *std::move(expr);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
@@ -138,16 +184,25 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
           static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_), ks.name.c_str());
     }
 #endif
+    const std::string where =
+        absl::StrCat(rt->pack_.dir, "/manifest.json: kernel '", ks.name, "'");
+    absl::StatusOr<DispatchTable> dispatch = DispatchTable::Build(ks);
+    if (!dispatch.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", dispatch.status().message()));
+    }
+    k->dispatch = *std::move(dispatch);
     for (size_t vi = 0; vi < ks.variants.size(); ++vi) {
       const VariantSpec& vs = ks.variants[vi];
       auto v = std::make_unique<VariantData>();
       v->spec = &vs;
       v->kernel = k.get();
-      v->arg_slots.resize(ks.args.size());
+      v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
+      for (size_t a = 0; a < ks.args.size(); ++a) v->arg_slots[a].type = vs.arg_types[a];
+      KPACK_RETURN_IF_ERROR(CompileGrid(ks, vs, where, v->grid));
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
           case SlotKind::kArg:
-            v->arg_slots[slot.arg] = {slot.offset, ks.params[ks.args[slot.arg]].type};
+            v->arg_slots[slot.arg].offset = slot.offset;
             break;
           case SlotKind::kGlobalScratch:
             v->global_scratch_offset = static_cast<int32_t>(slot.offset);
@@ -302,10 +357,17 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
                                 absl::StrCat("cuLibraryGetKernel('", s.entry, "') for ", what));
   if (status.ok()) status = CheckAndPrepare(v, kernel);
+  CUfunction home_function = nullptr;
+  if (status.ok()) {
+    status = d.Check(d.KernelGetFunction(&home_function, kernel),
+                     absl::StrCat("cuKernelGetFunction for ", what));
+  }
   if (!status.ok()) {
     d.LibraryUnload(library);
     return status;
   }
+  v.home_context = ctx;
+  v.home_function = home_function;
   v.library = library;
   std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
   libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
@@ -324,6 +386,7 @@ absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> ar
   std::memset(buf, 0, v.param_bytes);
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSlot& slot = v.arg_slots[i];
+    if (slot.offset == ArgSlot::kDropped) continue;  // eq1: dispatch checked it is 1
     if (ABSL_PREDICT_FALSE(!PackArg(slot.type, args[i], buf + slot.offset))) {
       return BadArg(v, i, args[i]);
     }
@@ -331,8 +394,35 @@ absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> ar
   return absl::OkStatus();
 }
 
+absl::Status RuntimeImpl::Select(const KernelData& k, std::span<const Arg> args,
+                                 DispatchTable::Choice* choice) const {
+  if (ABSL_PREDICT_FALSE(args.size() != k.num_args)) return ArgCountError(k, args.size());
+  *choice = k.dispatch.Select(args);
+  if (ABSL_PREDICT_FALSE(choice->variant < 0)) return k.dispatch.NoVariantError(*k.spec, args);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v,
+                                           std::span<const Arg> args) const {
+  const KernelSpec& k = *v.kernel->spec;
+  if (ABSL_PREDICT_FALSE(k.grid.empty())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kernel '", k.name, "' has no grid expression in its manifest; pass a grid"));
+  }
+  uint32_t dims[3];
+  for (int axis = 0; axis < 3; ++axis) {
+    int64_t value;
+    if (ABSL_PREDICT_FALSE(!v.grid[axis].Evaluate(args, &value) || value < 0 ||
+                           value > int64_t{UINT32_MAX})) {
+      return GridValueError(v, axis);
+    }
+    dims[axis] = static_cast<uint32_t>(value);
+  }
+  return Grid{dims[0], dims[1], dims[2]};
+}
+
 absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
-                                       CUstream stream, std::byte* buf) const {
+                                       CUstream stream, std::byte* buf, bool fallback) const {
   const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
   if (programs == 0) return absl::OkStatus();  // Triton skips empty grids too
   const uint64_t grid_x = uint64_t{grid.x} * v.num_ctas;
@@ -343,6 +433,9 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
   if (ABSL_PREDICT_FALSE(function == nullptr)) {
     KPACK_ASSIGN_OR_RETURN(function, Load(v));
   }
+  CUcontext context = nullptr;
+  driver_->CtxGetCurrent(&context);  // a thread-local read in the driver
+  if (ABSL_PREDICT_TRUE(context == v.home_context)) function = v.home_function;
 
   if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
     const uint64_t blocks = programs * v.num_ctas;
@@ -396,16 +489,22 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
   if (domain != nullptr) nvtxDomainRangePop(domain);
 #endif
   if (ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) return LaunchError(*driver_, v, r);
+  CounterShard& counters = v.counters[ThreadShard()];
+  counters.launches.fetch_add(1, std::memory_order_relaxed);
+  if (fallback) counters.fallbacks.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid& grid, CUstream stream,
+absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
                                      std::span<const Arg> args) const {
-  // One variant per kernel until dispatch exists (the manifest parser enforces it).
-  const VariantData& v = *k.variants.front();
+  DispatchTable::Choice choice;
+  KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
+  const VariantData& v = *k.variants[choice.variant];
   alignas(16) std::byte buf[kMaxParamBytes];
   KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
-  return LaunchPacked(v, grid, stream, buf);
+  if (grid != nullptr) return LaunchPacked(v, *grid, stream, buf, choice.fallback);
+  KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));
+  return LaunchPacked(v, computed, stream, buf, choice.fallback);
 }
 
 }  // namespace internal
@@ -441,18 +540,64 @@ absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
 absl::Status Kernel::LaunchArgs(const Grid& grid, CUstream stream,
                                 std::span<const Arg> args) const {
   if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
-  return data_->runtime->LaunchArgs(*data_, grid, stream, args);
+  return data_->runtime->LaunchArgs(*data_, &grid, stream, args);
+}
+
+absl::Status Kernel::LaunchArgs(CUstream stream, std::span<const Arg> args) const {
+  if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
+  return data_->runtime->LaunchArgs(*data_, nullptr, stream, args);
+}
+
+absl::StatusOr<std::string_view> Kernel::SelectVariant(std::span<const Arg> args) const {
+  if (data_ == nullptr) return EmptyKernel();
+  internal::DispatchTable::Choice choice;
+  KPACK_RETURN_IF_ERROR(data_->runtime->Select(*data_, args, &choice));
+  return std::string_view(data_->variants[choice.variant]->spec->name);
+}
+
+std::vector<Kernel::VariantStats> Kernel::variant_stats() const {
+  std::vector<VariantStats> stats;
+  if (data_ == nullptr) return stats;
+  for (const auto& v : data_->variants) {
+    VariantStats s{v->spec->name, 0, 0};
+    for (const internal::CounterShard& c : v->counters) {
+      s.launches += c.launches.load(std::memory_order_relaxed);
+      s.fallback_launches += c.fallbacks.load(std::memory_order_relaxed);
+    }
+    stats.push_back(s);
+  }
+  return stats;
+}
+
+absl::StatusOr<BoundLaunch> Kernel::BindImpl(const Grid* grid, CUstream stream,
+                                             std::span<const Arg> args) const {
+  if (data_ == nullptr) return EmptyKernel();
+  const internal::RuntimeImpl& rt = *data_->runtime;
+  auto state = std::make_unique<internal::BoundState>();
+  state->kernel = data_;
+  state->stream = stream;
+  internal::DispatchTable::Choice choice;
+  KPACK_RETURN_IF_ERROR(rt.Select(*data_, args, &choice));
+  state->variant = data_->variants[choice.variant].get();
+  state->fallback = choice.fallback;
+  KPACK_RETURN_IF_ERROR(rt.PackArgs(*state->variant, args, state->buf));
+  state->args.assign(args.begin(), args.end());
+  if (grid != nullptr) {
+    state->grid = *grid;
+  } else {
+    state->grid_from_expressions = true;
+    KPACK_RETURN_IF_ERROR(rt.EvalGrid(*state->variant, args).status());
+  }
+  return BoundLaunch(std::move(state));
 }
 
 absl::StatusOr<BoundLaunch> Kernel::Bind(const Grid& grid, CUstream stream,
                                          std::span<const Arg> args) const {
-  if (data_ == nullptr) return EmptyKernel();
-  auto state = std::make_unique<internal::BoundState>();
-  state->variant = data_->variants.front().get();
-  state->grid = grid;
-  state->stream = stream;
-  KPACK_RETURN_IF_ERROR(data_->runtime->PackArgs(*state->variant, args, state->buf));
-  return BoundLaunch(std::move(state));
+  return BindImpl(&grid, stream, args);
+}
+
+absl::StatusOr<BoundLaunch> Kernel::Bind(CUstream stream, std::span<const Arg> args) const {
+  return BindImpl(nullptr, stream, args);
 }
 
 // ---- BoundLaunch ----
@@ -464,25 +609,62 @@ BoundLaunch& BoundLaunch::operator=(BoundLaunch&&) noexcept = default;
 BoundLaunch::~BoundLaunch() = default;
 
 absl::Status BoundLaunch::Set(size_t index, Arg value) {
-  const internal::VariantData& v = *state_->variant;
-  if (ABSL_PREDICT_FALSE(index >= v.arg_slots.size())) {
-    return absl::OutOfRangeError(absl::StrCat("kernel '", v.kernel->spec->name, "' has ",
-                                              v.arg_slots.size(), " arguments; no index ",
-                                              index));
+  internal::BoundState& st = *state_;
+  const internal::KernelData& k = *st.kernel;
+  if (ABSL_PREDICT_FALSE(index >= st.args.size())) {
+    return absl::OutOfRangeError(absl::StrCat("kernel '", k.spec->name, "' has ",
+                                              st.args.size(), " arguments; no index ", index));
   }
-  const internal::ArgSlot& slot = v.arg_slots[index];
-  if (ABSL_PREDICT_FALSE(!internal::PackArg(slot.type, value, state_->buf + slot.offset))) {
-    return internal::BadArg(v, index, value);
+  if (k.dispatch.DependsOn(static_cast<int>(index))) {
+    // The value may change the bucket or an assumption: select again, and repack the
+    // whole buffer if that picks another variant.
+    const Arg old = st.args[index];
+    st.args[index] = value;
+    internal::DispatchTable::Choice choice = k.dispatch.Select(st.args);
+    if (choice.variant < 0) {
+      absl::Status error = k.dispatch.NoVariantError(*k.spec, st.args);
+      st.args[index] = old;
+      return error;
+    }
+    const internal::VariantData* variant = k.variants[choice.variant].get();
+    if (variant != st.variant) {
+      alignas(16) std::byte packed[internal::kMaxParamBytes];
+      absl::Status s = k.runtime->PackArgs(*variant, st.args, packed);
+      if (!s.ok()) {
+        st.args[index] = old;
+        return s;
+      }
+      std::memcpy(st.buf, packed, variant->param_bytes);
+      st.variant = variant;
+      st.fallback = choice.fallback;
+      return absl::OkStatus();
+    }
+    st.args[index] = old;
+    st.fallback = choice.fallback;
   }
+  const internal::ArgSlot& slot = st.variant->arg_slots[index];
+  if (slot.offset != internal::ArgSlot::kDropped &&
+      ABSL_PREDICT_FALSE(!internal::PackArg(slot.type, value, st.buf + slot.offset))) {
+    return internal::BadArg(*st.variant, index, value);
+  }
+  st.args[index] = value;
   return absl::OkStatus();
 }
 
-void BoundLaunch::set_grid(const Grid& grid) { state_->grid = grid; }
+void BoundLaunch::set_grid(const Grid& grid) {
+  state_->grid = grid;
+  state_->grid_from_expressions = false;
+}
 void BoundLaunch::set_stream(CUstream stream) { state_->stream = stream; }
 
 absl::Status BoundLaunch::Launch() {
-  const internal::VariantData& v = *state_->variant;
-  return v.kernel->runtime->LaunchPacked(v, state_->grid, state_->stream, state_->buf);
+  const internal::BoundState& st = *state_;
+  const internal::RuntimeImpl& rt = *st.kernel->runtime;
+  if (!st.grid_from_expressions) {
+    return rt.LaunchPacked(*st.variant, st.grid, st.stream, state_->buf, st.fallback);
+  }
+  KPACK_ASSIGN_OR_RETURN(Grid grid, rt.EvalGrid(*st.variant, st.args));
+  return rt.LaunchPacked(*st.variant, grid, st.stream, state_->buf, st.fallback);
 }
 
 // ---- Runtime ----
@@ -519,7 +701,14 @@ absl::Status Runtime::LaunchArgs(std::string_view name, const Grid& grid, CUstre
                                  std::span<const Arg> args) const {
   const internal::KernelData* k = impl_->FindKernel(name);
   if (ABSL_PREDICT_FALSE(k == nullptr)) return Find(name).status();
-  return impl_->LaunchArgs(*k, grid, stream, args);
+  return impl_->LaunchArgs(*k, &grid, stream, args);
+}
+
+absl::Status Runtime::LaunchArgs(std::string_view name, CUstream stream,
+                                 std::span<const Arg> args) const {
+  const internal::KernelData* k = impl_->FindKernel(name);
+  if (ABSL_PREDICT_FALSE(k == nullptr)) return Find(name).status();
+  return impl_->LaunchArgs(*k, nullptr, stream, args);
 }
 
 absl::Status Runtime::Preload() {

@@ -17,6 +17,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "dispatch/dispatch.h"
+#include "dispatch/grid_expr.h"
 #include "driver/driver.h"
 #include "kpack/runtime.h"
 #include "launch/scratch.h"
@@ -30,9 +32,25 @@ struct KernelData;
 
 // Where call argument i goes in a variant's parameter buffer.
 struct ArgSlot {
+  static constexpr uint32_t kDropped = UINT32_MAX;  // eq1: compiled away, not passed
   uint32_t offset;
   ParamType type;
 };
+
+// Launch counters, sharded so that threads launching the same variant do not contend
+// on one cache line. Relaxed atomics: they count, they order nothing.
+struct alignas(64) CounterShard {
+  std::atomic<uint64_t> launches{0};
+  std::atomic<uint64_t> fallbacks{0};
+};
+inline constexpr size_t kCounterShards = 16;
+
+// This thread's shard, assigned round-robin on first use.
+inline size_t ThreadShard() {
+  static std::atomic<size_t> next{0};
+  thread_local const size_t shard = next.fetch_add(1, std::memory_order_relaxed) % kCounterShards;
+  return shard;
+}
 
 // The launch-time view of a variant. The fields copied from VariantSpec are copied on
 // purpose: a launch reads only this struct, which keeps the hot path on few cache lines.
@@ -54,10 +72,19 @@ struct VariantData {
   uint64_t profile_scratch_align = 1;
   std::array<CUlaunchAttribute, 4> attrs{};
   unsigned num_attrs = 0;
+  // The kernel's grid expressions compiled with this variant's constexprs (x, y, z).
+  std::array<GridExpr, 3> grid;
+
+  mutable std::array<CounterShard, kCounterShards> counters;
 
   // Load state. `function` is the CUkernel (cast to CUfunction, as cuLaunchKernelEx
-  // accepts), published with release order once every load-time check has passed.
+  // accepts), published with release order once every load-time check has passed; the
+  // home_* fields are written before it and immutable after. A CUkernel launch makes the
+  // driver resolve the kernel for the context per call, so launches in the context that
+  // loaded the variant (the common case) use that context's CUfunction directly.
   mutable std::atomic<CUfunction> function{nullptr};
+  mutable CUcontext home_context = nullptr;
+  mutable CUfunction home_function = nullptr;
   mutable std::mutex load_mu;
   mutable CUlibrary library = nullptr;           // guarded by load_mu
   mutable std::vector<std::byte> cubin;          // guarded by load_mu; freed once loaded
@@ -67,6 +94,7 @@ struct KernelData {
   const KernelSpec* spec = nullptr;
   RuntimeImpl* runtime = nullptr;
   std::vector<std::unique_ptr<VariantData>> variants;
+  DispatchTable dispatch;
   size_t num_args = 0;
   // The NVTX registered string for this kernel's name (nullptr when NVTX is off).
   void* nvtx_message = nullptr;
@@ -90,13 +118,21 @@ class RuntimeImpl {
 
   // Loads `v` into the driver if it is not yet (slow path; takes the variant's mutex).
   absl::StatusOr<CUfunction> Load(const VariantData& v) const;
-  absl::Status LaunchArgs(const KernelData& k, const Grid& grid, CUstream stream,
+  // `grid` null: the grid from the kernel's grid expressions.
+  absl::Status LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
                           std::span<const Arg> args) const;
+  // The variant these arguments select; checks the count. Errors name the kernel, the
+  // argument and the assumption that failed.
+  absl::Status Select(const KernelData& k, std::span<const Arg> args,
+                      DispatchTable::Choice* choice) const;
   // Packs `args` into `buf`, zeroing the variant's whole buffer first.
   absl::Status PackArgs(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
-  // Sends a packed buffer: fills scratch pointers, skips empty grids, loads lazily.
+  // The grid from the variant's grid expressions.
+  absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
+  // Sends a packed buffer: fills scratch pointers, skips empty grids, loads lazily,
+  // counts the launch (and whether it was a fallback).
   absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
-                            std::byte* buf) const;
+                            std::byte* buf, bool fallback) const;
 
   static Kernel MakeKernel(const KernelData* k) { return Kernel(k); }
 
@@ -113,11 +149,16 @@ class RuntimeImpl {
   mutable std::atomic<size_t> libraries_loaded_{0};
 };
 
-// A BoundLaunch's packed call.
+// A BoundLaunch's packed call. `args` keeps the values so that a Set that changes the
+// dispatch re-selects the variant and repacks.
 struct BoundState {
+  const KernelData* kernel = nullptr;
   const VariantData* variant = nullptr;
+  bool fallback = false;
+  bool grid_from_expressions = false;
   Grid grid;
   CUstream stream = nullptr;
+  std::vector<Arg> args;
   alignas(16) std::byte buf[kMaxParamBytes];
 };
 

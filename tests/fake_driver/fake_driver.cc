@@ -220,6 +220,16 @@ struct State {
   Registry<Context> contexts ABSL_GUARDED_BY(mu);
   Registry<Image> images ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<const void*, Entry*> entries ABSL_GUARDED_BY(mu);
+  // cuKernelGetFunction handles: one per (library kernel, context), launchable only in
+  // that context, like the real driver's context-bound CUfunction. The map owns the
+  // handle objects (their addresses are the handles).
+  struct BoundFunction {
+    Entry* entry;
+    Context* context;
+  };
+  absl::flat_hash_map<std::pair<const Entry*, const Context*>, std::unique_ptr<BoundFunction>>
+      bound_functions ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<const void*, BoundFunction*> bound_by_handle ABSL_GUARDED_BY(mu);
   Registry<Stream> streams ABSL_GUARDED_BY(mu);
   Registry<Graph> graphs ABSL_GUARDED_BY(mu);
   Registry<GraphExec> execs ABSL_GUARDED_BY(mu);
@@ -254,6 +264,8 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.graphs.clear();
   s.execs.clear();
   s.entries.clear();
+  s.bound_by_handle.clear();
+  s.bound_functions.clear();
   s.images.clear();
   s.primaries.clear();
   s.contexts.clear();
@@ -936,7 +948,13 @@ CUresult FakeKernelGetFunction(CUfunction* function, CUkernel kernel) {
   if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
     return CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
-  *function = reinterpret_cast<CUfunction>(kernel);
+  auto& bound = s.bound_functions[{entry, context}];
+  if (bound == nullptr) {
+    bound = std::make_unique<State::BoundFunction>(
+        State::BoundFunction{const_cast<Entry*>(entry), const_cast<Context*>(context)});
+    s.bound_by_handle[bound.get()] = bound.get();
+  }
+  *function = reinterpret_cast<CUfunction>(bound.get());
   return CUDA_SUCCESS;
 }
 
@@ -1062,8 +1080,15 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   Context* context = CurrentContext(s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   const Entry* entry = FindEntry(s, function);
-  if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  const Context* module_context = entry->image->module_context;
+  const Context* module_context = nullptr;
+  if (entry != nullptr) {
+    module_context = entry->image->module_context;
+  } else if (auto it = s.bound_by_handle.find(function); it != s.bound_by_handle.end()) {
+    entry = it->second->entry;
+    module_context = it->second->context;
+  } else {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   if (module_context != nullptr && module_context != context) return CUDA_ERROR_INVALID_CONTEXT;
   if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
     return CUDA_ERROR_NO_BINARY_FOR_GPU;

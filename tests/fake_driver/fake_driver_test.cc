@@ -567,11 +567,14 @@ TEST_F(FakeDriverTest, DynamicSharedMemoryNeedsTheAttributeOnThatDevice) {
   config.sharedMemBytes = 100001;
   EXPECT_EQ(LaunchExtra(config, params), CUDA_ERROR_INVALID_VALUE);
 
-  // Device 1 was not opted in.
+  // Device 1 was not opted in. (Its launches go through the context-free CUkernel: the
+  // CUfunction from cuKernelGetFunction belongs to device 0's context.)
   CUcontext device1;
   ASSERT_EQ(cu.DevicePrimaryCtxRetain(&device1, 1), CUDA_SUCCESS);
   ASSERT_EQ(cu.CtxPushCurrent(device1), CUDA_SUCCESS);
   config.sharedMemBytes = 64 * 1024;
+  EXPECT_EQ(LaunchExtra(config, params), CUDA_ERROR_INVALID_CONTEXT);
+  function_ = reinterpret_cast<CUfunction>(kernel_);
   EXPECT_EQ(LaunchExtra(config, params), CUDA_ERROR_INVALID_VALUE);
   ASSERT_EQ(cu.CtxPopCurrent(nullptr), CUDA_SUCCESS);
   ASSERT_EQ(cu.DevicePrimaryCtxRelease(1), CUDA_SUCCESS);

@@ -63,7 +63,9 @@ class GpuTest : public ::testing::Test {
     auto rt = Runtime::Open(KPACK_TEST_PACK_DIR);
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_ = std::make_unique<Runtime>(std::move(*rt));
-    CU_ASSERT(d().StreamCreate(&stream_, CU_STREAM_NON_BLOCKING));
+    // A blocking stream: it orders after the synchronous copies and memsets of the
+    // legacy default stream that fill its inputs.
+    CU_ASSERT(d().StreamCreate(&stream_, CU_STREAM_DEFAULT));
   }
 
   void TearDown() override {

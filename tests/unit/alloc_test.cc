@@ -163,5 +163,35 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
 }
 
+TEST_F(LaunchPathTest, DispatchAndGridExpressionsAllocateNothing) {
+  auto rt = kpack::testing::OpenFake(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rt->Preload().ok());
+  AttachSink();
+  Kernel axpy = *rt->Find("axpy");
+  auto bound = axpy.BindArgs(nullptr, kX, kY, kOut, 64, 1, 2.0f);
+  ASSERT_TRUE(bound.ok());
+  fake::SetLaunchNoop(true);
+  const int32_t sizes[] = {16, 4096, 5000, 300000, 4112, 1 << 24};
+  const Arg probe[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(4096), Arg(1), Arg(2.0f)};
+
+  Counts before = Snapshot();
+  bool ok = true;
+  for (int i = 0; i < 1000; ++i) {
+    const int32_t n = sizes[i % 6];
+    ok &= axpy.Launch(nullptr, kX + 4 * (i % 2), kY, kOut, n, 1 + i % 3, 2.0f).ok();
+    ok &= rt->Launch("axpy", Grid{3}, nullptr, kX, kY, kOut, n, 1, 1.0).ok();
+    ok &= bound->Set(3, n).ok();  // re-selects the variant across buckets
+    ok &= bound->Set(4, 1 + i % 2).ok();
+    ok &= bound->Launch().ok();
+    ok &= axpy.SelectVariant(probe).ok();
+  }
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
+}
+
 }  // namespace
 }  // namespace kpack

@@ -27,14 +27,15 @@ inline absl::StatusOr<Runtime> OpenFake(const std::string& dir = KPACK_TEST_PACK
   return Runtime::Open(dir, options);
 }
 
-// A copy of kernels/testpack in a fresh temporary directory, removed on destruction.
+// A copy of a pack (kernels/testpack by default) in a fresh temporary directory, removed
+// on destruction.
 class TempPack {
  public:
-  TempPack() {
+  explicit TempPack(const std::string& source = KPACK_TEST_PACK_DIR) {
     char tmpl[] = "/tmp/kpack_test_XXXXXX";
     root_ = mkdtemp(tmpl);
     dir_ = root_ / "pack";
-    std::filesystem::copy(KPACK_TEST_PACK_DIR, dir_, std::filesystem::copy_options::recursive);
+    std::filesystem::copy(source, dir_, std::filesystem::copy_options::recursive);
     std::ifstream in(dir_ / "manifest.json");
     manifest_ = nlohmann::json::parse(in);
   }

@@ -61,6 +61,8 @@ struct BadCase {
   std::vector<std::string> mentions;
 };
 
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
 class ManifestErrorTest : public ::testing::TestWithParam<BadCase> {};
 
 TEST_P(ManifestErrorTest, NamesTheProblem) {
@@ -77,6 +79,49 @@ TEST_P(ManifestErrorTest, NamesTheProblem) {
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr auto kUnimplemented = absl::StatusCode::kUnimplemented;
+
+TEST(ManifestTest, ParsesDispatchFields) {
+  json m = AddManifest();
+  json& k = m["kernels"][0];
+  k["buckets"] = {{{"param", "n"}, {"edges", {16, 64, 256}}}};
+  k["grid"] = {"cdiv(n, BLOCK)"};
+  json unit = Variant(m);
+  Variant(m)["bucket"] = {1};
+  Variant(m)["assumptions"] = {{"x_ptr", {"div16"}}, {"n", {"div16"}}};
+  unit["name"] = "unit";
+  unit["assumptions"] = {{"n", {"eq1"}}};
+  unit["layout"].erase(3);  // n compiled away
+  unit["layout"][3]["offset"] = 24;
+  unit["layout"][4]["offset"] = 32;
+  json wide = Variant(m);
+  wide["name"] = "wide";
+  wide.erase("assumptions");
+  wide["types"] = {{"n", "i64"}};
+  wide["layout"][3]["size"] = 8;
+  wide["layout"][4]["offset"] = 32;
+  wide["layout"][5]["offset"] = 40;
+  k["variants"].push_back(unit);
+  k["variants"].push_back(wide);
+  absl::StatusOr<ManifestSpec> parsed = Parse(m);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const KernelSpec& ks = parsed->kernels[0];
+  ASSERT_EQ(ks.buckets.size(), 1u);
+  EXPECT_EQ(ks.buckets[0].arg, 3);
+  EXPECT_THAT(ks.buckets[0].edges, ::testing::ElementsAre(16, 64, 256));
+  EXPECT_THAT(ks.grid, ::testing::ElementsAre("cdiv(n, BLOCK)"));
+  ASSERT_EQ(ks.variants.size(), 3u);
+  EXPECT_THAT(ks.variants[0].bucket, ::testing::ElementsAre(1));
+  ASSERT_EQ(ks.variants[0].assumptions.size(), 2u);
+  for (const Assumption& a : ks.variants[0].assumptions) {
+    EXPECT_TRUE(a.arg == 0 || a.arg == 3) << a.arg;
+    EXPECT_EQ(a.kind, Assumption::kDiv16);
+  }
+  EXPECT_TRUE(ks.variants[1].bucket.empty());
+  EXPECT_EQ(ks.variants[1].assumptions[0].kind, Assumption::kEq1);
+  EXPECT_EQ(ks.variants[1].layout.size(), 5u);
+  EXPECT_EQ(ks.variants[2].arg_types[3], ParamType::kI64);
+  EXPECT_EQ(ks.variants[0].arg_types[3], ParamType::kI32);
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ManifestErrorTest,
@@ -102,18 +147,76 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"duplicate_param",
                 [](json& m) { m["kernels"][0]["params"][1]["name"] = "x_ptr"; }, kInvalid,
                 {"duplicate parameter 'x_ptr'"}},
-        BadCase{"buckets_reserved", [](json& m) { m["kernels"][0]["buckets"] = json::object(); },
-                kUnimplemented, {"kernel 'add'", "'buckets'"}},
-        BadCase{"assumptions_reserved",
-                [](json& m) { Variant(m)["assumptions"] = json::object(); }, kUnimplemented,
-                {"variant 'default'", "'assumptions'"}},
-        BadCase{"two_variants",
+        BadCase{"bucket_param_not_integer",
                 [](json& m) {
-                  json v = Variant(m);
-                  v["name"] = "other";
-                  m["kernels"][0]["variants"].push_back(v);
+                  m["kernels"][0]["buckets"] = {{{"param", "x_ptr"}, {"edges", {16}}}};
                 },
-                kUnimplemented, {"kernel 'add'", "2 variants"}},
+                kInvalid, {"kernel 'add'", "buckets[0].param", "'x_ptr'"}},
+        BadCase{"bucket_param_unknown",
+                [](json& m) { m["kernels"][0]["buckets"] = {{{"param", "M"}, {"edges", {16}}}}; },
+                kInvalid, {"buckets[0].param", "'M'"}},
+        BadCase{"bucket_param_twice",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", {16}}},
+                                                {{"param", "n"}, {"edges", {32}}}};
+                },
+                kInvalid, {"buckets[1].param", "bucketed twice"}},
+        BadCase{"bucket_edges_not_increasing",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", {16, 64, 64}}}};
+                },
+                kInvalid, {"buckets[0].edges[2]", "does not increase"}},
+        BadCase{"bucket_edges_empty",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", json::array()}}};
+                },
+                kInvalid, {"buckets[0].edges"}},
+        BadCase{"bucket_edge_not_integer",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", {1.5}}}};
+                },
+                kInvalid, {"buckets[0].edges[0]"}},
+        BadCase{"variant_bucket_wrong_length",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", {16}}}};
+                  Variant(m)["bucket"] = {0, 0};
+                },
+                kInvalid, {"variant 'default'", "'bucket'", "one per bucket dim"}},
+        BadCase{"variant_bucket_out_of_range",
+                [](json& m) {
+                  m["kernels"][0]["buckets"] = {{{"param", "n"}, {"edges", {16}}}};
+                  Variant(m)["bucket"] = {2};
+                },
+                kInvalid, {"variant 'default'", "'bucket[0]'", "[0, 1]"}},
+        BadCase{"assumption_unknown_kind",
+                [](json& m) { Variant(m)["assumptions"] = {{"n", {"div8"}}}; }, kInvalid,
+                {"variant 'default'", "'assumptions.n'", "div8"}},
+        BadCase{"assumption_unknown_param",
+                [](json& m) { Variant(m)["assumptions"] = {{"m", {"div16"}}}; }, kInvalid,
+                {"'assumptions.m'", "not a call parameter"}},
+        BadCase{"assumption_eq1_on_pointer",
+                [](json& m) { Variant(m)["assumptions"] = {{"x_ptr", {"eq1"}}}; }, kInvalid,
+                {"'assumptions.x_ptr'", "integers only"}},
+        BadCase{"assumption_twice",
+                [](json& m) { Variant(m)["assumptions"] = {{"n", {"div16", "div16"}}}; },
+                kInvalid, {"'assumptions.n'", "twice"}},
+        BadCase{"eq1_param_with_slot",
+                [](json& m) { Variant(m)["assumptions"] = {{"n", {"eq1"}}}; }, kInvalid,
+                {"'layout[3].param'", "eq1", "compiled it away"}},
+        BadCase{"type_override_not_integer",
+                [](json& m) { Variant(m)["types"] = {{"n", "fp32"}}; }, kInvalid,
+                {"'types.n'", "integer type"}},
+        BadCase{"type_override_of_pointer",
+                [](json& m) { Variant(m)["types"] = {{"x_ptr", "i64"}}; }, kInvalid,
+                {"'types.x_ptr'", "only integer parameters"}},
+        BadCase{"type_override_slot_size",
+                [](json& m) { Variant(m)["types"] = {{"n", "i64"}}; }, kInvalid,
+                {"'layout[3].size'", "expected 8", "type i64"}},
+        BadCase{"grid_too_many_axes",
+                [](json& m) { m["kernels"][0]["grid"] = {"1", "1", "1", "1"}; }, kInvalid,
+                {"kernel 'add'", "'grid'"}},
+        BadCase{"grid_not_string",
+                [](json& m) { m["kernels"][0]["grid"] = {1}; }, kInvalid, {"'grid[0]'"}},
         BadCase{"duplicate_variant",
                 [](json& m) { m["kernels"][0]["variants"].push_back(Variant(m)); }, kInvalid,
                 {"duplicate variant 'default'"}},

@@ -415,6 +415,29 @@ TEST_F(RuntimeTest, MissingEntrySymbolIsALoadError) {
   EXPECT_EQ(fake::LoadedLibraries(), 0);
 }
 
+TEST_F(RuntimeTest, LoadingContextUsesItsFunctionOtherContextsTheContextFreeKernel) {
+  fake::SetDevices({fake::DeviceConfig{}, fake::DeviceConfig{}});
+  Runtime rt = Open();
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));  // loads in device 0
+  const CUfunction home = LastLaunch().function;
+
+  auto driver = internal::Driver::Load(KPACK_FAKE_DRIVER);
+  ASSERT_TRUE(driver.ok());
+  CUcontext other = nullptr;
+  ASSERT_EQ((*driver)->DevicePrimaryCtxRetain(&other, 1), CUDA_SUCCESS);
+  ASSERT_EQ((*driver)->CtxPushCurrent(other), CUDA_SUCCESS);
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
+  fake::LaunchRecord r = LastLaunch();
+  EXPECT_EQ(r.context, other);
+  EXPECT_NE(r.function, home) << "device 1 must not get device 0's CUfunction";
+  CUcontext popped;
+  (*driver)->CtxPopCurrent(&popped);
+  (*driver)->DevicePrimaryCtxRelease(1);
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
+  EXPECT_EQ(LastLaunch().function, home);
+  EXPECT_EQ(fake::LibraryLoads(), 1) << "one load serves both devices";
+}
+
 // ---- scratch ----
 
 TEST_F(RuntimeTest, GlobalScratchComesFromAPerStreamArenaSizedByGrid) {

@@ -5,6 +5,14 @@ can at build time and fails loudly instead of writing a pack that would only
 fail at ``Runtime::Open`` on a GPU machine.  In particular every variant's
 ``layout`` is read back from its cubin (``kpack_tools.cubin``) rather than
 derived from the Python signature: ptxas, not Triton, decides the offsets.
+
+Dispatch (several variants per kernel; kernel ``buckets`` and ``grid``;
+per-variant ``bucket``, ``assumptions`` and ``types``) is checked against the
+rules of the dispatch section of the format: edges strictly increasing, bucket
+indices in range, ``div16`` only on pointer/integer parameters, ``eq1`` only on
+integer parameters and absent from the cubin, ``types`` overrides only between
+integer types, grid expressions parsed and constant-folded per variant, and the
+dispatch table's limits.
 """
 
 import hashlib
@@ -28,6 +36,17 @@ SCALAR_SIZES = {
     "i64": 8, "u64": 8, "fp64": 8,
 }
 HIDDEN_PARAMS = ("$global_scratch", "$profile_scratch")
+# Integer types for dispatch: bucket dims, div16/eq1 assumptions and `types`
+# overrides.  i1/u1 are booleans (Triton never specializes them) and are not
+# integers here.
+INTEGER_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+ASSUMPTIONS = ("div16", "eq1")
+GRID_FUNCTIONS = ("cdiv", "min", "max")
+MAX_GRID_AXES = 3
+MAX_PROPERTIES = 12
+MAX_BUCKETS = 4096
+MAX_TABLE_ENTRIES = 65536
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Variant names become file names, so they are kept to a path-safe alphabet.
@@ -47,28 +66,47 @@ class Variant:
 
     ``metadata`` holds Triton's metadata fields (``CompiledKernel.metadata``
     as a dict, or the ``<name>.json`` of Triton's cache); ``constexprs`` the
-    values the variant was compiled with, one per ``constexpr`` parameter.
+    values the variant was compiled with, one per ``constexpr`` parameter of
+    the kernel (an ``eq1`` parameter, compiled as a constexpr 1, is a call
+    parameter of the pack and not listed here).
+
+    Dispatch fields, all optional (``None``/empty: absent from the manifest):
+    ``bucket`` the bucket indices this variant serves (one per kernel bucket
+    dim); ``assumptions`` ``{param: ["div16"] | ["eq1"]}`` the specialization
+    it was compiled with; ``types`` ``{param: integer type}`` overriding a
+    parameter's declared integer type (e.g. ``{"n": "i64"}``).
     """
 
     name: str
     cubin: bytes
     metadata: Mapping[str, Any]
     constexprs: Mapping[str, Any]
+    bucket: Optional[Sequence[int]] = None
+    assumptions: Optional[Mapping[str, Sequence[str]]] = None
+    types: Optional[Mapping[str, str]] = None
 
     @classmethod
-    def from_compiled(cls, name: str, kernel, constexprs: Mapping[str, Any]) -> "Variant":
-        """Wrap a Triton ``CompiledKernel``."""
+    def from_compiled(cls, name: str, kernel, constexprs: Mapping[str, Any],
+                      **dispatch) -> "Variant":
+        """Wrap a Triton ``CompiledKernel``; ``dispatch`` may hold
+        ``bucket``, ``assumptions`` and ``types``."""
         return cls(name=name, cubin=kernel.asm["cubin"],
-                   metadata=kernel.metadata._asdict(), constexprs=constexprs)
+                   metadata=kernel.metadata._asdict(), constexprs=constexprs, **dispatch)
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """A kernel: its Python parameters in declaration order and its variants."""
+    """A kernel: its Python parameters in declaration order and its variants.
+
+    ``buckets`` (optional) is a list of ``{"param": name, "edges": [...]}``
+    bucket dims; ``grid`` (optional) 1-3 grid expression strings (x, y, z).
+    """
 
     name: str
     params: Sequence[Tuple[str, str]]
     variants: Sequence[Variant]
+    buckets: Optional[Sequence[Mapping[str, Any]]] = None
+    grid: Optional[Sequence[str]] = None
 
 
 def slot_size(param_type: str) -> Optional[int]:
@@ -148,25 +186,179 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
             slot_size(param_type)
         except ValueError as err:
             raise ValueError(f"{where}: parameter '{name}': {err}") from None
-    # docs/pack-format.md: until dispatch lands, a kernel has exactly one variant.
-    if len(kernel.variants) != 1:
-        raise ValueError(f"{where}: kpack/1 needs exactly one variant, got {len(kernel.variants)}")
+    if not kernel.variants:
+        raise ValueError(f"{where}: needs at least one variant")
+    variant_names = [variant.name for variant in kernel.variants]
+    for name in variant_names:
+        if variant_names.count(name) > 1:
+            raise ValueError(f"{where}: duplicate variant name '{name}'")
+    param_types = dict(kernel.params)
+    buckets = _check_buckets(kernel.buckets, param_types, where)
+    grid = _check_grid_shape(kernel.grid, where)
+
     variants = []
+    dispatch = []  # (variant name, bucket, assumptions, effective types) per variant
     for variant in kernel.variants:
         relpath = f"cubins/{kernel.name}/{variant.name}.cubin"
-        variants.append(_variant_entry(kernel, variant, relpath))
+        entry, spec = _variant_entry(kernel, variant, relpath, buckets)
+        if grid is not None:
+            for axis, expr in enumerate(grid):
+                check_grid_expression(expr, param_types, entry["constexprs"],
+                                      f"{where}: variant '{variant.name}': grid[{axis}]")
+        variants.append(entry)
+        dispatch.append(spec)
         files[relpath] = bytes(variant.cubin)
-    return {
+    _check_dispatch_table(dispatch, buckets, where)
+
+    result = {
         "name": kernel.name,
         "params": [{"name": name, "type": param_type} for name, param_type in kernel.params],
-        "variants": variants,
     }
+    if buckets is not None:
+        result["buckets"] = [{"param": param, "edges": list(edges)} for param, edges in buckets]
+    if grid is not None:
+        result["grid"] = list(grid)
+    result["variants"] = variants
+    return result
 
 
-def _variant_entry(kernel: Kernel, variant: Variant, relpath: str) -> Mapping[str, Any]:
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_buckets(buckets, param_types, where):
+    """Validate kernel ``buckets``; return ``[(param, edges), ...]`` or None."""
+    if buckets is None:
+        return None
+    if isinstance(buckets, (str, bytes, Mapping)) or not isinstance(buckets, Sequence) \
+            or not buckets:
+        raise ValueError(f"{where}: buckets must be a non-empty list of "
+                         f"{{'param', 'edges'}} dims, got {buckets!r}")
+    result = []
+    for i, dim in enumerate(buckets):
+        field = f"{where}: buckets[{i}]"
+        if not isinstance(dim, Mapping) or set(dim) != {"param", "edges"}:
+            raise ValueError(f"{field}: must be {{'param': NAME, 'edges': [...]}}, got {dim!r}")
+        param, edges = dim["param"], dim["edges"]
+        if param not in param_types:
+            raise ValueError(f"{field}: unknown parameter {param!r}")
+        if param_types[param] not in INTEGER_TYPES:
+            raise ValueError(f"{field}: parameter '{param}' is {param_types[param]}, "
+                             f"a bucket dim needs an integer call parameter {INTEGER_TYPES}")
+        if any(param == other for other, _ in result):
+            raise ValueError(f"{field}: parameter '{param}' is already a bucket dim")
+        if isinstance(edges, (str, bytes)) or not isinstance(edges, Sequence) or not edges:
+            raise ValueError(f"{field}: edges must be a non-empty list of integers")
+        for edge in edges:
+            if not _is_int(edge) or not INT64_MIN <= edge <= INT64_MAX:
+                raise ValueError(f"{field}: edge {edge!r} is not a 64-bit integer")
+        for lo, hi in zip(edges, edges[1:]):
+            if not lo < hi:
+                raise ValueError(f"{field}: edges {list(edges)} are not strictly increasing "
+                                 f"({lo} then {hi})")
+        result.append((param, tuple(edges)))
+    count = 1
+    for _, edges in result:
+        count *= len(edges) + 1
+    if count > MAX_BUCKETS:
+        raise ValueError(f"{where}: buckets make {count} buckets, at most {MAX_BUCKETS} allowed")
+    return result
+
+
+def _check_grid_shape(grid, where):
+    if grid is None:
+        return None
+    if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) \
+            or not 1 <= len(grid) <= MAX_GRID_AXES:
+        raise ValueError(f"{where}: grid must be a list of 1-{MAX_GRID_AXES} expression "
+                         f"strings, got {grid!r}")
+    for axis, expr in enumerate(grid):
+        if not isinstance(expr, str):
+            raise ValueError(f"{where}: grid[{axis}] is not a string: {expr!r}")
+    return tuple(grid)
+
+
+def _check_dispatch_fields(kernel: Kernel, variant: Variant, buckets, where):
+    """Validate a variant's ``bucket``, ``assumptions`` and ``types``.
+
+    Returns ``(bucket, assumptions, types)`` normalized for the manifest (in
+    parameter declaration order; None where absent) and the variant's
+    effective type of every call parameter.
+    """
+    param_types = dict(kernel.params)
+    call_params = [name for name, t in kernel.params if t != "constexpr"]
+
+    bucket = variant.bucket
+    if bucket is not None:
+        if buckets is None:
+            raise ValueError(f"{where}: field 'bucket' {list(bucket)!r} but the kernel "
+                             f"has no buckets")
+        if isinstance(bucket, (str, bytes)) or not isinstance(bucket, Sequence) \
+                or len(bucket) != len(buckets):
+            raise ValueError(f"{where}: bucket {bucket!r} must list one index per bucket "
+                             f"dim ({len(buckets)})")
+        for dim, (index, (param, edges)) in enumerate(zip(bucket, buckets)):
+            if not _is_int(index) or not 0 <= index <= len(edges):
+                raise ValueError(f"{where}: bucket[{dim}] = {index!r} is out of range for "
+                                 f"'{param}' ({len(edges)} edges: indices 0..{len(edges)})")
+        bucket = [int(index) for index in bucket]
+
+    for field in ("assumptions", "types"):
+        value = getattr(variant, field)
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"{where}: {field} must be a {{param: ...}} mapping, got {value!r}")
+    types = {}
+    for param, new_type in dict(variant.types or {}).items():
+        if param not in param_types or param_types[param] == "constexpr":
+            raise ValueError(f"{where}: types: '{param}' is not a call parameter")
+        if param_types[param] not in INTEGER_TYPES:
+            raise ValueError(f"{where}: types: parameter '{param}' is "
+                             f"{param_types[param]}; only integer parameters may be retyped")
+        if new_type not in INTEGER_TYPES:
+            raise ValueError(f"{where}: types: '{param}' -> {new_type!r} is not an integer "
+                             f"type {INTEGER_TYPES}")
+        types[param] = new_type
+    effective = {name: types.get(name, param_types[name]) for name in call_params}
+
+    assumptions = {}
+    for param, kinds in dict(variant.assumptions or {}).items():
+        if param not in param_types or param_types[param] == "constexpr":
+            raise ValueError(f"{where}: assumptions: '{param}' is not a call parameter")
+        if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Sequence) or not kinds:
+            raise ValueError(f"{where}: assumptions: '{param}' needs a non-empty list of "
+                             f"{ASSUMPTIONS}, got {kinds!r}")
+        kinds = list(kinds)
+        for kind in kinds:
+            if kind not in ASSUMPTIONS:
+                raise ValueError(f"{where}: assumptions: '{param}': unknown assumption "
+                                 f"{kind!r} (known: {ASSUMPTIONS})")
+            if kinds.count(kind) > 1:
+                raise ValueError(f"{where}: assumptions: '{param}': '{kind}' listed twice")
+        param_type = effective[param]
+        is_pointer = bool(_POINTER_TYPE.fullmatch(param_type))
+        if "div16" in kinds and not (is_pointer or param_type in INTEGER_TYPES):
+            raise ValueError(f"{where}: assumptions: div16 on '{param}' of type {param_type}; "
+                             f"div16 needs a pointer or integer parameter")
+        if "eq1" in kinds and param_type not in INTEGER_TYPES:
+            raise ValueError(f"{where}: assumptions: eq1 on '{param}' of type {param_type}; "
+                             f"eq1 needs an integer parameter")
+        if "div16" in kinds and "eq1" in kinds:
+            raise ValueError(f"{where}: assumptions: '{param}' cannot be both div16 and eq1 "
+                             f"(1 is not a multiple of 16)")
+        assumptions[param] = [kind for kind in ASSUMPTIONS if kind in kinds]
+    assumptions = {name: assumptions[name] for name in call_params if name in assumptions}
+    types = {name: types[name] for name in call_params if name in types}
+    return (bucket, assumptions or None, types or None), effective
+
+
+def _variant_entry(kernel: Kernel, variant: Variant, relpath: str, buckets=None):
+    """Return the variant's manifest entry and its dispatch key
+    ``(name, bucket, assumptions, effective types)``."""
     where = f"kernel '{kernel.name}': variant '{variant.name}'"
     if not _VARIANT_NAME.fullmatch(variant.name):
         raise ValueError(f"{where}: name must match {_VARIANT_NAME.pattern}")
+    (bucket, assumptions, types), effective = _check_dispatch_fields(
+        kernel, variant, buckets, where)
     meta = variant.metadata
     missing = [field for field in _REQUIRED_METADATA if field not in meta]
     if missing:
@@ -194,8 +386,14 @@ def _variant_entry(kernel: Kernel, variant: Variant, relpath: str) -> Mapping[st
     if cubin.arch != arch:
         raise ValueError(f"{where}: cubin is for sm_{cubin.arch}, metadata target is {arch}")
 
-    entry_fields = {
-        "name": variant.name,
+    entry_fields = {"name": variant.name}
+    if bucket is not None:
+        entry_fields["bucket"] = bucket
+    if assumptions is not None:
+        entry_fields["assumptions"] = assumptions
+    if types is not None:
+        entry_fields["types"] = types
+    entry_fields.update({
         "cubin": relpath,
         "sha256": hashlib.sha256(variant.cubin).hexdigest(),
         "entry": entry,
@@ -203,7 +401,7 @@ def _variant_entry(kernel: Kernel, variant: Variant, relpath: str) -> Mapping[st
         "constexprs": {name: variant.constexprs[name] for name in constexpr_names},
         "num_warps": int(meta["num_warps"]),
         "num_ctas": int(meta["num_ctas"]),
-    }
+    })
     if "num_stages" in meta:
         entry_fields["num_stages"] = int(meta["num_stages"])
     entry_fields.update({
@@ -213,29 +411,279 @@ def _variant_entry(kernel: Kernel, variant: Variant, relpath: str) -> Mapping[st
     })
     entry_fields["launch_pdl"] = bool(meta["launch_pdl"])
     entry_fields["launch_cooperative_grid"] = bool(meta["launch_cooperative_grid"])
-    entry_fields["layout"] = _layout(kernel, cubin.layouts[entry], where)
+    eq1 = [name for name, kinds in (assumptions or {}).items() if "eq1" in kinds]
+    entry_fields["layout"] = _layout(kernel, cubin.layouts[entry], where, effective,
+                                     eq1, types or {})
     if "triton_version" in meta:
         entry_fields["triton_version"] = str(meta["triton_version"])
-    return entry_fields
+    return entry_fields, (variant.name, bucket, assumptions or {}, effective)
 
 
-def _layout(kernel: Kernel, slots, where: str):
+def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=None):
     """Map the cubin's parameter slots to call parameters, then the hidden ones.
 
     Triton 3.6 passes the non-constexpr parameters in order followed by the
     global and profile scratch pointers, so anything else means the pack's
-    parameter list does not describe this cubin.
+    parameter list does not describe this cubin.  ``effective`` maps call
+    parameters to the variant's types (``types`` overrides applied); ``eq1``
+    parameters were compiled away (Triton makes an integer equal to 1 a
+    constexpr) and must have no slot.
     """
-    expected = [(name, slot_size(t)) for name, t in kernel.params if t != "constexpr"]
+    if effective is None:
+        effective = {name: t for name, t in kernel.params if t != "constexpr"}
+    retyped = retyped or {}
+    expected = [(name, slot_size(effective[name])) for name, t in kernel.params
+                if t != "constexpr" and name not in eq1]
     expected += [(name, POINTER_SIZE) for name in HIDDEN_PARAMS]
     if len(slots) != len(expected):
+        if eq1 and len(slots) == len(expected) + len(eq1):
+            raise ValueError(
+                f"{where}: parameter(s) {list(eq1)} have an eq1 assumption but the cubin "
+                f"still has a slot for them ({len(slots)} parameters): compile an eq1 "
+                f"parameter as a constexpr 1 so that Triton drops it")
+        dropped = f" - {len(eq1)} eq1" if eq1 else ""
         raise ValueError(
             f"{where}: cubin has {len(slots)} parameters, expected {len(expected) - 2} call "
-            f"parameters + 2 hidden scratch pointers = {len(expected)}")
+            f"parameters{dropped} + 2 hidden scratch pointers = {len(expected)}")
     layout = []
     for slot, (name, size) in zip(slots, expected):
         if slot.size != size:
+            how = (f"its type {effective[name]} (types override) needs" if name in retyped
+                   else "its type needs")
             raise ValueError(f"{where}: cubin parameter {slot.ordinal} ('{name}') is "
-                             f"{slot.size} bytes, its type needs {size}")
+                             f"{slot.size} bytes, {how} {size}")
         layout.append({"param": name, "offset": slot.offset, "size": slot.size})
     return layout
+
+
+def _check_dispatch_table(dispatch, buckets, where):
+    """Check the table limits and that no variant is a duplicate of another.
+
+    Properties (docs/pack-format.md): one per (parameter, div16) and
+    (parameter, eq1) used by any variant, plus one per integer type of a
+    parameter whose type differs between variants.
+    """
+    properties = set()
+    for _, _, assumptions, _ in dispatch:
+        for param, kinds in assumptions.items():
+            properties.update((kind, param) for kind in kinds)
+    for param in dispatch[0][3]:
+        seen_types = {effective[param] for _, _, _, effective in dispatch}
+        if len(seen_types) > 1:
+            properties.update(("type", param, t) for t in seen_types)
+    count = 1
+    for _, edges in buckets or ():
+        count *= len(edges) + 1
+    if len(properties) > MAX_PROPERTIES:
+        raise ValueError(f"{where}: depends on {len(properties)} argument properties, at most "
+                         f"{MAX_PROPERTIES} allowed: {sorted(map(str, properties))}")
+    if count << len(properties) > MAX_TABLE_ENTRIES:
+        raise ValueError(f"{where}: dispatch table of {count} buckets * 2^{len(properties)} "
+                         f"properties exceeds {MAX_TABLE_ENTRIES} entries")
+    seen = {}
+    for name, bucket, assumptions, effective in dispatch:
+        key = (None if bucket is None else tuple(bucket),
+               tuple(sorted((p, tuple(k)) for p, k in assumptions.items())),
+               tuple(sorted(effective.items())))
+        if key in seen:
+            raise ValueError(f"{where}: variant '{name}' has the same bucket, assumptions and "
+                             f"types as variant '{seen[key]}', so it would never be chosen")
+        seen[key] = name
+
+
+# ---------------------------------------------------------------------------
+# Grid expressions
+# ---------------------------------------------------------------------------
+
+_GRID_TOKEN = re.compile(r"\s*(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|(\S))")
+
+
+def parse_grid_expression(text: str):
+    """Parse a grid expression into a tree of tuples.
+
+    Grammar (docs/pack-format.md): ``expr := term (('+'|'-') term)*``,
+    ``term := factor (('*'|'/') factor)*``, ``factor := INT | NAME | '(' expr ')'
+    | ('cdiv'|'min'|'max') '(' expr ',' expr ')'``.  No unary minus.  Nodes:
+    ``("int", v)``, ``("name", s)``, ``(op, lhs, rhs)`` for ``+ - * /`` and
+    ``("cdiv"|"min"|"max", a, b)``.  Raises ValueError on a syntax error.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"not a string: {text!r}")
+    tokens = []
+    pos = 0
+    while True:
+        match = _GRID_TOKEN.match(text, pos)
+        if match is None:
+            break
+        number, name, other = match.groups()
+        if other is not None and other not in "+-*/(),":
+            raise ValueError(f"unexpected character {other!r} at column {match.start(3)}")
+        tokens.append(("int", int(number)) if number is not None else
+                      ("name", name) if name is not None else (other, None))
+        pos = match.end()
+    if text[pos:].strip():
+        raise ValueError(f"unexpected character {text[pos:].strip()[0]!r}")
+    tokens.append(("end", None))
+    index = 0
+
+    def peek():
+        return tokens[index][0]
+
+    def take(kind):
+        nonlocal index
+        token = tokens[index]
+        if token[0] != kind:
+            found = "end of expression" if token[0] == "end" else repr(token[1] or token[0])
+            raise ValueError(f"expected {kind!r}, found {found}")
+        index += 1
+        return token
+
+    def expr():
+        node = term()
+        while peek() in ("+", "-"):
+            op = take(peek())[0]
+            node = (op, node, term())
+        return node
+
+    def term():
+        node = factor()
+        while peek() in ("*", "/"):
+            op = take(peek())[0]
+            node = (op, node, factor())
+        return node
+
+    def factor():
+        kind, value = tokens[index]
+        if kind == "int":
+            take("int")
+            if value > INT64_MAX:
+                raise ValueError(f"integer literal {value} does not fit in 64 bits")
+            return ("int", value)
+        if kind == "name":
+            take("name")
+            if peek() == "(":
+                if value not in GRID_FUNCTIONS:
+                    raise ValueError(f"unknown function '{value}' (known: {GRID_FUNCTIONS})")
+                take("(")
+                a = expr()
+                take(",")
+                b = expr()
+                take(")")
+                return (value, a, b)
+            return ("name", value)
+        if kind == "(":
+            take("(")
+            node = expr()
+            take(")")
+            return node
+        found = "end of expression" if kind == "end" else repr(value if value is not None else kind)
+        raise ValueError(f"expected a number, a name or '(', found {found}")
+
+    if peek() == "end":
+        raise ValueError("empty expression")
+    tree = expr()
+    if peek() != "end":
+        kind, value = tokens[index]
+        raise ValueError(f"unexpected {value if value is not None else kind!r} after a "
+                         f"complete expression")
+    return tree
+
+
+def _checked(value: int) -> int:
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise OverflowError("64-bit overflow")
+    return value
+
+
+def _truncating_div(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError("division by zero")
+    quotient = abs(a) // abs(b)
+    return _checked(-quotient if (a < 0) != (b < 0) else quotient)
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    if op == "+":
+        return _checked(a + b)
+    if op == "-":
+        return _checked(a - b)
+    if op == "*":
+        return _checked(a * b)
+    if op == "/":
+        return _truncating_div(a, b)
+    if op == "cdiv":  # Triton's cdiv: (a + b - 1) / b
+        if b == 0:
+            raise ZeroDivisionError("division by zero")
+        return _truncating_div(_checked(_checked(a + b) - 1), b)
+    if op == "min":
+        return min(a, b)
+    if op == "max":
+        return max(a, b)
+    raise AssertionError(op)
+
+
+def evaluate_grid_expression(tree, values: Mapping[str, int]):
+    """Evaluate a parsed expression in 64-bit arithmetic, the way the runtime
+    does per launch; a name missing from ``values`` makes the result None
+    (used for constant folding).  Raises OverflowError / ZeroDivisionError."""
+    kind = tree[0]
+    if kind == "int":
+        return tree[1]
+    if kind == "name":
+        return values.get(tree[1])
+    a = evaluate_grid_expression(tree[1], values)
+    b = evaluate_grid_expression(tree[2], values)
+    if b == 0 and kind in ("/", "cdiv"):
+        raise ZeroDivisionError("division by zero")
+    if a is None or b is None:
+        return None
+    return _apply(kind, a, b)
+
+
+def grid_names(tree):
+    """The names an expression uses, in order of first use."""
+    if tree[0] == "int":
+        return []
+    if tree[0] == "name":
+        return [tree[1]]
+    names = grid_names(tree[1])
+    return names + [n for n in grid_names(tree[2]) if n not in names]
+
+
+def check_grid_expression(text: str, param_types: Mapping[str, str],
+                          constexprs: Mapping[str, Any], where: str):
+    """Check one grid expression for one variant, as ``Runtime::Open`` does:
+    syntax, names (integer call parameters or the variant's integer
+    constexprs), and constant folding (every sub-expression that depends
+    only on literals and constexprs must not overflow or divide by zero).
+    Returns the parsed tree."""
+    try:
+        tree = parse_grid_expression(text)
+    except ValueError as err:
+        raise ValueError(f"{where}: {text!r}: syntax error: {err}") from None
+    for name in grid_names(tree):
+        if name in constexprs:
+            value = constexprs[name]
+            if not _is_int(value):
+                raise ValueError(f"{where}: {text!r}: constexpr '{name}' = {value!r} is not "
+                                 f"an integer")
+        elif name in param_types:
+            if param_types[name] not in INTEGER_TYPES:
+                raise ValueError(f"{where}: {text!r}: parameter '{name}' is "
+                                 f"{param_types[name]}, not an integer call parameter")
+        else:
+            raise ValueError(f"{where}: {text!r}: unknown name '{name}'")
+    folding = {name: value for name, value in constexprs.items() if _is_int(value)}
+
+    def fold(node):
+        if node[0] in ("int", "name"):
+            return
+        fold(node[1])
+        fold(node[2])
+        try:
+            evaluate_grid_expression(node, folding)
+        except (OverflowError, ZeroDivisionError) as err:
+            raise ValueError(f"{where}: {text!r}: {err} while folding constants") from None
+
+    fold(tree)
+    return tree

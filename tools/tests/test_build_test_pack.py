@@ -1,11 +1,11 @@
 """Tests for the test-pack build, the pack writer and the cubin reader.
 
 Run with ``PYTHONPATH=tools python3 -m pytest tools/tests``; no GPU needed.
-The manifest validator below re-implements the rules of docs/pack-format.md
-independently of the writer, so a writer bug cannot hide behind itself.
+The manifest validator (``pack_validator.py``) re-implements the rules of
+docs/pack-format.md independently of the writer, so a writer bug cannot hide
+behind itself.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -15,165 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import triton
 
 from kpack_tools import build_test_pack
 from kpack_tools.cubin import parse_cubin, read_cubin
 from kpack_tools.pack import Kernel, Variant, write_pack
+from pack_validator import CUOBJDUMP, validate_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED_PACK = REPO / "kernels" / "testpack"
-CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-
-SLOT_SIZES = {
-    "i1": 1, "u1": 1, "i8": 1, "u8": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
-    "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8,
-}
-HIDDEN = ("$global_scratch", "$profile_scratch")
-VARIANT_REQUIRED = {
-    "name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
-    "shared", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
-    "profile_scratch_align", "launch_pdl", "launch_cooperative_grid", "layout",
-}
-VARIANT_OPTIONAL = {"num_stages", "triton_version"}
-
-
-def _is_int(value):
-    return type(value) is int  # bool is an int subclass, and not an integer field
-
-
-def _type_size(param_type):
-    if re.fullmatch(r"\*[A-Za-z0-9_]+", param_type):
-        return 8
-    return SLOT_SIZES.get(param_type)
-
-
-def validate_manifest(manifest, pack_dir):
-    """Return the list of docs/pack-format.md rule violations (empty if valid)."""
-    errors = []
-    pack_dir = Path(pack_dir).resolve()
-    unknown = set(manifest) - {"format", "generator", "kernels"}
-    if unknown:
-        errors.append(f"unknown top-level fields {sorted(unknown)}")
-    if manifest.get("format") != "kpack/1":
-        errors.append("format is not kpack/1")
-    if "generator" in manifest and not isinstance(manifest["generator"], str):
-        errors.append("generator is not a string")
-    kernels = manifest.get("kernels")
-    if not isinstance(kernels, list) or not kernels:
-        return errors + ["kernels must be a non-empty array"]
-    names = [k.get("name") for k in kernels]
-    if len(set(names)) != len(names):
-        errors.append(f"duplicate kernel names {names}")
-    for kernel in kernels:
-        errors += _validate_kernel(kernel, pack_dir)
-    return errors
-
-
-def _validate_kernel(kernel, pack_dir):
-    where = f"kernel {kernel.get('name')!r}"
-    if set(kernel) != {"name", "params", "variants"}:
-        return [f"{where}: fields {sorted(kernel)}"]
-    errors = []
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", kernel["name"]):
-        errors.append(f"{where}: bad name")
-    params = kernel["params"]
-    for param in params:
-        if set(param) != {"name", "type"}:
-            errors.append(f"{where}: param fields {sorted(param)}")
-        elif param["type"] != "constexpr" and _type_size(param["type"]) is None:
-            errors.append(f"{where}: param {param['name']!r} has bad type {param['type']!r}")
-    param_names = [p.get("name") for p in params]
-    if len(set(param_names)) != len(param_names):
-        errors.append(f"{where}: duplicate param names")
-    if errors:
-        return errors
-    variants = kernel["variants"]
-    if len(variants) != 1:  # until dispatch lands
-        errors.append(f"{where}: {len(variants)} variants, kpack/1 needs exactly one")
-    for variant in variants:
-        errors += _validate_variant(variant, params, pack_dir,
-                                    f"{where}: variant {variant.get('name')!r}")
-    return errors
-
-
-def _validate_variant(variant, params, pack_dir, where):
-    fields = set(variant)
-    if not VARIANT_REQUIRED <= fields or fields - VARIANT_REQUIRED - VARIANT_OPTIONAL:
-        return [f"{where}: fields {sorted(fields)}"]
-    errors = []
-    cubin = variant["cubin"]
-    if os.path.isabs(cubin) or ".." in Path(cubin).parts:
-        errors.append(f"{where}: cubin path {cubin!r} not relative inside the pack")
-    path = (pack_dir / cubin).resolve()
-    if pack_dir not in path.parents or not path.is_file():
-        errors.append(f"{where}: cubin {cubin!r} missing or outside the pack")
-    elif hashlib.sha256(path.read_bytes()).hexdigest() != variant["sha256"]:
-        errors.append(f"{where}: sha256 mismatch")
-    if not re.fullmatch(r"[0-9a-f]{64}", variant["sha256"]):
-        errors.append(f"{where}: sha256 is not 64 lowercase hex digits")
-    for field in ("name", "entry"):
-        if not isinstance(variant[field], str):
-            errors.append(f"{where}: {field} is not a string")
-    ranges = {"arch": (0, None), "num_warps": (1, 32), "num_ctas": (1, 16),
-              "shared": (0, 1 << 20), "global_scratch_size": (0, None),
-              "profile_scratch_size": (0, None), "global_scratch_align": (1, 4096),
-              "profile_scratch_align": (1, 4096)}
-    for field, (low, high) in ranges.items():
-        value = variant[field]
-        if not _is_int(value) or value < low or (high is not None and value > high):
-            errors.append(f"{where}: {field} = {value!r} out of range")
-    for field in ("global_scratch_align", "profile_scratch_align"):
-        if _is_int(variant[field]) and variant[field] & (variant[field] - 1):
-            errors.append(f"{where}: {field} is not a power of two")
-    for field in ("launch_pdl", "launch_cooperative_grid"):
-        if not isinstance(variant[field], bool):
-            errors.append(f"{where}: {field} is not a bool")
-    if "num_stages" in variant and not _is_int(variant["num_stages"]):
-        errors.append(f"{where}: num_stages is not an integer")
-    if "triton_version" in variant and not isinstance(variant["triton_version"], str):
-        errors.append(f"{where}: triton_version is not a string")
-    constexpr_names = {p["name"] for p in params if p["type"] == "constexpr"}
-    constexprs = variant["constexprs"]
-    if not isinstance(constexprs, dict) or set(constexprs) != constexpr_names:
-        errors.append(f"{where}: constexprs do not match the constexpr params")
-    elif not all(isinstance(v, (bool, int, float, str, type(None))) for v in constexprs.values()):
-        errors.append(f"{where}: constexpr values must be scalars")
-    return errors + _validate_layout(variant["layout"], params, where)
-
-
-def _validate_layout(layout, params, where):
-    sizes = {p["name"]: _type_size(p["type"]) for p in params if p["type"] != "constexpr"}
-    sizes.update({name: 8 for name in HIDDEN})
-    errors = []
-    end = 0
-    seen = []
-    for i, slot in enumerate(layout):
-        if set(slot) != {"param", "offset", "size"}:
-            errors.append(f"{where}: layout[{i}] fields {sorted(slot)}")
-            continue
-        name, offset, size = slot["param"], slot["offset"], slot["size"]
-        if name not in sizes:
-            errors.append(f"{where}: layout[{i}] names unknown param {name!r}")
-            continue
-        seen.append(name)
-        if not _is_int(offset) or not _is_int(size) or size != sizes[name]:
-            errors.append(f"{where}: layout[{i}].size {size!r} != {sizes[name]} for {name!r}")
-            continue
-        if offset < end:
-            errors.append(f"{where}: layout[{i}] overlaps or is out of order")
-        if offset % size:
-            errors.append(f"{where}: layout[{i}] offset {offset} not aligned to {size}")
-        end = offset + size
-    if end > 4096:
-        errors.append(f"{where}: parameter buffer ends at {end} > 4096")
-    call_params = [n for n in sizes if n not in HIDDEN]
-    if sorted(n for n in seen if n not in HIDDEN) != sorted(call_params):
-        errors.append(f"{where}: call params in layout {seen} != {call_params}")
-    for name in HIDDEN:
-        if seen.count(name) > 1:
-            errors.append(f"{where}: {name} appears {seen.count(name)} times")
-    return errors
 
 
 def _variants(manifest):

@@ -1,0 +1,274 @@
+#include "dispatch/grid_expr.h"
+
+#include <cctype>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "util/status_macros.h"
+
+namespace kpack::internal {
+namespace {
+
+// Signed 64-bit value of an integer Arg, if it has one.
+bool IntValue(const Arg& a, int64_t* out) {
+  switch (a.kind()) {
+    case Arg::Kind::kSigned:
+      *out = static_cast<int64_t>(a.bits());
+      return true;
+    case Arg::Kind::kUnsigned:
+    case Arg::Kind::kDevicePtr:
+      if (a.bits() > uint64_t{INT64_MAX}) return false;
+      *out = static_cast<int64_t>(a.bits());
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+// Recursive descent over
+//   expr    := term (('+' | '-') term)*
+//   term    := unary (('*' | '/') unary)*
+//   unary   := '-' unary | primary
+//   primary := INT | NAME | FUNC '(' expr ',' expr ')' | '(' expr ')'
+// emitting postfix code; an operator whose operands are both constants is folded.
+class GridExprParser {
+ public:
+  GridExprParser(absl::string_view text, const GridExpr::Resolver& resolve, GridExpr& out)
+      : text_(text), resolve_(resolve), out_(out) {}
+
+  absl::Status Parse() {
+    out_.size_ = 0;
+    KPACK_RETURN_IF_ERROR(Expr(0));
+    Skip();
+    if (pos_ != text_.size()) return Error(absl::StrCat("unexpected '", text_.substr(pos_, 1), "'"));
+    return absl::OkStatus();
+  }
+
+ private:
+  using Op = GridExpr::Op;
+
+  absl::Status Error(absl::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grid expression '", text_, "' at offset ", pos_, ": ", what));
+  }
+  void Skip() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+  bool Eat(char c) {
+    Skip();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  absl::Status Emit(Op op, int64_t operand = 0) {
+    if (out_.size_ == GridExpr::kMaxOps) return Error("expression too long");
+    out_.code_[out_.size_++] = {op, operand};
+    return absl::OkStatus();
+  }
+  bool TopIsConst(int depth) const {
+    return out_.size_ > depth && out_.code_[out_.size_ - 1 - depth].op == Op::kConst;
+  }
+  // Emits a binary operator, folding it when both operands are constants.
+  absl::Status Binary(Op op) {
+    if (TopIsConst(0) && out_.code_[out_.size_ - 1].operand == 0 &&
+        (op == Op::kDiv || op == Op::kCdiv)) {
+      return Error("division by zero");
+    }
+    if (TopIsConst(0) && TopIsConst(1)) {
+      int64_t b = out_.code_[--out_.size_].operand;
+      int64_t a = out_.code_[--out_.size_].operand;
+      int64_t r;
+      if (!Apply(op, a, b, &r)) return Error("overflow in constant arithmetic");
+      return Emit(Op::kConst, r);
+    }
+    return Emit(op);
+  }
+
+  absl::Status Expr(int depth) {
+    if (depth > GridExpr::kMaxStack) return Error("expression nested too deeply");
+    KPACK_RETURN_IF_ERROR(Term(depth));
+    while (true) {
+      if (Eat('+')) {
+        KPACK_RETURN_IF_ERROR(Term(depth + 1));
+        KPACK_RETURN_IF_ERROR(Binary(Op::kAdd));
+      } else if (Eat('-')) {
+        KPACK_RETURN_IF_ERROR(Term(depth + 1));
+        KPACK_RETURN_IF_ERROR(Binary(Op::kSub));
+      } else {
+        return absl::OkStatus();
+      }
+    }
+  }
+  absl::Status Term(int depth) {
+    KPACK_RETURN_IF_ERROR(Unary(depth));
+    while (true) {
+      if (Eat('*')) {
+        KPACK_RETURN_IF_ERROR(Unary(depth + 1));
+        KPACK_RETURN_IF_ERROR(Binary(Op::kMul));
+      } else if (Eat('/')) {
+        KPACK_RETURN_IF_ERROR(Unary(depth + 1));
+        KPACK_RETURN_IF_ERROR(Binary(Op::kDiv));
+      } else {
+        return absl::OkStatus();
+      }
+    }
+  }
+  absl::Status Unary(int depth) {
+    if (depth > GridExpr::kMaxStack) return Error("expression nested too deeply");
+    if (Eat('-')) {
+      KPACK_RETURN_IF_ERROR(Unary(depth + 1));
+      if (TopIsConst(0)) {
+        int64_t& v = out_.code_[out_.size_ - 1].operand;
+        if (v == INT64_MIN) return Error("overflow in constant arithmetic");
+        v = -v;
+        return absl::OkStatus();
+      }
+      return Emit(Op::kNeg);
+    }
+    return Primary(depth);
+  }
+  absl::Status Primary(int depth) {
+    Skip();
+    if (pos_ >= text_.size()) return Error("expected a number, name or '('");
+    char c = text_[pos_];
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      int64_t v = 0;
+      while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
+        if (__builtin_mul_overflow(v, 10, &v) ||
+            __builtin_add_overflow(v, text_[pos_] - '0', &v)) {
+          return Error("integer literal out of 64-bit range");
+        }
+        ++pos_;
+      }
+      return Emit(Op::kConst, v);
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      size_t start = pos_;
+      while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
+                                     text_[pos_] == '_')) {
+        ++pos_;
+      }
+      absl::string_view name = text_.substr(start, pos_ - start);
+      Skip();
+      if (pos_ < text_.size() && text_[pos_] == '(') {
+        Op op;
+        if (name == "cdiv") {
+          op = Op::kCdiv;
+        } else if (name == "min") {
+          op = Op::kMin;
+        } else if (name == "max") {
+          op = Op::kMax;
+        } else {
+          return Error(absl::StrCat("unknown function '", name, "' (known: cdiv, min, max)"));
+        }
+        ++pos_;
+        KPACK_RETURN_IF_ERROR(Expr(depth + 1));
+        if (!Eat(',')) return Error(absl::StrCat(name, " takes two arguments"));
+        KPACK_RETURN_IF_ERROR(Expr(depth + 1));
+        if (!Eat(')')) return Error("expected ')'");
+        return Binary(op);
+      }
+      absl::StatusOr<GridExpr::Name> meaning = resolve_(name);
+      if (!meaning.ok()) return Error(meaning.status().message());
+      return meaning->kind == GridExpr::Name::kArg ? Emit(Op::kArg, meaning->value)
+                                                  : Emit(Op::kConst, meaning->value);
+    }
+    if (Eat('(')) {
+      KPACK_RETURN_IF_ERROR(Expr(depth + 1));
+      if (!Eat(')')) return Error("expected ')'");
+      return absl::OkStatus();
+    }
+    return Error(absl::StrCat("unexpected '", absl::string_view(&c, 1), "'"));
+  }
+
+ public:
+  static bool Apply(Op op, int64_t a, int64_t b, int64_t* r) {
+    switch (op) {
+      case Op::kAdd: return !__builtin_add_overflow(a, b, r);
+      case Op::kSub: return !__builtin_sub_overflow(a, b, r);
+      case Op::kMul: return !__builtin_mul_overflow(a, b, r);
+      case Op::kDiv:
+        if (b == 0 || (a == INT64_MIN && b == -1)) return false;
+        *r = a / b;
+        return true;
+      case Op::kCdiv: {
+        int64_t t;
+        if (b == 0 || __builtin_add_overflow(a, b - 1, &t)) return false;
+        if (t == INT64_MIN && b == -1) return false;
+        *r = t / b;
+        return true;
+      }
+      case Op::kMin: *r = a < b ? a : b; return true;
+      case Op::kMax: *r = a > b ? a : b; return true;
+      default: return false;
+    }
+  }
+
+ private:
+  absl::string_view text_;
+  const GridExpr::Resolver& resolve_;
+  GridExpr& out_;
+  size_t pos_ = 0;
+};
+
+GridExpr::GridExpr() {
+  code_[0] = {Op::kConst, 1};
+  size_ = 1;
+}
+
+absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolver& resolve) {
+  GridExpr expr;
+  GridExprParser parser(text, resolve, expr);
+  KPACK_RETURN_IF_ERROR(parser.Parse());
+  // Evaluate's stack is fixed; refuse here what would overflow it at every launch.
+  int depth = 0;
+  for (int i = 0; i < expr.size_; ++i) {
+    Op op = expr.code_[i].op;
+    depth += (op == Op::kConst || op == Op::kArg) ? 1 : op == Op::kNeg ? 0 : -1;
+    if (depth > kMaxStack) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grid expression '", text, "' is nested too deeply"));
+    }
+  }
+  return expr;
+}
+
+std::optional<int64_t> GridExpr::constant() const {
+  if (size_ == 1 && code_[0].op == Op::kConst) return code_[0].operand;
+  return std::nullopt;
+}
+
+bool GridExpr::Evaluate(std::span<const Arg> args, int64_t* result) const {
+  int64_t stack[kMaxStack];
+  int top = 0;
+  for (int i = 0; i < size_; ++i) {
+    const Instr& in = code_[i];
+    switch (in.op) {
+      case Op::kConst:
+        stack[top++] = in.operand;
+        break;
+      case Op::kArg:
+        if (!IntValue(args[in.operand], &stack[top])) return false;
+        ++top;
+        break;
+      case Op::kNeg:
+        if (stack[top - 1] == INT64_MIN) return false;
+        stack[top - 1] = -stack[top - 1];
+        break;
+      default:
+        --top;
+        if (!GridExprParser::Apply(in.op, stack[top - 1], stack[top], &stack[top - 1])) {
+          return false;
+        }
+        break;
+    }
+  }
+  *result = stack[0];
+  return top == 1;
+}
+
+}  // namespace kpack::internal

@@ -1,0 +1,221 @@
+// Dispatch through the runtime, on the committed dispatch pack (kernels/dispatchpack:
+// axpy with 3 buckets x {generic, div16, div16 + stride_x == 1} and an i64 variant; see
+// tools/README.md), against the recording fake driver: which variant launches, what
+// bytes reach the driver, the grid from the grid expressions, counters, BoundLaunch.
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "fake_driver.h"
+#include "fake_runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kpack/kpack.h"
+
+namespace kpack {
+namespace {
+
+using ::kpack::testing::OpenFake;
+using ::kpack::testing::TempPack;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+#define KP_ASSERT_OK(expr)                       \
+  do {                                           \
+    absl::Status s_ = (expr);                    \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (0)
+
+const std::string kPack = KPACK_DISPATCH_PACK_DIR;
+const CUdeviceptr kX = 0x100000, kY = 0x200000, kOut = 0x300000;
+
+template <typename T>
+T At(const fake::LaunchRecord& r, size_t offset) {
+  T v;
+  std::memcpy(&v, r.params.data() + offset, sizeof(T));
+  return v;
+}
+fake::LaunchRecord LastLaunch() { return fake::GetLaunch(fake::LaunchCount() - 1); }
+
+class DispatchRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake::Reset();
+    auto rt = OpenFake(kPack);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_ = std::make_unique<Runtime>(std::move(*rt));
+    axpy_ = *rt_->Find("axpy");
+  }
+  void TearDown() override {
+    rt_.reset();
+    fake::Reset();
+  }
+  std::string Selected(CUdeviceptr x, int64_t n, int64_t stride) {
+    const Arg args[] = {Arg(x), Arg(kY), Arg(kOut), Arg(n), Arg(stride), Arg(2.0f)};
+    auto name = axpy_.SelectVariant(args);
+    return name.ok() ? std::string(*name) : name.status().ToString();
+  }
+  uint64_t Launches(const std::string& variant, bool fallbacks = false) {
+    for (const auto& s : axpy_.variant_stats()) {
+      if (s.variant == variant) return fallbacks ? s.fallback_launches : s.launches;
+    }
+    return ~uint64_t{0};
+  }
+  std::unique_ptr<Runtime> rt_;
+  Kernel axpy_;
+};
+
+TEST_F(DispatchRuntimeTest, EachBucketLaunchesItsOwnConfigWithTheGridExpression) {
+  struct Case {
+    int64_t n;
+    const char* variant;
+    unsigned block;
+    unsigned grid;
+  } cases[] = {
+      {16, "b0_div16_unit", 64, 1},          {4096, "b0_div16_unit", 64, 16},
+      {4112, "b1_div16_unit", 128, 5},       {262144, "b1_div16_unit", 128, 256},
+      {262160, "b2_div16_unit", 256, 65},    {1 << 24, "b2_div16_unit", 256, 4096},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(Selected(kX, c.n, 1), c.variant) << c.n;
+    KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, c.n, 1, 2.0f));
+    fake::LaunchRecord r = LastLaunch();
+    EXPECT_EQ(r.block[0], c.block) << c.n;
+    EXPECT_EQ(r.grid[0], c.grid) << "cdiv(n, BLOCK) with the chosen variant's BLOCK, n=" << c.n;
+  }
+  EXPECT_EQ(Launches("b0_div16_unit"), 2u);
+  EXPECT_EQ(Launches("b1_div16_unit"), 2u);
+  EXPECT_EQ(Launches("b2_div16_unit"), 2u);
+  // An explicit grid overrides the expressions.
+  KP_ASSERT_OK(axpy_.Launch(Grid{7}, nullptr, kX, kY, kOut, 16, 1, 2.0f));
+  EXPECT_EQ(LastLaunch().grid[0], 7u);
+}
+
+TEST_F(DispatchRuntimeTest, Eq1ArgumentIsDroppedFromTheBuffer) {
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, 4096, 1, 0.5f));
+  fake::LaunchRecord unit = LastLaunch();
+  EXPECT_EQ(unit.param_size, 48u) << "stride_x compiled away";
+  EXPECT_EQ(At<int32_t>(unit, 24), 4096);
+  EXPECT_EQ(At<float>(unit, 28), 0.5f) << "alpha moves up into stride_x's place";
+  EXPECT_EQ(At<uint64_t>(unit, 32), 0u);
+
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, 4096, 3, 0.5f));
+  fake::LaunchRecord strided = LastLaunch();
+  EXPECT_EQ(Selected(kX, 4096, 3), "b0_div16");
+  EXPECT_EQ(strided.param_size, 56u);
+  EXPECT_EQ(At<int32_t>(strided, 28), 3);
+  EXPECT_EQ(At<float>(strided, 32), 0.5f);
+}
+
+TEST_F(DispatchRuntimeTest, MisalignmentFallsBackToGenericAndIsCounted) {
+  for (int i = 0; i < 5; ++i) KP_ASSERT_OK(axpy_.Launch(nullptr, kX + 4, kY, kOut, 1000, 1, 1.0f));
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, 1001, 1, 1.0f));  // n not divisible
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, 1008, 1, 1.0f));
+  EXPECT_EQ(Selected(kX + 4, 1000, 1), "b0_generic");
+  EXPECT_EQ(Launches("b0_generic"), 6u);
+  EXPECT_EQ(Launches("b0_generic", true), 6u) << "each was a fallback";
+  EXPECT_EQ(Launches("b0_div16_unit"), 1u);
+  EXPECT_EQ(Launches("b0_div16_unit", true), 0u);
+}
+
+TEST_F(DispatchRuntimeTest, LargeNGoesToTheI64Variant) {
+  const int64_t n = (int64_t{1} << 33) + 16;
+  EXPECT_EQ(Selected(kX, n, 1), "b2_generic_i64");
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, n, 1, 1.0f));
+  fake::LaunchRecord r = LastLaunch();
+  EXPECT_EQ(At<int64_t>(r, 24), n) << "all 8 bytes";
+  EXPECT_EQ(At<int32_t>(r, 32), 1) << "stride_x after the 8-byte n";
+  EXPECT_EQ(r.grid[0], static_cast<unsigned>((n + 4095) / 4096));
+  EXPECT_EQ(Launches("b2_generic_i64", true), 1u) << "the div16 variants did not fit";
+}
+
+TEST_F(DispatchRuntimeTest, BoundLaunchSelectsAgainWhenADispatchArgumentChanges) {
+  auto bound = axpy_.BindArgs(nullptr, kX, kY, kOut, 96, 1, 2.0f);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(LastLaunch().block[0], 64u);
+  EXPECT_EQ(LastLaunch().param_size, 48u);
+
+  KP_ASSERT_OK(bound->Set(3, 5008));  // into bucket 1
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(LastLaunch().block[0], 128u);
+  EXPECT_EQ(LastLaunch().grid[0], 5u);
+  EXPECT_EQ(At<int32_t>(LastLaunch(), 24), 5008);
+
+  KP_ASSERT_OK(bound->Set(4, 2));  // stride 2: the variant that keeps stride_x
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(LastLaunch().param_size, 56u);
+  EXPECT_EQ(At<int32_t>(LastLaunch(), 28), 2);
+  EXPECT_EQ(At<float>(LastLaunch(), 32), 2.0f);
+
+  KP_ASSERT_OK(bound->Set(0, kX + 8));  // misaligned: generic
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(At<uint64_t>(LastLaunch(), 0), kX + 8);
+  EXPECT_EQ(Launches("b1_generic"), 1u);
+  EXPECT_EQ(Launches("b1_generic", true), 1u);
+
+  KP_ASSERT_OK(bound->Set(5, 3.0));  // alpha: no dispatch, just the slot
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(At<float>(LastLaunch(), 32), 3.0f);
+  EXPECT_EQ(Launches("b1_generic"), 2u);
+}
+
+TEST_F(DispatchRuntimeTest, NoValidVariantLaunchesNothing) {
+  TempPack pack(kPack);
+  auto& variants = pack.kernel("axpy")["variants"];
+  for (size_t i = variants.size(); i-- > 0;) {
+    if (variants[i]["name"] == "b0_generic") variants.erase(i);
+  }
+  pack.Save();
+  auto rt = OpenFake(pack.dir());
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  absl::Status s = rt->Launch("axpy", nullptr, kX + 4, kY, kOut, 96, 1, 1.0f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("kernel 'axpy'"), HasSubstr("n=96"),
+                    HasSubstr("x_ptr divisible by 16"), HasSubstr("x_ptr=0x100004")));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+}
+
+TEST_F(DispatchRuntimeTest, GridExpressionErrors) {
+  auto rt = OpenFake(KPACK_TEST_PACK_DIR);
+  ASSERT_TRUE(rt.ok());
+  absl::Status s = rt->Launch("add", nullptr, kX, kY, kOut, 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no grid expression"));
+
+  for (auto [expr, mentions] : {std::pair{"cdiv(n, BLOK)", "unknown name 'BLOK'"},
+                                std::pair{"n / (BLOCK - BLOCK)", "division by zero"},
+                                std::pair{"alpha + 1", "'alpha' is a fp32 parameter"},
+                                std::pair{"cdiv(n, ", "expected a number"}}) {
+    TempPack pack;
+    pack.kernel("add")["grid"] = {expr};
+    pack.kernel("add")["params"][4]["name"] = "BLOCK";
+    pack.Save();
+    auto bad = OpenFake(pack.dir());
+    ASSERT_FALSE(bad.ok()) << expr;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(bad.status().message()),
+                AllOf(HasSubstr("kernel 'add'"), HasSubstr("variant 'default'"),
+                      HasSubstr("'grid[0]'")))
+        << expr;
+    if (std::string(expr) != "alpha + 1") {
+      EXPECT_THAT(std::string(bad.status().message()), HasSubstr(mentions)) << expr;
+    }
+  }
+
+  TempPack pack;
+  pack.kernel("add")["grid"] = {"n * 1048576"};
+  pack.Save();
+  auto big = OpenFake(pack.dir());
+  ASSERT_TRUE(big.ok()) << big.status();
+  KP_ASSERT_OK(big->Launch("add", nullptr, kX, kY, kOut, 2));
+  EXPECT_EQ(LastLaunch().grid[0], 2u * 1048576);
+  s = big->Launch("add", nullptr, kX, kY, kOut, 1 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("outside [0, 2^32)"));
+}
+
+}  // namespace
+}  // namespace kpack

@@ -1,0 +1,247 @@
+// Variant selection: buckets, assumptions, ranking, fallbacks and errors, on manifests
+// built here (no driver involved).
+
+#include "dispatch/dispatch.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "manifest/manifest.h"
+#include "nlohmann/json.hpp"
+
+namespace kpack::internal {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Kernel k(x_ptr: *fp32, n: i32, stride: i32, BLOCK: constexpr). A variant's layout
+// follows from its types and eq1 assumptions, as ptxas would lay it out.
+json MakeVariant(const std::string& name, json bucket, json assumptions, json types = nullptr) {
+  json v = {{"name", name},
+            {"cubin", "c.cubin"},
+            {"sha256", std::string(64, '0')},
+            {"entry", "k"},
+            {"arch", 90},
+            {"constexprs", {{"BLOCK", 128}}},
+            {"num_warps", 4},
+            {"num_ctas", 1},
+            {"shared", 0},
+            {"global_scratch_size", 0},
+            {"global_scratch_align", 1},
+            {"profile_scratch_size", 0},
+            {"profile_scratch_align", 1},
+            {"launch_pdl", false},
+            {"launch_cooperative_grid", false}};
+  if (!bucket.is_null()) v["bucket"] = bucket;
+  if (!assumptions.is_null()) v["assumptions"] = assumptions;
+  if (!types.is_null()) v["types"] = types;
+  bool wide = !types.is_null() && types.contains("n");
+  bool unit = false;
+  if (!assumptions.is_null() && assumptions.contains("stride")) {
+    for (const json& a : assumptions["stride"]) unit |= a == "eq1";
+  }
+  json layout = json::array();
+  int off = 0;
+  layout.push_back({{"param", "x_ptr"}, {"offset", 0}, {"size", 8}});
+  off = 8;
+  layout.push_back({{"param", "n"}, {"offset", off}, {"size", wide ? 8 : 4}});
+  off += wide ? 8 : 4;
+  if (!unit) {
+    layout.push_back({{"param", "stride"}, {"offset", off}, {"size", 4}});
+    off += 4;
+  }
+  off = (off + 7) / 8 * 8;
+  layout.push_back({{"param", "$global_scratch"}, {"offset", off}, {"size", 8}});
+  layout.push_back({{"param", "$profile_scratch"}, {"offset", off + 8}, {"size", 8}});
+  v["layout"] = layout;
+  return v;
+}
+
+KernelSpec Kernel(json variants, json buckets = nullptr) {
+  json k = {{"name", "k"},
+            {"params", {{{"name", "x_ptr"}, {"type", "*fp32"}},
+                        {{"name", "n"}, {"type", "i32"}},
+                        {{"name", "stride"}, {"type", "i32"}},
+                        {{"name", "BLOCK"}, {"type", "constexpr"}}}},
+            {"variants", variants}};
+  if (!buckets.is_null()) k["buckets"] = buckets;
+  json m = {{"format", "kpack/1"}, {"kernels", {k}}};
+  absl::StatusOr<ManifestSpec> parsed = ParseManifest(m.dump(), "m.json");
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return parsed->kernels[0];
+}
+
+struct Fixture {
+  KernelSpec spec;
+  DispatchTable table;
+  std::string Pick(CUdeviceptr x, int64_t n, int64_t stride, bool* fallback = nullptr) const {
+    const Arg args[] = {Arg(x), Arg(n), Arg(stride)};
+    DispatchTable::Choice c = table.Select(args);
+    if (fallback != nullptr) *fallback = c.fallback;
+    if (c.variant < 0) return "<none>";
+    return spec.variants[c.variant].name;
+  }
+  absl::Status Error(CUdeviceptr x, int64_t n, int64_t stride) const {
+    const Arg args[] = {Arg(x), Arg(n), Arg(stride)};
+    return table.NoVariantError(spec, args);
+  }
+};
+
+Fixture Make(json variants, json buckets = nullptr) {
+  Fixture f{Kernel(variants, buckets), {}};
+  auto t = DispatchTable::Build(f.spec);
+  EXPECT_TRUE(t.ok()) << t.status();
+  f.table = *std::move(t);
+  return f;
+}
+
+const json kBuckets = {{{"param", "n"}, {"edges", {16, 64, 256}}}};
+const CUdeviceptr kAligned = 0x10000, kMisaligned = 0x10004;
+
+TEST(DispatchTest, BucketBoundaries) {
+  Fixture f = Make({MakeVariant("b0", {0}, nullptr), MakeVariant("b1", {1}, nullptr),
+                    MakeVariant("b2", {2}, nullptr), MakeVariant("b3", {3}, nullptr)},
+                   kBuckets);
+  EXPECT_EQ(f.table.num_buckets(), 4u);
+  EXPECT_EQ(f.Pick(kAligned, -5, 2), "b0") << "below the first edge";
+  EXPECT_EQ(f.Pick(kAligned, 0, 2), "b0");
+  EXPECT_EQ(f.Pick(kAligned, 16, 2), "b0") << "edges are inclusive upper bounds";
+  EXPECT_EQ(f.Pick(kAligned, 17, 2), "b1");
+  EXPECT_EQ(f.Pick(kAligned, 64, 2), "b1");
+  EXPECT_EQ(f.Pick(kAligned, 65, 2), "b2");
+  EXPECT_EQ(f.Pick(kAligned, 256, 2), "b2");
+  EXPECT_EQ(f.Pick(kAligned, 257, 2), "b3") << "above the last edge";
+  EXPECT_EQ(f.Pick(kAligned, INT32_MAX, 2), "b3");
+  const Arg huge[] = {Arg(kAligned), Arg(~uint64_t{0}), Arg(2)};
+  EXPECT_EQ(f.table.Select(huge).variant, 3);
+}
+
+TEST(DispatchTest, MultiDimensionalBuckets) {
+  json buckets = {{{"param", "n"}, {"edges", {100}}}, {{"param", "stride"}, {"edges", {1, 8}}}};
+  json variants = json::array();
+  for (int s = 0; s < 3; ++s) {
+    for (int n = 0; n < 2; ++n) {
+      variants.push_back(MakeVariant("n" + std::to_string(n) + "s" + std::to_string(s), {n, s},
+                                     nullptr));
+    }
+  }
+  Fixture f = Make(variants, buckets);
+  EXPECT_EQ(f.table.num_buckets(), 6u);
+  EXPECT_EQ(f.Pick(kAligned, 5, 1), "n0s0");
+  EXPECT_EQ(f.Pick(kAligned, 500, 1), "n1s0");
+  EXPECT_EQ(f.Pick(kAligned, 5, 2), "n0s1");
+  EXPECT_EQ(f.Pick(kAligned, 500, 8), "n1s1");
+  EXPECT_EQ(f.Pick(kAligned, 100, 9), "n0s2");
+  EXPECT_EQ(f.Pick(kAligned, 101, 1000), "n1s2");
+}
+
+TEST(DispatchTest, MostSpecializedValidVariantWinsAndFallbacksAreFlagged) {
+  Fixture f = Make({MakeVariant("generic", nullptr, nullptr),
+                    MakeVariant("div16", nullptr, {{"x_ptr", {"div16"}}, {"n", {"div16"}}}),
+                    MakeVariant("unit", nullptr,
+                                {{"x_ptr", {"div16"}}, {"n", {"div16"}}, {"stride", {"eq1"}}})});
+  EXPECT_EQ(f.table.num_properties(), 3u);
+  bool fallback = true;
+  EXPECT_EQ(f.Pick(kAligned, 64, 1, &fallback), "unit");
+  EXPECT_FALSE(fallback);
+  EXPECT_EQ(f.Pick(kAligned, 64, 2, &fallback), "div16") << "eq1 fails";
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(f.Pick(kMisaligned, 64, 1, &fallback), "generic") << "div16 fails on the pointer";
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(f.Pick(kAligned, 65, 1, &fallback), "generic") << "div16 fails on the integer";
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(f.Pick(kAligned, -32, 1), "unit") << "negative multiples of 16 are divisible";
+  EXPECT_EQ(f.Pick(kAligned, 0, 1), "unit");
+}
+
+TEST(DispatchTest, GenericIsNotAFallbackWhenNothingMoreSpecialExists) {
+  Fixture f = Make({MakeVariant("generic", nullptr, nullptr)});
+  bool fallback = true;
+  EXPECT_EQ(f.Pick(kMisaligned, 3, 7, &fallback), "generic");
+  EXPECT_FALSE(fallback);
+  EXPECT_EQ(f.table.num_properties(), 0u);
+}
+
+TEST(DispatchTest, TiesGoToTheEarlierVariant) {
+  Fixture f = Make({MakeVariant("generic", nullptr, nullptr),
+                    MakeVariant("x_aligned", nullptr, {{"x_ptr", {"div16"}}}),
+                    MakeVariant("n_aligned", nullptr, {{"n", {"div16"}}})});
+  EXPECT_EQ(f.Pick(kAligned, 32, 1), "x_aligned") << "both valid, same rank: manifest order";
+  EXPECT_EQ(f.Pick(kMisaligned, 32, 1), "n_aligned");
+  EXPECT_EQ(f.Pick(kAligned, 33, 1), "x_aligned");
+}
+
+TEST(DispatchTest, IntegerWidthVariants) {
+  Fixture f = Make({MakeVariant("i32", nullptr, nullptr),
+                    MakeVariant("i64", nullptr, nullptr, {{"n", "i64"}})});
+  EXPECT_EQ(f.Pick(kAligned, 1000, 1), "i32") << "narrowest type that fits";
+  EXPECT_EQ(f.Pick(kAligned, INT32_MAX, 1), "i32");
+  EXPECT_EQ(f.Pick(kAligned, int64_t{INT32_MAX} + 1, 1), "i64");
+  EXPECT_EQ(f.Pick(kAligned, int64_t{1} << 40, 1), "i64");
+  EXPECT_EQ(f.Pick(kAligned, int64_t{INT32_MIN} - 1, 1), "i64");
+  EXPECT_EQ(f.Pick(kAligned, -5, 1), "i32");
+}
+
+TEST(DispatchTest, NoValidVariantNamesParameterValueAndAssumption) {
+  Fixture f = Make({MakeVariant("b0_div16", {0}, {{"x_ptr", {"div16"}}}),
+                    MakeVariant("b1", {1}, nullptr)},
+                   {{{"param", "n"}, {"edges", {16}}}});
+  EXPECT_EQ(f.Pick(kMisaligned, 8, 1), "<none>");
+  absl::Status s = f.Error(kMisaligned, 8, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("kernel 'k'"), HasSubstr("n=8"), HasSubstr("'b0_div16'"),
+                    HasSubstr("x_ptr divisible by 16"), HasSubstr("x_ptr=0x10004"),
+                    HasSubstr("nothing was launched")));
+}
+
+TEST(DispatchTest, BucketWithoutVariantsIsAnError) {
+  Fixture f = Make({MakeVariant("b1", {1}, nullptr)}, {{{"param", "n"}, {"edges", {16}}}});
+  EXPECT_EQ(f.Pick(kAligned, 8, 1), "<none>");
+  EXPECT_THAT(std::string(f.Error(kAligned, 8, 1).message()),
+              AllOf(HasSubstr("kernel 'k' has no variant for this shape bucket"),
+                    HasSubstr("n=8")));
+}
+
+TEST(DispatchTest, BucketArgumentMustBeAnInteger) {
+  Fixture f = Make({MakeVariant("v", nullptr, nullptr)}, kBuckets);
+  const Arg args[] = {Arg(kAligned), Arg(1.5f), Arg(1)};
+  EXPECT_EQ(f.table.Select(args).variant, DispatchTable::kBadBucketArg);
+  EXPECT_THAT(std::string(f.table.NoVariantError(f.spec, args).message()),
+              AllOf(HasSubstr("'n'"), HasSubstr("must be an integer"), HasSubstr("a float")));
+}
+
+TEST(DispatchTest, DependsOnBucketAndPropertyArgumentsOnly) {
+  Fixture f = Make({MakeVariant("v", nullptr, {{"stride", {"eq1"}}}),
+                    MakeVariant("g", nullptr, nullptr)},
+                   kBuckets);
+  EXPECT_FALSE(f.table.DependsOn(0));
+  EXPECT_TRUE(f.table.DependsOn(1));
+  EXPECT_TRUE(f.table.DependsOn(2));
+}
+
+TEST(DispatchTest, TooManyPropertiesIsALoadError) {
+  // 6 properties (three div16, one eq1, n fitting i32 / i64) x 4096 buckets.
+  json edges = json::array();
+  for (int i = 0; i < 4095; ++i) edges.push_back(i);
+  KernelSpec spec = Kernel({MakeVariant("a", nullptr, {{"x_ptr", {"div16"}}, {"n", {"div16"}}}),
+                            MakeVariant("b", nullptr, {{"stride", {"div16", "eq1"}}}),
+                            MakeVariant("c", nullptr, nullptr, {{"n", "i64"}})},
+                           {{{"param", "n"}, {"edges", edges}}});
+  auto t = DispatchTable::Build(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("65536-entry dispatch table"));
+
+  spec = Kernel({MakeVariant("a", nullptr, nullptr)}, {{{"param", "n"}, {"edges", {1, 2}}},
+                                                       {{"param", "stride"}, {"edges", edges}}});
+  t = DispatchTable::Build(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("buckets in all"));
+}
+
+}  // namespace
+}  // namespace kpack::internal

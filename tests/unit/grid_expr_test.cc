@@ -1,0 +1,100 @@
+#include "dispatch/grid_expr.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kpack::internal {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Names: call arguments n (0), m (1), f (2, not an integer here but resolvable as an
+// argument for the evaluation tests); constexprs BLOCK = 1024, ZERO = 0, BIG = 2^62.
+absl::StatusOr<GridExpr::Name> Resolve(absl::string_view name) {
+  if (name == "n") return GridExpr::Name{GridExpr::Name::kArg, 0};
+  if (name == "m") return GridExpr::Name{GridExpr::Name::kArg, 1};
+  if (name == "f") return GridExpr::Name{GridExpr::Name::kArg, 2};
+  if (name == "BLOCK") return GridExpr::Name{GridExpr::Name::kConstant, 1024};
+  if (name == "ZERO") return GridExpr::Name{GridExpr::Name::kConstant, 0};
+  if (name == "BIG") return GridExpr::Name{GridExpr::Name::kConstant, int64_t{1} << 62};
+  return absl::InvalidArgumentError(absl::StrCat("unknown name '", std::string(name), "'"));
+}
+
+absl::StatusOr<int64_t> Eval(const std::string& text, int64_t n, int64_t m = 1) {
+  auto expr = GridExpr::Compile(text, Resolve);
+  if (!expr.ok()) return expr.status();
+  const Arg args[] = {Arg(n), Arg(m), Arg(1.5f)};
+  int64_t r;
+  if (!expr->Evaluate(args, &r)) return absl::OutOfRangeError("evaluation failed");
+  return r;
+}
+
+TEST(GridExprTest, Evaluates) {
+  EXPECT_EQ(*Eval("cdiv(n, BLOCK)", 0), 0);
+  EXPECT_EQ(*Eval("cdiv(n, BLOCK)", 1), 1);
+  EXPECT_EQ(*Eval("cdiv(n, BLOCK)", 1024), 1);
+  EXPECT_EQ(*Eval("cdiv(n, BLOCK)", 1025), 2);
+  EXPECT_EQ(*Eval("n / 3", 10), 3);
+  EXPECT_EQ(*Eval("n - m * 2", 10, 3), 4);
+  EXPECT_EQ(*Eval("(n - m) * 2", 10, 3), 14);
+  EXPECT_EQ(*Eval("min(n, 4) + max(m, 7)", 10, 3), 11);
+  EXPECT_EQ(*Eval("-n + 20", 5), 15);
+  EXPECT_EQ(*Eval("cdiv(n, 128) * cdiv(m, 64)", 300, 100), 6);
+  EXPECT_EQ(*Eval("  42 ", 0), 42);
+}
+
+TEST(GridExprTest, FoldsConstants) {
+  auto expr = GridExpr::Compile("cdiv(4096, BLOCK) * 2 + 1", Resolve);
+  ASSERT_TRUE(expr.ok());
+  EXPECT_EQ(expr->constant(), 9);
+  EXPECT_FALSE(GridExpr::Compile("n + 1", Resolve)->constant().has_value());
+  EXPECT_EQ(GridExpr().constant(), 1);
+}
+
+TEST(GridExprTest, LoadTimeErrors) {
+  struct Case {
+    const char* text;
+    const char* mentions;
+  } cases[] = {
+      {"cdiv(n, BLOK)", "unknown name 'BLOK'"},
+      {"n / 0", "division by zero"},
+      {"cdiv(n, 0)", "division by zero"},
+      {"cdiv(n, ZERO)", "division by zero"},
+      {"n / (BLOCK - 1024)", "division by zero"},
+      {"BIG * 4", "overflow"},
+      {"9223372036854775807 + 1", "overflow"},
+      {"99999999999999999999", "out of 64-bit range"},
+      {"cdiv(n", "two arguments"},
+      {"cdiv(n, 4", "expected ')'"},
+      {"n +", "expected a number"},
+      {"pow(n, 2)", "unknown function 'pow'"},
+      {"min(n)", "two arguments"},
+      {"n $ 2", "unexpected '$'"},
+      {"", "expected a number"},
+      {"((((((((((((((((((n))))))))))))))))))", "too deeply"},
+  };
+  for (const Case& c : cases) {
+    auto expr = GridExpr::Compile(c.text, Resolve);
+    ASSERT_FALSE(expr.ok()) << c.text;
+    EXPECT_EQ(expr.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(expr.status().message()), HasSubstr(c.mentions)) << c.text;
+  }
+}
+
+TEST(GridExprTest, RunTimeFailuresAreReported) {
+  EXPECT_FALSE(Eval("n / m", 10, 0).ok()) << "division by a zero argument";
+  EXPECT_FALSE(Eval("cdiv(n, m)", 10, 0).ok());
+  EXPECT_FALSE(Eval("n * BIG", 8).ok()) << "overflow";
+  EXPECT_FALSE(Eval("f + 1", 0).ok()) << "a non-integer argument";
+  auto expr = GridExpr::Compile("n", Resolve);
+  const Arg huge[] = {Arg(~uint64_t{0}), Arg(1), Arg(1)};
+  int64_t r;
+  EXPECT_FALSE(expr->Evaluate(huge, &r)) << "an unsigned value past INT64_MAX";
+}
+
+}  // namespace
+}  // namespace kpack::internal
