@@ -39,6 +39,8 @@ struct Setup {
   CUstream stream = nullptr;
   std::unique_ptr<kpack::Runtime> runtime;
   kpack::Kernel add;
+  std::unique_ptr<kpack::Runtime> runtime_no_nvtx;  // the same pack, Options::nvtx off
+  kpack::Kernel add_no_nvtx;
   CUfunction raw_function = nullptr;  // cuModuleGetFunction on the same cubin
   CUfunction raw_kernel = nullptr;    // cuLibraryGetKernel on the same cubin, as kpack uses
   CUdeviceptr x = 0, y = 0, out = 0;
@@ -86,6 +88,13 @@ bool Init() {
   }
   g->runtime = std::make_unique<kpack::Runtime>(std::move(*rt));
   g->add = *g->runtime->Find("add");
+  auto quiet = kpack::Runtime::Open(KPACK_TEST_PACK_DIR, {.preload = true, .nvtx = false});
+  if (!quiet.ok()) {
+    g->error = quiet.status().ToString();
+    return false;
+  }
+  g->runtime_no_nvtx = std::make_unique<kpack::Runtime>(std::move(*quiet));
+  g->add_no_nvtx = *g->runtime_no_nvtx->Find("add");
   std::vector<char> cubin = ReadFile(std::string(KPACK_TEST_PACK_DIR) + "/cubins/add/default.cubin");
   CUmodule module;
   CUlibrary library;
@@ -177,6 +186,19 @@ void BM_RawParams(benchmark::State& state, CUfunction f) {
   });
 }
 
+// Raw launch plus the cuCtxGetCurrent that kpack makes per launch to pick the loading
+// context's CUfunction: what that query costs in the real driver.
+void BM_RawParamsWithCtxQuery(benchmark::State& state) {
+  CUdeviceptr scratch = 0;
+  void* params[] = {&g->x, &g->y, &g->out, &g->n, &scratch, &scratch};
+  RunBatches(state, [&] {
+    CUcontext ctx;
+    g->driver->CtxGetCurrent(&ctx);
+    CUlaunchConfig c = RawConfig();
+    return g->driver->LaunchKernelEx(&c, g->raw_function, params, nullptr) == CUDA_SUCCESS;
+  });
+}
+
 void BM_RawExtra(benchmark::State& state) {
   struct {
     CUdeviceptr x, y, out;
@@ -242,6 +264,12 @@ void BM_KpackByName(benchmark::State& state) {
 void BM_KpackByKernel(benchmark::State& state) {
   RunBatches(state, [&] {
     return g->add.Launch(kpack::Grid{1}, g->stream, g->x, g->y, g->out, g->n).ok();
+  });
+}
+
+void BM_KpackByKernelNoNvtx(benchmark::State& state) {
+  RunBatches(state, [&] {
+    return g->add_no_nvtx.Launch(kpack::Grid{1}, g->stream, g->x, g->y, g->out, g->n).ok();
   });
 }
 
@@ -317,6 +345,8 @@ int main(int argc, char** argv) {
   reg("raw_params_cufunction", [](benchmark::State& s) { BM_RawParams(s, g->raw_function); });
   reg("raw_params_cukernel", [](benchmark::State& s) { BM_RawParams(s, g->raw_kernel); });
   reg("raw_extra_cufunction", BM_RawExtra);
+  reg("raw_params_ctx_query", BM_RawParamsWithCtxQuery);
+  reg("kpack_by_kernel_no_nvtx", BM_KpackByKernelNoNvtx);
   reg("kpack_by_name", BM_KpackByName);
   reg("kpack_by_kernel", BM_KpackByKernel);
   reg("kpack_bound_launch", BM_KpackBound);

@@ -136,7 +136,9 @@ KPACK_FAKE_EXPORT void SetInitError(CUresult code);
 KPACK_FAKE_EXPORT void SetAutoContext(bool on);
 
 // On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
-// nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks.
+// nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks. The environment
+// variable KPACK_FAKE_LAUNCH_NOOP=1 turns it on when the fake is first used (Reset turns
+// it off again).
 KPACK_FAKE_EXPORT void SetLaunchNoop(bool on);
 
 // Calls of `fn` (a driver_symbols.h name, as in FailNext) since Reset(), failed ones too.
