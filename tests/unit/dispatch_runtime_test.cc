@@ -16,27 +16,15 @@
 namespace kpack {
 namespace {
 
+using ::kpack::testing::At;
+using ::kpack::testing::LastLaunch;
 using ::kpack::testing::OpenFake;
 using ::kpack::testing::TempPack;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-#define KP_ASSERT_OK(expr)                       \
-  do {                                           \
-    absl::Status s_ = (expr);                    \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
-  } while (0)
-
 const std::string kPack = KPACK_DISPATCH_PACK_DIR;
 const CUdeviceptr kX = 0x100000, kY = 0x200000, kOut = 0x300000;
-
-template <typename T>
-T At(const fake::LaunchRecord& r, size_t offset) {
-  T v;
-  std::memcpy(&v, r.params.data() + offset, sizeof(T));
-  return v;
-}
-fake::LaunchRecord LastLaunch() { return fake::GetLaunch(fake::LaunchCount() - 1); }
 
 class DispatchRuntimeTest : public ::testing::Test {
  protected:

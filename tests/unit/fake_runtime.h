@@ -6,6 +6,7 @@
 #define KPACK_TESTS_UNIT_FAKE_RUNTIME_H_
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,7 +15,23 @@
 #include "kpack/kpack.h"
 #include "nlohmann/json.hpp"
 
+#define KP_ASSERT_OK(expr)                       \
+  do {                                           \
+    absl::Status s_ = (expr);                    \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (0)
+
 namespace kpack::testing {
+
+// The value of type T at `offset` in a recorded launch's parameter buffer.
+template <typename T>
+T At(const fake::LaunchRecord& r, size_t offset) {
+  T v;
+  std::memcpy(&v, r.params.data() + offset, sizeof(T));
+  return v;
+}
+
+inline fake::LaunchRecord LastLaunch() { return fake::GetLaunch(fake::LaunchCount() - 1); }
 
 inline Options FakeOptions() {
   Options o;

@@ -26,25 +26,12 @@ namespace kpack {
 namespace {
 
 using ::kpack::testing::FakeOptions;
+using ::kpack::testing::At;
+using ::kpack::testing::LastLaunch;
 using ::kpack::testing::OpenFake;
 using ::kpack::testing::TempPack;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-#define KP_ASSERT_OK(expr)                       \
-  do {                                           \
-    absl::Status s_ = (expr);                    \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
-  } while (0)
-
-template <typename T>
-T At(const fake::LaunchRecord& r, size_t offset) {
-  T v;
-  std::memcpy(&v, r.params.data() + offset, sizeof(T));
-  return v;
-}
-
-fake::LaunchRecord LastLaunch() { return fake::GetLaunch(fake::LaunchCount() - 1); }
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 

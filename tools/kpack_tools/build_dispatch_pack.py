@@ -13,7 +13,6 @@ Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
     python3 -m kpack_tools.build_dispatch_pack --out kernels/dispatchpack [--target 90]
 """
 
-import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from triton.compiler import ASTSource
 
 from kpack_tools.build_test_pack import _line_info_disabled
 from kpack_tools.cubin import parse_cubin
+from kpack_tools.cli import run_build
 from kpack_tools.pack import HIDDEN_PARAMS, Kernel, Variant, slot_size, write_pack
 
 GENERATOR = f"kpack_tools.build_dispatch_pack (triton {triton.__version__})"
@@ -231,12 +231,7 @@ def _check_manifest(manifest) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="pack directory to (re)write")
-    parser.add_argument("--target", type=int, default=90,
-                        help="CUDA compute capability, major*10+minor (default 90: sm_90a)")
-    args = parser.parse_args(argv)
-    build(args.out, args.target)
+    run_build(__doc__, build, argv)
 
 
 if __name__ == "__main__":

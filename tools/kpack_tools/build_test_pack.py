@@ -11,7 +11,6 @@ Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
     python3 -m kpack_tools.build_test_pack --out kernels/testpack [--target 90]
 """
 
-import argparse
 import contextlib
 import os
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kpack_tools.cli import run_build
 from kpack_tools.pack import Kernel, Variant, write_pack
 
 GENERATOR = f"kpack_tools.build_test_pack (triton {triton.__version__})"
@@ -228,12 +228,7 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="pack directory to (re)write")
-    parser.add_argument("--target", type=int, default=90,
-                        help="CUDA compute capability, major*10+minor (default 90: sm_90a)")
-    args = parser.parse_args(argv)
-    build(args.out, args.target)
+    run_build(__doc__, build, argv)
 
 
 if __name__ == "__main__":
