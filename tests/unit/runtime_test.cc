@@ -101,7 +101,7 @@ TEST_F(RuntimeTest, DriverMissingAFunctionIsUnavailable) {
 TEST_F(RuntimeTest, OpensTestPackLazily) {
   Runtime rt = Open();
   EXPECT_THAT(rt.kernel_names(), ::testing::ElementsAre("add", "scalars", "matmul", "cluster",
-                                                         "pdl", "scratch"));
+                                                         "pdl", "scratch", "softmax"));
   EXPECT_EQ(fake::LibraryLoads(), 0) << "Open must not load kernels (lazy by default)";
   auto add = rt.Find("add");
   ASSERT_TRUE(add.ok());
@@ -136,10 +136,10 @@ TEST_F(RuntimeTest, PreloadLoadsEverythingOnceAndNeedsAContext) {
   o.preload = true;
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR, o);
   ASSERT_TRUE(rt.ok()) << rt.status();
-  EXPECT_EQ(fake::LibraryLoads(), 6);
+  EXPECT_EQ(fake::LibraryLoads(), 7);
   KP_ASSERT_OK(rt->Preload());
-  EXPECT_EQ(fake::LibraryLoads(), 6);
-  EXPECT_EQ(fake::LoadedLibraries(), 6);
+  EXPECT_EQ(fake::LibraryLoads(), 7);
+  EXPECT_EQ(fake::LoadedLibraries(), 7);
 }
 
 TEST_F(RuntimeTest, DestructionUnloadsEverything) {
@@ -147,7 +147,7 @@ TEST_F(RuntimeTest, DestructionUnloadsEverything) {
     Runtime rt = Open();
     KP_ASSERT_OK(rt.Preload());
     KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, nullptr, kX, kOut, 64, 64, 64));
-    EXPECT_EQ(fake::LoadedLibraries(), 6);
+    EXPECT_EQ(fake::LoadedLibraries(), 7);
     EXPECT_EQ(fake::LiveAllocations(), 1);
   }
   EXPECT_EQ(fake::LoadedLibraries(), 0);

@@ -2,9 +2,11 @@
 
 Each kernel exercises something a launcher can get wrong: argument packing
 (``add``, ``scalars``), more than 48 KiB of dynamic shared memory (``matmul``),
-clusters (``cluster``), programmatic dependent launch (``pdl``) and global
-scratch (``scratch``).  The kernels' math is specified in ``tools/README.md``;
-the GPU tests compute host references from it.
+clusters (``cluster``), programmatic dependent launch (``pdl``), global
+scratch (``scratch``) and a few bytes of dynamic shared memory for a
+cross-warp reduction, one program per row of a caller-chosen grid
+(``softmax``).  The kernels' math is specified in ``tools/README.md``; the
+GPU tests compute host references from it.
 
 Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
 
@@ -105,6 +107,20 @@ def scratch_kernel(x_ptr, out_ptr, M, N, stride_m, BLOCK_M: tl.constexpr, BLOCK_
     tl.store(out_ptr + offs_m[:, None] * stride_m + offs_n[None, :], tile * 2.0, mask=mask)
 
 
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
+    # One program per row; the row count is not a parameter, so the caller
+    # chooses the grid.  Masked columns load -inf: exp(-inf - max) = 0.
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(in_ptr + row * in_row_stride + cols, mask=mask, other=-float("inf"))
+    z = x - tl.max(x, axis=0)
+    num = tl.exp(z)
+    y = num / tl.sum(num, axis=0)
+    tl.store(out_ptr + row * out_row_stride + cols, y, mask=mask)
+
+
 @dataclass(frozen=True)
 class TestKernel:
     """How to compile one test kernel, and what its metadata must show.
@@ -166,6 +182,14 @@ TEST_KERNELS = (
                 ("stride_m", "i32"), ("BLOCK_M", "constexpr"), ("BLOCK_N", "constexpr")),
         constexprs={"BLOCK_M": 32, "BLOCK_N": 32}, options={"num_warps": 4},
         requirement=("global_scratch_size > 0", lambda m: m.global_scratch_size > 0)),
+    TestKernel(
+        name="softmax", fn=softmax_kernel,
+        params=(("out_ptr", "*fp32"), ("in_ptr", "*fp32"), ("in_row_stride", "i32"),
+                ("out_row_stride", "i32"), ("n_cols", "i32"), ("BLOCK", "constexpr")),
+        # The cross-warp max and sum go through Triton's dynamic shared
+        # memory, so the launch must request `shared` bytes (16).
+        constexprs={"BLOCK": 1024}, options={"num_warps": 4},
+        requirement=("0 < shared <= 48 KiB", lambda m: 0 < m.shared <= 49152)),
 )
 
 

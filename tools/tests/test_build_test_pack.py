@@ -54,7 +54,7 @@ def test_manifest_follows_pack_format(built):
     out, manifest = built
     assert validate_manifest(manifest, out) == []
     assert [k["name"] for k in manifest["kernels"]] == \
-        ["add", "scalars", "matmul", "cluster", "pdl", "scratch"]
+        ["add", "scalars", "matmul", "cluster", "pdl", "scratch", "softmax"]
 
 
 def test_layout_is_what_the_cubin_says(built):
@@ -100,6 +100,51 @@ def test_kernels_have_their_features(built):
     assert variants["scratch"]["global_scratch_size"] > 0
     scalars = [(s["param"], s["size"]) for s in variants["scalars"]["layout"]]
     assert scalars[3:8] == [("alpha", 4), ("beta", 2), ("gamma", 2), ("flag", 1), ("big", 8)]
+    assert 0 < variants["softmax"]["shared"] <= 49152
+
+
+def test_softmax_is_row_per_program_without_grid(built):
+    """softmax: the caller passes the grid (one program per row); the layout
+    and metadata are the ones tools/README.md documents."""
+    _, manifest = built
+    kernel = manifest["kernels"][-1]
+    assert kernel["name"] == "softmax" and "grid" not in kernel and "buckets" not in kernel
+    assert [(p["name"], p["type"]) for p in kernel["params"]] == [
+        ("out_ptr", "*fp32"), ("in_ptr", "*fp32"), ("in_row_stride", "i32"),
+        ("out_row_stride", "i32"), ("n_cols", "i32"), ("BLOCK", "constexpr")]
+    variant, = kernel["variants"]
+    assert variant["constexprs"] == {"BLOCK": 1024}
+    assert (variant["num_warps"], variant["num_ctas"], variant["shared"],
+            variant["global_scratch_size"], variant["launch_pdl"]) == (4, 1, 16, 0, False)
+    assert [(s["param"], s["offset"], s["size"]) for s in variant["layout"]] == [
+        ("out_ptr", 0, 8), ("in_ptr", 8, 8), ("in_row_stride", 16, 4),
+        ("out_row_stride", 20, 4), ("n_cols", 24, 4),
+        ("$global_scratch", 32, 8), ("$profile_scratch", 40, 8)]
+
+
+def test_softmax_ptx_matches_the_documented_accuracy():
+    """tools/README.md derives softmax's error bound from these instructions:
+    exp as a rounded multiply by log2(e) then ex2.approx.f32 (2 ulp, subnormals
+    kept), the quotient as div.full.f32 (2 ulp), no FMA contraction."""
+    spec = next(k for k in build_test_pack.TEST_KERNELS if k.name == "softmax")
+    ptx = build_test_pack.compile_test_kernel(spec, 90).asm["ptx"]
+    ops = re.findall(r"^\s*(?:@%p\d+\s+)?([a-z][a-z0-9_.]*)\s", ptx, re.M)
+    float_ops = sorted({op for op in ops if op.endswith(".f32")})
+    assert float_ops == ["add.f32", "div.full.f32", "ex2.approx.f32", "max.f32",
+                         "mul.f32", "sub.f32"]
+    assert ptx.count("ex2.approx.f32") == ptx.count("div.full.f32") == 8
+    assert re.findall(r"mul\.f32\s+%r\d+, %r\d+, (0f[0-9A-F]{8});", ptx) == ["0f3FB8AA3B"] * 8
+
+
+@pytest.mark.skipif(not CUOBJDUMP.is_file(), reason="Triton's cuobjdump not found")
+def test_softmax_sass_has_no_fma(built):
+    """ptxas may contract a multiply and an add on its own; the documented
+    bound assumes every operation rounds separately."""
+    out, _ = built
+    sass = subprocess.run([str(CUOBJDUMP), "-sass", str(out / "cubins/softmax/default.cubin")],
+                          check=True, capture_output=True, text=True).stdout
+    assert sass.count("MUFU.EX2") == 8 and sass.count("MUFU.RCP") == 1
+    assert "FFMA" not in sass
 
 
 def test_pack_is_small(built):
