@@ -58,6 +58,7 @@ namespace internal {
 struct KernelData;
 struct BoundState;
 class RuntimeImpl;
+struct KernelAccess;  // kpack's own tools reach a Kernel's internals through it
 }  // namespace internal
 
 struct Options {
@@ -110,6 +111,10 @@ class Kernel {
   std::string_view arg_type(size_t index) const;  // Triton type string, e.g. "*fp32"
   // Index of the call parameter `name`, or NOT_FOUND.
   absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
+
+  // Loads every variant of this kernel now and checks it against the current device, as
+  // Runtime::Preload does for all kernels. Needs a current CUDA context.
+  absl::Status Preload() const;
 
   // Launches on `stream` (in the calling thread's current CUDA context) with `grid`
   // programs. The variant is chosen from the arguments (shape bucket, then the most
@@ -169,6 +174,7 @@ class Kernel {
 
  private:
   friend class internal::RuntimeImpl;
+  friend struct internal::KernelAccess;
   explicit Kernel(const internal::KernelData* data) : data_(data) {}
   absl::StatusOr<BoundLaunch> BindImpl(const Grid* grid, CUstream stream,
                                        std::span<const Arg> args) const;

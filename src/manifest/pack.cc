@@ -66,42 +66,52 @@ absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view r
 
 }  // namespace
 
-absl::StatusOr<PackContents> ReadPack(absl::string_view dir) {
+absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* root) {
   std::error_code ec;
   if (!fs::is_directory(fs::path(std::string(dir)), ec)) {
     return absl::NotFoundError(absl::StrCat("pack '", dir, "' is not a directory"));
   }
-  PackContents pack;
-  fs::path root = fs::canonical(fs::path(std::string(dir)), ec);
+  fs::path canonical = fs::canonical(fs::path(std::string(dir)), ec);
   if (ec) return absl::NotFoundError(absl::StrCat("pack '", dir, "': ", ec.message()));
-  pack.dir = root.string();
-
-  fs::path manifest_path = root / "manifest.json";
+  *root = canonical.string();
+  fs::path manifest_path = canonical / "manifest.json";
   KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> text,
                          ReadFile(manifest_path, absl::StrCat("pack '", dir, "'")));
-  KPACK_ASSIGN_OR_RETURN(
-      pack.manifest,
-      ParseManifest(absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
-                    manifest_path.string()));
+  return ParseManifest(
+      absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+      manifest_path.string());
+}
 
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+                                                        const VariantSpec& variant,
+                                                        absl::string_view where) {
+  KPACK_ASSIGN_OR_RETURN(fs::path path, ResolveInside(fs::path(root), variant.cubin, where));
+  KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, where));
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": cubin '", path.string(), "' is empty"));
+  }
+  std::string digest = Sha256Hex(bytes);
+  if (digest != variant.sha256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field 'sha256': cubin '", path.string(), "' has sha256 ",
+                     digest, ", the manifest says ", variant.sha256,
+                     " (the file was changed or corrupted)"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<PackContents> ReadPack(absl::string_view dir) {
+  PackContents pack;
+  KPACK_ASSIGN_OR_RETURN(pack.manifest, ReadManifest(dir, &pack.dir));
+  const std::string manifest_path = (fs::path(pack.dir) / "manifest.json").string();
   for (const KernelSpec& kernel : pack.manifest.kernels) {
     auto& kernel_cubins = pack.cubins.emplace_back();
     for (const VariantSpec& variant : kernel.variants) {
-      std::string where = absl::StrCat(manifest_path.string(), ": kernel '", kernel.name,
+      std::string where = absl::StrCat(manifest_path, ": kernel '", kernel.name,
                                        "': variant '", variant.name, "'");
-      KPACK_ASSIGN_OR_RETURN(fs::path path, ResolveInside(root, variant.cubin, where));
-      KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, where));
-      if (bytes.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": cubin '", path.string(), "' is empty"));
-      }
-      std::string digest = Sha256Hex(bytes);
-      if (digest != variant.sha256) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": field 'sha256': cubin '", path.string(), "' has sha256 ",
-                         digest, ", the manifest says ", variant.sha256,
-                         " (the file was changed or corrupted)"));
-      }
+      KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
+                             ReadVariantCubin(pack.dir, variant, where));
       kernel_cubins.push_back(std::move(bytes));
     }
   }

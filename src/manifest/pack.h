@@ -21,6 +21,15 @@ struct PackContents {
   std::vector<std::vector<std::vector<std::byte>>> cubins;
 };
 
+// Reads and validates `dir`/manifest.json. Sets *root to the pack's canonical path.
+absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* root);
+
+// Reads one variant's cubin: confined to `root`, non-empty, matching its sha256.
+// `where` prefixes errors ("<manifest>: kernel 'k': variant 'v'").
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+                                                        const VariantSpec& variant,
+                                                        absl::string_view where);
+
 // Reads `dir`/manifest.json and every cubin. NOT_FOUND when the directory, manifest or a
 // cubin is missing; INVALID_ARGUMENT for a manifest problem, a cubin path that leaves the
 // pack (absolute, "..", or a symlink pointing outside), an empty cubin, or a sha256

@@ -421,10 +421,13 @@ absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v,
   return Grid{dims[0], dims[1], dims[2]};
 }
 
-absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
-                                       CUstream stream, std::byte* buf, bool fallback) const {
+absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstream stream,
+                                  std::byte* buf, PreparedLaunch* p) const {
   const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
-  if (programs == 0) return absl::OkStatus();  // Triton skips empty grids too
+  if (programs == 0) {  // Triton skips empty grids too
+    p->function = nullptr;
+    return absl::OkStatus();
+  }
   const uint64_t grid_x = uint64_t{grid.x} * v.num_ctas;
   if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max())) {
     return GridError(v, grid);
@@ -436,6 +439,7 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
   CUcontext context = nullptr;
   driver_->CtxGetCurrent(&context);  // a thread-local read in the driver
   if (ABSL_PREDICT_TRUE(context == v.home_context)) function = v.home_function;
+  p->function = function;
 
   if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
     const uint64_t blocks = programs * v.num_ctas;
@@ -455,7 +459,7 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
     }
   }
 
-  CUlaunchConfig config;
+  CUlaunchConfig& config = p->config;
   config.gridDimX = static_cast<unsigned>(grid_x);
   config.gridDimY = grid.y;
   config.gridDimZ = grid.z;
@@ -467,9 +471,20 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
   // The driver reads the attributes and does not keep or modify them.
   config.attrs = const_cast<CUlaunchAttribute*>(v.attrs.data());
   config.numAttrs = v.num_attrs;
-  size_t size = v.param_bytes;
-  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                   CU_LAUNCH_PARAM_END};
+  p->param_bytes = v.param_bytes;
+  p->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+  p->extra[1] = buf;
+  p->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+  p->extra[3] = &p->param_bytes;
+  p->extra[4] = CU_LAUNCH_PARAM_END;
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
+                                       CUstream stream, std::byte* buf, bool fallback) const {
+  PreparedLaunch p;
+  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, buf, &p));
+  if (p.function == nullptr) return absl::OkStatus();  // empty grid
 
 #if KPACK_ENABLE_NVTX
   const KernelData& k = *v.kernel;
@@ -483,8 +498,8 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
     nvtxDomainRangePushEx(domain, &attrs);
   }
 #endif
-  CUresult r = driver_->LaunchKernelEx(&config, function, nullptr,
-                                       size != 0 ? extra : nullptr);
+  CUresult r = driver_->LaunchKernelEx(&p.config, p.function, nullptr,
+                                       p.param_bytes != 0 ? p.extra : nullptr);
 #if KPACK_ENABLE_NVTX
   if (domain != nullptr) nvtxDomainRangePop(domain);
 #endif
@@ -535,6 +550,12 @@ absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
   return absl::NotFoundError(absl::StrCat("kernel '", data_->spec->name,
                                           "' has no call parameter '",
                                           internal::AbslView(name), "'"));
+}
+
+absl::Status Kernel::Preload() const {
+  if (data_ == nullptr) return EmptyKernel();
+  for (const auto& v : data_->variants) KPACK_RETURN_IF_ERROR(data_->runtime->Load(*v).status());
+  return absl::OkStatus();
 }
 
 absl::Status Kernel::LaunchArgs(const Grid& grid, CUstream stream,
@@ -713,7 +734,7 @@ absl::Status Runtime::LaunchArgs(std::string_view name, CUstream stream,
 
 absl::Status Runtime::Preload() {
   for (const auto& k : impl_->kernels()) {
-    for (const auto& v : k->variants) KPACK_RETURN_IF_ERROR(impl_->Load(*v).status());
+    KPACK_RETURN_IF_ERROR(internal::RuntimeImpl::MakeKernel(k.get()).Preload());
   }
   return absl::OkStatus();
 }

@@ -129,8 +129,19 @@ class RuntimeImpl {
   absl::Status PackArgs(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
   // The grid from the variant's grid expressions.
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
-  // Sends a packed buffer: fills scratch pointers, skips empty grids, loads lazily,
-  // counts the launch (and whether it was a fallback).
+  // Everything a launch of `v` needs but the driver call: loads lazily, fills the
+  // scratch pointers in `buf`, builds the config. An empty grid leaves p->function null.
+  // `p` points into `buf`, which must outlive its use.
+  struct PreparedLaunch {
+    CUlaunchConfig config;
+    CUfunction function;
+    size_t param_bytes;
+    void* extra[5];
+  };
+  absl::Status Prepare(const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
+                       PreparedLaunch* p) const;
+  // Sends a packed buffer: Prepare, an NVTX range around cuLaunchKernelEx, and the
+  // counters (launches, and whether it was a fallback).
   absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
                             std::byte* buf, bool fallback) const;
 
@@ -147,6 +158,10 @@ class RuntimeImpl {
   std::unique_ptr<ScratchArenas> scratch_;
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
+};
+
+struct KernelAccess {
+  static const KernelData* Get(const Kernel& k) { return k.data_; }
 };
 
 // A BoundLaunch's packed call. `args` keeps the values so that a Set that changes the
