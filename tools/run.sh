@@ -1,7 +1,34 @@
 #!/usr/bin/env bash
-# The main job: set up and build, then check the bundled pack and, where a GPU is
-# present, launch from it (tools/kpack_demo.cc says what it does).
+# The main job: set up and build, then show the `kpack` command line on the bundled packs.
+# Without a GPU: doctor (why nothing launches), inspect and verify (offline). With one:
+# also run a kernel and benchmark host launch cost against the raw driver.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-./build/tools/kpack_demo "$@"
+kpack=build/tools/cli/kpack
+
+echo "== kpack doctor"
+$kpack doctor
+echo
+echo "== kpack inspect kernels/dispatchpack axpy"
+$kpack inspect kernels/dispatchpack axpy
+echo
+for pack in kernels/testpack kernels/dispatchpack; do
+  echo "== kpack verify $pack"
+  $kpack verify "$pack"
+  echo
+done
+
+if $kpack doctor | grep -q "^driver: not available"; then
+  echo "No CUDA driver on this machine, so nothing launches: run and bench need a GPU."
+  echo "The packs above were checked offline (manifest, sha256, ELF layouts)."
+  exit 0
+fi
+echo "== kpack run kernels/testpack add"
+$kpack run kernels/testpack add --arg x_ptr=zeros:float32:4096 \
+  --arg y_ptr=zeros:float32:4096 --arg out_ptr=zeros:float32:4096 --arg n=4096 --grid 4
+echo
+echo "== kpack bench kernels/dispatchpack axpy (n=65536: bucket 1)"
+$kpack bench kernels/dispatchpack axpy --arg x_ptr=zeros:float32:65536 \
+  --arg y_ptr=zeros:float32:65536 --arg out_ptr=zeros:float32:65536 --arg n=65536 \
+  --arg stride_x=1 --arg alpha=2

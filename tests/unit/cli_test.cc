@@ -1,0 +1,276 @@
+// The `kpack` command line, run in-process: inspect, verify (offline, and through the
+// fake driver), run and bench (through the fake driver), doctor, and their error cases.
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "fake_driver.h"
+#include "fake_runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "npy.h"
+#include "nlohmann/json.hpp"
+
+namespace kpack::cli {
+namespace {
+
+using ::kpack::testing::At;
+using ::kpack::testing::LastLaunch;
+using ::kpack::testing::TempPack;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kFake = KPACK_FAKE_DRIVER;
+const std::string kNoDriver = "/nonexistent/libcuda.so.1";
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result Cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "kpack");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  int code = RunCli(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake::Reset();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kpack_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::filesystem::remove_all(dir_);
+    fake::Reset();
+  }
+  std::string Npy(const std::string& name, const std::vector<float>& values) {
+    NpyArray a;
+    a.dtype = "<f4";
+    a.shape = {static_cast<int64_t>(values.size())};
+    a.data.resize(values.size() * 4);
+    std::memcpy(a.data.data(), values.data(), a.data.size());
+    std::string path = (dir_ / name).string();
+    EXPECT_TRUE(WriteNpy(path, a).ok());
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, UsageErrors) {
+  EXPECT_EQ(Cli({}).code, kUsage);
+  EXPECT_EQ(Cli({"frobnicate"}).code, kUsage);
+  Result help = Cli({"--help"});
+  EXPECT_EQ(help.code, kOk);
+  EXPECT_THAT(help.out, AllOf(HasSubstr("inspect"), HasSubstr("verify"), HasSubstr("run"),
+                              HasSubstr("bench"), HasSubstr("doctor")));
+}
+
+TEST_F(CliTest, InspectShowsKernelsVariantsAndLayouts) {
+  Result r = Cli({"inspect", KPACK_TEST_PACK_DIR});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("kernel add(x_ptr: *fp32"), HasSubstr("BLOCK: constexpr"),
+                           HasSubstr("variant default: entry add_kernel, sm_90a, 4 warps"),
+                           HasSubstr("layout (48 B): x_ptr@0:8"),
+                           HasSubstr("$global_scratch@32:8"),
+                           HasSubstr("cluster 2x1x1"),
+                           HasSubstr("programmatic stream serialization (PDL)"),
+                           HasSubstr("scratch: global 128 B/program (align 128)"),
+                           HasSubstr("65536 B shared")));
+  r = Cli({"inspect", KPACK_DISPATCH_PACK_DIR, "axpy"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("buckets on n: edges 4096, 262144"),
+                           HasSubstr("grid: (cdiv(n, BLOCK))"),
+                           HasSubstr("bucket: 4096 < n <= 262144"), HasSubstr("n > 262144"),
+                           HasSubstr("\"stride_x\":[\"eq1\"]"), HasSubstr("{\"n\":\"i64\"}")));
+}
+
+TEST_F(CliTest, InspectJson) {
+  Result r = Cli({"inspect", KPACK_DISPATCH_PACK_DIR, "--json"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["kernels"].size(), 1u);
+  const auto& k = j["kernels"][0];
+  EXPECT_EQ(k["name"], "axpy");
+  EXPECT_EQ(k["buckets"][0]["param"], "n");
+  EXPECT_EQ(k["variants"].size(), 10u);
+  EXPECT_EQ(k["variants"][2]["assumptions"]["stride_x"][0], "eq1");
+  EXPECT_EQ(k["variants"][2]["layout"].size(), 7u);
+  EXPECT_EQ(k["variants"][9]["types"]["n"], "i64");
+}
+
+TEST_F(CliTest, InspectErrors) {
+  Result r = Cli({"inspect", KPACK_TEST_PACK_DIR, "nope"});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, HasSubstr("no kernel named 'nope'"));
+  r = Cli({"inspect", "/nonexistent"});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, HasSubstr("not a directory"));
+}
+
+TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
+  for (const char* pack : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR}) {
+    Result offline = Cli({"verify", pack, "--driver", kNoDriver});
+    EXPECT_EQ(offline.code, kOk) << offline.err;
+    EXPECT_THAT(offline.out, AllOf(HasSubstr("parameter layouts): OK"),
+                                   HasSubstr("driver checks skipped"), HasSubstr("OK: ")));
+    fake::Reset();
+    Result loaded = Cli({"verify", pack, "--driver", kFake});
+    EXPECT_EQ(loaded.code, kOk) << loaded.err;
+    EXPECT_THAT(loaded.out, HasSubstr("variants loaded and checked on device 0: OK"));
+    EXPECT_GT(fake::LibraryLoads(), 0);
+  }
+}
+
+TEST_F(CliTest, VerifyCatchesALayoutLieOfflineNamingTheParameter) {
+  TempPack pack;
+  pack.variant("add")["layout"][3]["offset"] = 28;  // the cubin says 24
+  pack.Save();
+  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add' variant 'default'"),
+                           HasSubstr("parameter 'n' (#3)"),
+                           HasSubstr("expected offset 28 size 4 (manifest)"),
+                           HasSubstr("found offset 24 size 4 (cubin)"),
+                           HasSubstr("FAILED: 1 problem")));
+  EXPECT_THAT(r.out, Not(HasSubstr("OK: ")));
+}
+
+TEST_F(CliTest, VerifyCatchesASizeLieInTheManifest) {
+  TempPack pack;
+  pack.variant("add")["layout"][3]["size"] = 8;
+  pack.Save();
+  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add'"), HasSubstr("layout[3].size"),
+                           HasSubstr("parameter 'n'")));
+}
+
+TEST_F(CliTest, VerifyReportsEveryProblemOnItsOwnLine) {
+  TempPack pack;
+  pack.variant("add")["arch"] = 80;
+  pack.variant("scalars")["entry"] = "not_there";
+  std::ofstream(std::filesystem::path(pack.dir()) / "cubins/pdl/default.cubin", std::ios::app)
+      << "x";
+  pack.Save();
+  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add' variant 'default': arch: manifest says 80, "
+                                     "the cubin's ELF header says 90"),
+                           HasSubstr("kernel 'scalars' variant 'default': entry 'not_there' is "
+                                     "not a kernel of the cubin (it has: scalars_kernel)"),
+                           HasSubstr("kernel 'pdl' variant 'default': field 'sha256'"),
+                           HasSubstr("FAILED: 3 problems")));
+}
+
+TEST_F(CliTest, RunWritesOutputsAndLaunchesTheRightBytes) {
+  std::string x = Npy("x.npy", std::vector<float>(1000, 1.5f));
+  std::string y = Npy("y.npy", std::vector<float>(1000, 2.5f));
+  std::string out = (dir_ / "out.npy").string();
+  Result r = Cli({"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=@" + x, "--arg",
+                  "y_ptr=@" + y, "--arg", "out_ptr=zeros:float32:1000", "--arg", "n=1000",
+                  "--grid", "1", "--out", "out_ptr=@" + out, "--driver", kFake});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("variant default, grid (1, 1, 1), block 128"),
+                           HasSubstr("wrote out_ptr=@")));
+  fake::LaunchRecord launch = LastLaunch();
+  EXPECT_STREQ(launch.entry.data(), "add_kernel");
+  EXPECT_EQ(At<int32_t>(launch, 24), 1000);
+  // The fake's device memory is host memory: the x buffer holds what the file held.
+  const float* dx = reinterpret_cast<const float*>(At<uint64_t>(launch, 0));
+  EXPECT_EQ(dx[999], 1.5f);
+  auto written = ReadNpy(out);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->dtype, "<f4");
+  EXPECT_THAT(written->shape, ::testing::ElementsAre(1000));
+}
+
+TEST_F(CliTest, RunUsesGridExpressionsAndDispatch) {
+  std::string x = Npy("x.npy", std::vector<float>(5008, 1.0f));
+  Result r = Cli({"run", KPACK_DISPATCH_PACK_DIR, "axpy", "--arg", "x_ptr=@" + x, "--arg",
+                  "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:5008", "--arg", "n=5008",
+                  "--arg", "stride_x=1", "--arg", "alpha=0.5", "--driver", kFake});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("variant b1_div16_unit, grid (5, 1, 1) (from the grid "
+                               "expressions), block 128"));
+  EXPECT_EQ(At<float>(LastLaunch(), 28), 0.5f);
+}
+
+TEST_F(CliTest, RunErrorsNameTheProblem) {
+  std::string x = Npy("x.npy", {1, 2, 3});
+  const std::vector<std::string> base = {"run", KPACK_TEST_PACK_DIR, "add", "--driver", kFake};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    fake::Reset();
+    return Cli(a);
+  };
+  Result r = with({"--arg", "x_ptr=@" + x});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("missing --arg y_ptr=VALUE"), HasSubstr("n: i32")));
+  r = with({"--arg", "m=3"});
+  EXPECT_THAT(r.err, HasSubstr("no call parameter 'm'"));
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
+            "--arg", "n=three"});
+  EXPECT_THAT(r.err, HasSubstr("--arg n=three (i32): expected an integer"));
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
+            "--arg", "n=3000000000", "--grid", "1"});
+  EXPECT_THAT(r.err, AllOf(HasSubstr("'n'"), HasSubstr("does not fit")));
+  r = with({"--arg", "x_ptr=zeros:float99:3"});
+  EXPECT_THAT(r.err, HasSubstr("float99"));
+  r = with({"--arg", "x_ptr=3"});
+  EXPECT_THAT(r.err, HasSubstr("a pointer takes @file.npy or zeros:DTYPE:COUNT"));
+  r = with({"--arg", "x_ptr=@/nonexistent.npy"});
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent.npy"));
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
+            "--arg", "n=3", "--grid", "1", "--out", "n=@" + (dir_ / "n.npy").string()});
+  EXPECT_THAT(r.err, HasSubstr("'n' is not a pointer argument"));
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
+            "--arg", "n=3", "--grid", "1,x"});
+  EXPECT_THAT(r.err, HasSubstr("--grid '1,x'"));
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
+            "--arg", "n=3"});
+  EXPECT_THAT(r.err, HasSubstr("no grid expression"));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+  EXPECT_EQ(fake::LiveAllocations(), 0) << "buffers are freed on every path";
+}
+
+TEST_F(CliTest, BenchReportsKpackAndRawSideBySide) {
+  std::string x = Npy("x.npy", std::vector<float>(4096, 1.0f));
+  Result r = Cli({"bench", KPACK_DISPATCH_PACK_DIR, "axpy", "--arg", "x_ptr=@" + x, "--arg",
+                  "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:4096", "--arg", "n=4096",
+                  "--arg", "stride_x=1", "--arg", "alpha=2", "--batch", "8", "--repetitions",
+                  "3", "--driver", kFake});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("variant b0_div16_unit"), HasSubstr("3 batches of 8"),
+                           HasSubstr("raw cuLaunchKernelEx"),
+                           HasSubstr("kpack (dispatch, pack, launch)")));
+  // Warm-up batch plus three timed ones, for each of the two paths.
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 2 * 4 * 8);
+}
+
+TEST_F(CliTest, Doctor) {
+  Result r = Cli({"doctor", "--driver", kFake});
+  EXPECT_EQ(r.code, kOk);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("CUDA 13.0"),
+                           HasSubstr("devices: 1"),
+                           HasSubstr("device 0: Fake H200, compute capability 9.0")));
+  r = Cli({"doctor", "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kOk);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("driver: not available"), HasSubstr(kNoDriver),
+                           HasSubstr("nothing can launch on this machine")));
+}
+
+}  // namespace
+}  // namespace kpack::cli

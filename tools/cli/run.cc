@@ -1,0 +1,362 @@
+// kpack run / kpack bench: one kernel of a pack on arguments given on the command line.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "commands.h"
+#include "driver/driver.h"
+#include "kpack/kpack.h"
+#include "npy.h"
+#include "runtime/runtime_impl.h"
+#include "util/status_macros.h"
+
+namespace kpack::cli {
+namespace {
+
+using internal::Driver;
+
+// A device buffer made for a pointer argument, and the array shape it stands for (what
+// --out writes back).
+struct Buffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+
+// The driver, a context on the device, the runtime, and the call's arguments.
+class Session {
+ public:
+  ~Session() {
+    if (driver_ == nullptr) return;
+    for (auto& [name, b] : buffers_) driver_->MemFree(b.ptr);
+    runtime_.reset();
+    if (retained_) driver_->DevicePrimaryCtxRelease(device_);
+  }
+
+  static absl::StatusOr<std::unique_ptr<Session>> Start(const RunOptions& o) {
+    auto s = std::unique_ptr<Session>(new Session());
+    KPACK_ASSIGN_OR_RETURN(s->driver_, Driver::Load(o.driver));
+    const Driver& d = *s->driver_;
+    KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGet(&s->device_, o.device),
+                                  absl::StrCat("cuDeviceGet(", o.device, ")")));
+    CUcontext ctx;
+    KPACK_RETURN_IF_ERROR(
+        d.Check(d.DevicePrimaryCtxRetain(&ctx, s->device_), "cuDevicePrimaryCtxRetain"));
+    s->retained_ = true;
+    KPACK_RETURN_IF_ERROR(d.Check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent"));
+    Options options;
+    options.driver_path = o.driver;
+    KPACK_ASSIGN_OR_RETURN(Runtime rt, Runtime::Open(o.pack, options));
+    s->runtime_ = std::make_unique<Runtime>(std::move(rt));
+    KPACK_ASSIGN_OR_RETURN(s->kernel_, s->runtime_->Find(o.kernel));
+    KPACK_RETURN_IF_ERROR(s->BuildArgs(o.args));
+    if (!o.grid.empty()) {
+      KPACK_ASSIGN_OR_RETURN(Grid g, ParseGrid(o.grid));
+      s->grid_ = g;
+    }
+    return s;
+  }
+
+  const Driver& driver() const { return *driver_; }
+  const Kernel& kernel() const { return kernel_; }
+  const std::vector<Arg>& args() const { return args_; }
+  const std::optional<Grid>& grid() const { return grid_; }
+
+  // The variant, the grid it will get, and a packed, prepared launch of it.
+  struct Plan {
+    const internal::VariantData* variant;
+    Grid grid;
+  };
+  absl::StatusOr<Plan> MakePlan() const {
+    const internal::KernelData* k = internal::KernelAccess::Get(kernel_);
+    internal::DispatchTable::Choice choice;
+    KPACK_RETURN_IF_ERROR(k->runtime->Select(*k, args_, &choice));
+    Plan plan{k->variants[choice.variant].get(), {}};
+    if (grid_.has_value()) {
+      plan.grid = *grid_;
+    } else {
+      KPACK_ASSIGN_OR_RETURN(plan.grid, k->runtime->EvalGrid(*plan.variant, args_));
+    }
+    return plan;
+  }
+
+  absl::Status Launch(CUstream stream) const {
+    return grid_.has_value() ? kernel_.LaunchArgs(*grid_, stream, args_)
+                             : kernel_.LaunchArgs(stream, args_);
+  }
+
+  absl::Status WriteOutput(const std::string& spec) const {
+    std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+    if (parts.size() != 2 || parts[1].size() < 2 || parts[1][0] != '@') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--out '", spec, "': expected name=@file.npy"));
+    }
+    auto it = buffers_.find(parts[0]);
+    if (it == buffers_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--out '", spec, "': '", parts[0], "' is not a pointer argument of this call"));
+    }
+    const Buffer& b = it->second;
+    NpyArray array;
+    array.dtype = b.dtype;
+    array.shape = b.shape;
+    array.data.resize(b.bytes);
+    KPACK_RETURN_IF_ERROR(driver_->Check(
+        driver_->MemcpyDtoH(array.data.data(), b.ptr, b.bytes),
+        absl::StrCat("cuMemcpyDtoH of '", parts[0], "'")));
+    return WriteNpy(parts[1].substr(1), array);
+  }
+
+ private:
+  Session() = default;
+
+  static absl::StatusOr<Grid> ParseGrid(const std::string& text) {
+    std::vector<std::string> parts = absl::StrSplit(text, ',');
+    uint32_t dims[3] = {1, 1, 1};
+    if (parts.size() > 3) return absl::InvalidArgumentError("--grid takes at most X,Y,Z");
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!absl::SimpleAtoi(parts[i], &dims[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("--grid '", text, "': '", parts[i],
+                                                       "' is not a non-negative integer"));
+      }
+    }
+    return Grid{dims[0], dims[1], dims[2]};
+  }
+
+  absl::Status BuildArgs(const std::vector<std::string>& specs) {
+    std::map<std::string, std::string> values;
+    for (const std::string& spec : specs) {
+      std::vector<std::string> kv = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+      if (kv.size() != 2 || kv[0].empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--arg '", spec, "': expected name=VALUE"));
+      }
+      if (!kernel_.ArgIndex(kv[0]).ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--arg '", spec, "': kernel '", std::string(kernel_.name()),
+                          "' has no call parameter '", kv[0], "' (it takes ", Signature(), ")"));
+      }
+      if (!values.emplace(kv[0], kv[1]).second) {
+        return absl::InvalidArgumentError(absl::StrCat("--arg ", kv[0], " given twice"));
+      }
+    }
+    for (size_t i = 0; i < kernel_.num_args(); ++i) {
+      const std::string name(kernel_.arg_name(i));
+      auto it = values.find(name);
+      if (it == values.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "missing --arg ", name, "=VALUE (kernel '", std::string(kernel_.name()), "' takes ",
+            Signature(), ")"));
+      }
+      KPACK_ASSIGN_OR_RETURN(Arg a, MakeArg(name, std::string(kernel_.arg_type(i)), it->second));
+      args_.push_back(a);
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Signature() const {
+    std::vector<std::string> params;
+    for (size_t i = 0; i < kernel_.num_args(); ++i) {
+      params.push_back(
+          absl::StrCat(std::string(kernel_.arg_name(i)), ": ", std::string(kernel_.arg_type(i))));
+    }
+    return absl::StrJoin(params, ", ");
+  }
+
+  absl::StatusOr<Arg> MakeArg(const std::string& name, const std::string& type,
+                              const std::string& value) {
+    const std::string what = absl::StrCat("--arg ", name, "=", value, " (", type, ")");
+    if (!type.empty() && type[0] == '*') {
+      Buffer b;
+      if (!value.empty() && value[0] == '@') {
+        KPACK_ASSIGN_OR_RETURN(NpyArray array, ReadNpy(value.substr(1)));
+        b.dtype = array.dtype;
+        b.shape = array.shape;
+        b.bytes = array.data.size();
+        KPACK_RETURN_IF_ERROR(Allocate(b, what));
+        KPACK_RETURN_IF_ERROR(driver_->Check(
+            driver_->MemcpyHtoD(b.ptr, array.data.data(), b.bytes), "cuMemcpyHtoD"));
+      } else if (value.rfind("zeros:", 0) == 0) {
+        std::vector<std::string> parts = absl::StrSplit(value, ':');
+        int64_t count = 0;
+        if (parts.size() != 3 || !absl::SimpleAtoi(parts[2], &count) || count < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(what, ": expected zeros:DTYPE:COUNT, e.g. zeros:float32:4096"));
+        }
+        KPACK_ASSIGN_OR_RETURN(b.dtype, DtypeDescr(parts[1]));
+        b.shape = {count};
+        b.bytes = static_cast<size_t>(count) * DescrItemSize(b.dtype);
+        KPACK_RETURN_IF_ERROR(Allocate(b, what));
+        KPACK_RETURN_IF_ERROR(
+            driver_->Check(driver_->MemsetD8(b.ptr, 0, b.bytes), "cuMemsetD8"));
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": a pointer takes @file.npy or zeros:DTYPE:COUNT"));
+      }
+      CUdeviceptr ptr = b.ptr;
+      buffers_[name] = b;
+      return Arg(ptr);
+    }
+    if (type == "i1" || type == "u1") {
+      if (value == "true" || value == "1") return Arg(true);
+      if (value == "false" || value == "0") return Arg(false);
+      return absl::InvalidArgumentError(absl::StrCat(what, ": expected true or false"));
+    }
+    if (type == "fp16" || type == "bf16" || type == "fp32" || type == "fp64") {
+      double d;
+      if (!absl::SimpleAtod(value, &d)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": expected a number"));
+      }
+      return Arg(d);
+    }
+    int64_t i;
+    if (absl::SimpleAtoi(value, &i)) return Arg(i);
+    uint64_t u;
+    if (absl::SimpleAtoi(value, &u)) return Arg(u);
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected an integer"));
+  }
+
+  absl::Status Allocate(Buffer& b, const std::string& what) {
+    // Zero-size buffers still get a valid (1-byte) allocation: kernels may take the
+    // address even when they read nothing.
+    return driver_->Check(driver_->MemAlloc(&b.ptr, std::max<size_t>(b.bytes, 1)),
+                          absl::StrCat("cuMemAlloc for ", what));
+  }
+
+  std::shared_ptr<const Driver> driver_;
+  CUdevice device_ = 0;
+  bool retained_ = false;
+  std::unique_ptr<Runtime> runtime_;
+  Kernel kernel_;
+  std::vector<Arg> args_;
+  std::map<std::string, Buffer> buffers_;
+  std::optional<Grid> grid_;
+};
+
+std::string GridText(const Grid& g) { return absl::StrCat("(", g.x, ", ", g.y, ", ", g.z, ")"); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int Run(const RunOptions& o, std::ostream& out, std::ostream& err) {
+  auto session = Session::Start(o);
+  if (!session.ok()) {
+    err << "kpack run: " << session.status().message() << "\n";
+    return kFailed;
+  }
+  Session& s = **session;
+  auto plan = s.MakePlan();
+  if (!plan.ok()) {
+    err << "kpack run: " << plan.status().message() << "\n";
+    return kFailed;
+  }
+  out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
+      << GridText(plan->grid) << (s.grid().has_value() ? "" : " (from the grid expressions)")
+      << ", block " << plan->variant->block_x << "\n";
+  absl::Status status = s.Launch(nullptr);
+  if (status.ok()) status = s.driver().Check(s.driver().CtxSynchronize(), "the kernel");
+  if (!status.ok()) {
+    err << "kpack run: " << status.message() << "\n";
+    return kFailed;
+  }
+  out << "launched and synchronized: OK\n";
+  for (const std::string& spec : o.outputs) {
+    absl::Status w = s.WriteOutput(spec);
+    if (!w.ok()) {
+      err << "kpack run: " << w.message() << "\n";
+      return kFailed;
+    }
+    out << "wrote " << spec << "\n";
+  }
+  return kOk;
+}
+
+int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
+  auto session = Session::Start(o);
+  if (!session.ok()) {
+    err << "kpack bench: " << session.status().message() << "\n";
+    return kFailed;
+  }
+  Session& s = **session;
+  const Driver& d = s.driver();
+  auto plan = s.MakePlan();
+  if (!plan.ok()) {
+    err << "kpack bench: " << plan.status().message() << "\n";
+    return kFailed;
+  }
+  CUstream stream;
+  if (d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    err << "kpack bench: cuStreamCreate failed\n";
+    return kFailed;
+  }
+  // The raw path sends the very buffer, config and function kpack would: the difference
+  // between the two rows is kpack's own work per launch.
+  const internal::KernelData* k = internal::KernelAccess::Get(s.kernel());
+  alignas(16) std::byte buf[internal::kMaxParamBytes];
+  internal::RuntimeImpl::PreparedLaunch raw;
+  absl::Status st = k->runtime->PackArgs(*plan->variant, s.args(), buf);
+  if (st.ok()) st = k->runtime->Prepare(*plan->variant, plan->grid, stream, buf, &raw);
+  if (st.ok() && raw.function == nullptr) st = absl::InvalidArgumentError("the grid is empty");
+  if (!st.ok()) {
+    err << "kpack bench: " << st.message() << "\n";
+    d.StreamDestroy(stream);
+    return kFailed;
+  }
+  auto time_batches = [&](auto&& launch) {
+    std::vector<double> per_launch;
+    for (int r = 0; r < o.repetitions + 1; ++r) {  // the first batch warms up
+      d.StreamSynchronize(stream);
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < o.batch; ++i) launch();
+      auto t1 = std::chrono::steady_clock::now();
+      if (r > 0) {
+        per_launch.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() /
+                             o.batch);
+      }
+    }
+    d.StreamSynchronize(stream);
+    return per_launch;
+  };
+  bool ok = true;
+  std::vector<double> kpack_us = time_batches([&] { ok &= s.Launch(stream).ok(); });
+  std::vector<double> raw_us = time_batches([&] {
+    ok &= d.LaunchKernelEx(&raw.config, raw.function, nullptr, raw.extra) == CUDA_SUCCESS;
+  });
+  d.StreamDestroy(stream);
+  if (!ok) {
+    err << "kpack bench: a launch failed\n";
+    return kFailed;
+  }
+  const double kpack_m = Median(kpack_us), raw_m = Median(raw_us);
+  out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
+      << GridText(plan->grid) << ", " << o.repetitions << " batches of " << o.batch
+      << " launches\n";
+  out << absl::StrFormat("%-34s %10s %10s %10s\n", "host time per launch", "median us",
+                         "min us", "x raw");
+  out << absl::StrFormat("%-34s %10.3f %10.3f %10.3f\n", "raw cuLaunchKernelEx", raw_m,
+                         *std::min_element(raw_us.begin(), raw_us.end()), 1.0);
+  out << absl::StrFormat("%-34s %10.3f %10.3f %10.3f\n", "kpack (dispatch, pack, launch)",
+                         kpack_m, *std::min_element(kpack_us.begin(), kpack_us.end()),
+                         kpack_m / raw_m);
+  return kOk;
+}
+
+}  // namespace kpack::cli
