@@ -419,7 +419,8 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
       return where.Error("constexprs", absl::StrCat("no value for constexpr '", p.name, "'"));
     }
   }
-  for (const auto& [key, value] : constexprs->items()) {
+  for (const auto& item : constexprs->items()) {
+    const std::string& key = item.key();
     auto it = std::find_if(kernel.params.begin(), kernel.params.end(),
                            [&](const ParamSpec& p) { return p.name == key; });
     if (it == kernel.params.end() || it->type != ParamType::kConstexpr) {

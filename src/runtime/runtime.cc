@@ -532,7 +532,10 @@ absl::Status EmptyKernel() {
 }
 }  // namespace
 
-std::string_view Kernel::name() const { return data_ ? data_->spec->name : ""; }
+std::string_view Kernel::name() const {
+  if (data_ == nullptr) return {};
+  return data_->spec->name;  // not `data_ ? name : ""`: that makes a temporary std::string
+}
 size_t Kernel::num_args() const { return data_ ? data_->num_args : 0; }
 std::string_view Kernel::arg_name(size_t index) const {
   if (data_ == nullptr || index >= data_->num_args) return "";
