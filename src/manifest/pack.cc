@@ -1,6 +1,9 @@
 #include "manifest/pack.h"
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <span>
 #include <fstream>
 #include <system_error>
 #include <utility>
@@ -64,6 +67,52 @@ absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view r
   return full;
 }
 
+template <typename T>
+T Load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// cuLibraryLoadData takes no size: the driver finds the image's extent in its ELF
+// headers and reads that far. So a cubin cut short (or lying in its headers) would make
+// the driver read past our buffer. Check that every header and every section the ELF
+// describes lies inside the bytes we have.
+absl::Status CheckElfBounds(std::span<const std::byte> image, absl::string_view where) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the cubin is not a complete 64-bit ELF image (", why, ")"));
+  };
+  const uint64_t size = image.size();
+  if (size < 64) return bad(absl::StrCat("only ", size, " bytes"));
+  const std::byte* p = image.data();
+  if (Load<uint32_t>(p) != 0x464c457fu) return bad("no ELF magic");
+  if (static_cast<uint8_t>(p[4]) != 2 || static_cast<uint8_t>(p[5]) != 1) {
+    return bad("not 64-bit little-endian");
+  }
+  const uint64_t phoff = Load<uint64_t>(p + 32), shoff = Load<uint64_t>(p + 40);
+  const uint64_t phentsize = Load<uint16_t>(p + 54), phnum = Load<uint16_t>(p + 56);
+  const uint64_t shentsize = Load<uint16_t>(p + 58), shnum = Load<uint16_t>(p + 60);
+  // All factors are below 2^16 and offsets are checked against size first: no overflow.
+  if (phnum != 0 && (phoff > size || phentsize * phnum > size - phoff)) {
+    return bad(absl::StrCat("program headers end past byte ", size));
+  }
+  if (shnum != 0 && (shoff > size || shentsize * shnum > size - shoff || shentsize < 64)) {
+    return bad(absl::StrCat("section headers end past byte ", size));
+  }
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const std::byte* sh = p + shoff + i * shentsize;
+    const uint32_t type = Load<uint32_t>(sh + 4);
+    const uint64_t offset = Load<uint64_t>(sh + 24), length = Load<uint64_t>(sh + 32);
+    if (type == 8) continue;  // SHT_NOBITS occupies no file bytes
+    if (offset > size || length > size - offset) {
+      return bad(absl::StrCat("section ", i, " ends at byte ", offset + length,
+                              " but the file has ", size));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* root) {
@@ -98,6 +147,7 @@ absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
                      digest, ", the manifest says ", variant.sha256,
                      " (the file was changed or corrupted)"));
   }
+  KPACK_RETURN_IF_ERROR(CheckElfBounds(bytes, where));
   return bytes;
 }
 

@@ -24,7 +24,9 @@ struct PackContents {
 // Reads and validates `dir`/manifest.json. Sets *root to the pack's canonical path.
 absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* root);
 
-// Reads one variant's cubin: confined to `root`, non-empty, matching its sha256.
+// Reads one variant's cubin: confined to `root`, non-empty, matching its sha256, and a
+// 64-bit ELF image whose headers and sections all lie inside the file (the driver
+// reads an image as far as its headers say, so a short one would be over-read).
 // `where` prefixes errors ("<manifest>: kernel 'k': variant 'v'").
 absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
                                                         const VariantSpec& variant,

@@ -597,21 +597,23 @@ TEST_F(RuntimeTest, CubinContentsAreChecked) {
     auto rt = OpenFake(pack.dir());
     EXPECT_EQ(rt.status().code(), absl::StatusCode::kNotFound);
   }
-  {
-    // A truncated cubin whose manifest sha256 matches it: the driver refuses the image.
+  for (uintmax_t size : {uintmax_t{10}, uintmax_t{100}, uintmax_t{3000}}) {
+    // A truncated cubin whose manifest sha256 matches it: refused at Open, before the
+    // driver, which would read as far as the image's ELF headers say.
     TempPack pack;
     auto path = std::filesystem::path(pack.dir()) / "cubins/add/default.cubin";
-    std::filesystem::resize_file(path, 100);
+    std::filesystem::resize_file(path, size);
     std::ifstream in(path, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
     pack.variant("add")["sha256"] =
         internal::Sha256Hex(std::as_bytes(std::span(bytes.data(), bytes.size())));
     pack.Save();
-    Runtime rt = Open(pack.dir());
-    absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
-    EXPECT_FALSE(s.ok());
-    EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuLibraryLoadData"), HasSubstr("variant 'default'")));
-    EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+    auto rt = OpenFake(pack.dir());
+    EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << size;
+    EXPECT_THAT(Msg(rt.status()), AllOf(HasSubstr("kernel 'add'"), HasSubstr("variant 'default'"),
+                                        HasSubstr("not a complete 64-bit ELF image")))
+        << size;
+    EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
   }
 }
 
@@ -627,25 +629,50 @@ TEST_F(RuntimeTest, MissingPackOrManifest) {
 
 // ---- concurrency ----
 
+// Run under ThreadSanitizer in CI: eight threads race on first-use loading of the same
+// kernels, on growing one scratch arena and on per-stream arenas, and on the dispatch
+// counters.
 TEST_F(RuntimeTest, ManyThreadsLaunchWhileTheKernelLoadsLazily) {
   Runtime rt = Open();
+  auto dispatch = OpenFake(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(dispatch.ok());
   Kernel add = *rt.Find("add");
-  constexpr int kThreads = 8, kLaunches = 500;
+  Kernel scratch = *rt.Find("scratch");
+  Kernel axpy = *dispatch->Find("axpy");
+  constexpr int kThreads = 8, kLaunches = 300;
+  std::vector<CUstream> streams;
+  for (int t = 0; t < kThreads; ++t) streams.push_back(NewStream());
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kLaunches; ++i) {
-        absl::Status s = (i % 2 == 0) ? add.Launch(Grid{1}, nullptr, kX, kY, kOut, t * 1000 + i)
-                                      : rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, i);
-        if (!s.ok()) failures.fetch_add(1);
+        const uint32_t blocks = 1 + (t * kLaunches + i) % 17;  // grows the shared arena
+        absl::Status s[] = {
+            add.Launch(Grid{1}, nullptr, kX, kY, kOut, t * 1000 + i),
+            rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, i),
+            scratch.Launch(Grid{blocks, 1}, nullptr, kX, kOut, 32 * blocks, 32, 32),
+            scratch.Launch(Grid{blocks, 2}, streams[t], kX, kOut, 32 * blocks, 64, 64),
+            axpy.Launch(streams[t], kX + 4 * (i % 2), kY, kOut, 16 * (1 + i * 997 % 20000), 1,
+                        1.0f)};
+        for (const absl::Status& st : s) failures.fetch_add(st.ok() ? 0 : 1);
       }
     });
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(fake::LibraryLoads(), 1) << "the racing first launches load the variant once";
-  EXPECT_EQ(fake::LaunchCount(), kThreads * kLaunches);
+  // add, scratch, and axpy's generic and div16_unit variants of its three buckets: the
+  // racing first launches load each variant they use once, and no other.
+  EXPECT_EQ(fake::LibraryLoads(), 2 + 6);
+  EXPECT_EQ(fake::LaunchCount(), kThreads * kLaunches * 5);
+  EXPECT_EQ(rt.stats().scratch_arenas, 1u + kThreads);
+  uint64_t axpy_launches = 0, fallbacks = 0;
+  for (const auto& v : axpy.variant_stats()) {
+    axpy_launches += v.launches;
+    fallbacks += v.fallback_launches;
+  }
+  EXPECT_EQ(axpy_launches, uint64_t{kThreads * kLaunches});
+  EXPECT_EQ(fallbacks, uint64_t{kThreads * kLaunches / 2}) << "the misaligned half";
 }
 
 }  // namespace
