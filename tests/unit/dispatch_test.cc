@@ -61,13 +61,15 @@ json MakeVariant(const std::string& name, json bucket, json assumptions, json ty
   return v;
 }
 
-KernelSpec Kernel(json variants, json buckets = nullptr) {
+// Variants as a vector: a braced list of one json value would otherwise initialize a
+// json object, not an array, on some compilers.
+KernelSpec Kernel(const std::vector<json>& variants, json buckets = nullptr) {
   json k = {{"name", "k"},
             {"params", {{{"name", "x_ptr"}, {"type", "*fp32"}},
                         {{"name", "n"}, {"type", "i32"}},
                         {{"name", "stride"}, {"type", "i32"}},
                         {{"name", "BLOCK"}, {"type", "constexpr"}}}},
-            {"variants", variants}};
+            {"variants", json(variants)}};
   if (!buckets.is_null()) k["buckets"] = buckets;
   json m = {{"format", "kpack/1"}, {"kernels", {k}}};
   absl::StatusOr<ManifestSpec> parsed = ParseManifest(m.dump(), "m.json");
@@ -91,7 +93,7 @@ struct Fixture {
   }
 };
 
-Fixture Make(json variants, json buckets = nullptr) {
+Fixture Make(const std::vector<json>& variants, json buckets = nullptr) {
   Fixture f{Kernel(variants, buckets), {}};
   auto t = DispatchTable::Build(f.spec);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -122,7 +124,7 @@ TEST(DispatchTest, BucketBoundaries) {
 
 TEST(DispatchTest, MultiDimensionalBuckets) {
   json buckets = {{{"param", "n"}, {"edges", {100}}}, {{"param", "stride"}, {"edges", {1, 8}}}};
-  json variants = json::array();
+  std::vector<json> variants;
   for (int s = 0; s < 3; ++s) {
     for (int n = 0; n < 2; ++n) {
       variants.push_back(MakeVariant("n" + std::to_string(n) + "s" + std::to_string(s), {n, s},

@@ -1,0 +1,113 @@
+// Eight threads, each on its own stream, launch 10,000 times each on a fresh Runtime whose
+// kernels load lazily under the race of their first launches: vector add, a kernel with
+// global scratch (per-stream arenas) and the dispatch pack's axpy with n changing across
+// its buckets. The last results of every thread are checked on the host.
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "driver/driver.h"
+#include "gtest/gtest.h"
+#include "kpack/kpack.h"
+
+namespace kpack {
+namespace {
+
+using internal::Driver;
+
+TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
+  auto loaded = Driver::Load("");
+  if (!loaded.ok()) {
+    const char* require = std::getenv("KPACK_REQUIRE_GPU");
+    if (require != nullptr && std::string(require) == "1") FAIL() << loaded.status();
+    GTEST_SKIP() << "no GPU: " << loaded.status();
+  }
+  const Driver& d = **loaded;
+  CUdevice dev;
+  CUcontext ctx;
+  ASSERT_EQ(d.DeviceGet(&dev, 0), CUDA_SUCCESS);
+  ASSERT_EQ(d.DevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
+  auto test_pack = Runtime::Open(KPACK_TEST_PACK_DIR);
+  auto dispatch_pack = Runtime::Open(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(test_pack.ok() && dispatch_pack.ok());
+  Kernel add = *test_pack->Find("add"), scratch = *test_pack->Find("scratch");
+  Kernel axpy = *dispatch_pack->Find("axpy");
+
+  constexpr int kThreads = 8, kIterations = 10000 / 3 + 1;  // 3 launches per iteration
+  constexpr int kN = 8192, kRows = 64, kCols = 128;          // kCols: a multiple of 4 (TMA)
+  std::atomic<int> failures{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto fail = [&](const std::string& what) {
+        if (failures.fetch_add(1) == 0 || errors[t].empty()) errors[t] = what;
+      };
+      if (d.CtxSetCurrent(ctx) != CUDA_SUCCESS) return fail("cuCtxSetCurrent");
+      CUstream stream;
+      if (d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        return fail("cuStreamCreate");
+      }
+      std::mt19937 gen(100 + t);
+      std::uniform_real_distribution<float> dist(-2, 2);
+      std::vector<float> x(kN), y(kN);
+      for (float& v : x) v = dist(gen);
+      for (float& v : y) v = dist(gen);
+      CUdeviceptr dx, dy, out_add, out_scratch, out_axpy;
+      for (CUdeviceptr* p : {&dx, &dy, &out_add, &out_scratch, &out_axpy}) {
+        if (d.MemAlloc(p, kN * 4) != CUDA_SUCCESS) return fail("cuMemAlloc");
+      }
+      d.MemcpyHtoD(dx, x.data(), kN * 4);
+      d.MemcpyHtoD(dy, y.data(), kN * 4);
+      int32_t last_n = 0;
+      for (int i = 0; i < kIterations && failures.load() == 0; ++i) {
+        // n changes every launch, across axpy's first two buckets, and is often not a
+        // multiple of 16, so both specialized and generic variants load and launch.
+        const int32_t n = 1 + (i * 7919 + t * 131) % kN;
+        absl::Status s = add.Launch(Grid{(kN + 1023) / 1024}, stream, dx, dy, out_add, kN);
+        if (s.ok()) {
+          s = scratch.Launch(Grid{kRows / 32, kCols / 32}, stream, dx, out_scratch, kRows,
+                             kCols, kCols);
+        }
+        if (s.ok()) s = axpy.Launch(stream, dx, dy, out_axpy, n, 1, 0.5f);
+        if (!s.ok()) return fail(std::string(s.message()));
+        last_n = n;
+      }
+      if (d.StreamSynchronize(stream) != CUDA_SUCCESS) return fail("the kernels faulted");
+      std::vector<float> got(kN);
+      d.MemcpyDtoH(got.data(), out_add, kN * 4);
+      for (int i = 0; i < kN; ++i) {
+        if (got[i] != x[i] + y[i]) return fail("add result");
+      }
+      d.MemcpyDtoH(got.data(), out_scratch, kN * 4);
+      for (int i = 0; i < kRows * kCols; ++i) {
+        if (got[i] != x[i] * 2) return fail("scratch result");
+      }
+      d.MemcpyDtoH(got.data(), out_axpy, kN * 4);
+      for (int i = 0; i < last_n; ++i) {
+        volatile float prod = 0.5f * x[i];
+        if (got[i] != prod + y[i]) return fail("axpy result");
+      }
+      for (CUdeviceptr p : {dx, dy, out_add, out_scratch, out_axpy}) d.MemFree(p);
+      d.StreamDestroy(stream);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+  }
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(test_pack->stats().scratch_arenas, size_t{kThreads}) << "one arena per stream";
+  uint64_t axpy_launches = 0;
+  for (const auto& v : axpy.variant_stats()) axpy_launches += v.launches;
+  EXPECT_EQ(axpy_launches, uint64_t{kThreads} * kIterations);
+  d.DevicePrimaryCtxRelease(dev);
+}
+
+}  // namespace
+}  // namespace kpack
