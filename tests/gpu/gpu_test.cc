@@ -329,6 +329,22 @@ TEST_F(GpuTest, EachVariantLoadsOnceAndChecksPass) {
   EXPECT_EQ(rt_->stats().libraries_loaded, rt_->kernel_names().size());
 }
 
+TEST_F(GpuTest, Sm80AndSm100CubinsAreRefusedOnTheH200) {
+  auto rt = Runtime::Open(KPACK_ARCH_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  CUdeviceptr out = Alloc(1024 * 4);
+  for (const char* kernel : {"add_sm80", "add_sm100"}) {
+    absl::Status s = rt->Launch(kernel, Grid{1}, stream_, out, out, out, 1024);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(std::string(s.message()).find(std::string("kernel '") + kernel + "'"),
+              std::string::npos)
+        << s;
+  }
+  std::vector<uint32_t> got = Download<uint32_t>(out, 1024);
+  for (uint32_t v : got) ASSERT_EQ(v, 0xffffffffu) << "a refused launch wrote output";
+  EXPECT_EQ(rt->stats().libraries_loaded, 0u);
+}
+
 TEST_F(GpuTest, WrongArgumentsNeverLaunch) {
   CUdeviceptr out = Alloc(1024 * 4);
   absl::Status s = rt_->Launch("add", Grid{1}, stream_, out, out, out);  // n missing

@@ -364,6 +364,19 @@ TEST_F(RuntimeTest, ArchMismatchIsALoadErrorNamingTheVariant) {
   }
 }
 
+TEST_F(RuntimeTest, RealSm80AndSm100CubinsAreRefusedOnComputeCapability90) {
+  Runtime rt = Open(KPACK_ARCH_PACK_DIR);
+  absl::Status s80 = rt.Launch("add_sm80", Grid{1}, nullptr, kX, kY, kOut, 1);
+  EXPECT_EQ(s80.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s80), AllOf(HasSubstr("kernel 'add_sm80' variant 'default'"),
+                              HasSubstr("arch 80 (sm_80)"), HasSubstr("compute capability 9.0")));
+  absl::Status s100 = rt.Launch("add_sm100", Grid{1}, nullptr, kX, kY, kOut, 1);
+  EXPECT_EQ(s100.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s100), AllOf(HasSubstr("kernel 'add_sm100'"), HasSubstr("sm_100a")));
+  EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0) << "refused before the driver sees them";
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+}
+
 TEST_F(RuntimeTest, ManifestLayoutThatDisagreesWithTheCubinIsALoadError) {
   TempPack pack;
   // Claims 'n' at offset 28: a consistent manifest, but not what the cubin says (24).
