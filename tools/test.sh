@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # The tests: set up and build, install the Python tools' pinned packages into a venv,
-# then run the CPU test tier (ctest label `cpu`) and the Python tests. The GPU tier
-# (label `gpu`) needs a GPU: KPACK_REQUIRE_GPU=1 ctest --test-dir build -L gpu
+# then run
+#   1. the CPU test tier (ctest label `cpu`) and the Python tools' tests;
+#   2. the CPU tier again under AddressSanitizer + UndefinedBehaviorSanitizer (clang) and
+#      under ThreadSanitizer (gcc);
+#   3. every libFuzzer target for $KPACK_FUZZ_SECONDS (default 30) seconds, plus the saved
+#      regression inputs.
+# `tools/test.sh --quick` runs step 1 only. The GPU tier (label `gpu`) needs a GPU:
+#   KPACK_REQUIRE_GPU=1 ctest --test-dir build -L gpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
 bash tools/setup.sh
 
 venv=build/venv
@@ -13,5 +21,31 @@ fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check \
   "triton==3.6.0" numpy pytest
 
+echo "== CPU tier"
 ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
+echo "== Python tools"
 PYTHONPATH=tools "$venv/bin/python" -m pytest -q -p no:cacheprovider tools/tests
+[ "$quick" = 1 ] && exit 0
+
+jobs="$(nproc)"
+common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPACK_BUILD_BENCH=OFF
+        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+echo "== CPU tier under ASan + UBSan (clang)"
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan "${common[@]}" -DKPACK_SANITIZE=address \
+  >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan -L cpu --output-on-failure -j"$jobs"
+
+echo "== CPU tier under TSan (gcc)"
+cmake -S . -B build-tsan "${common[@]}" -DKPACK_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j"$jobs"
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L cpu --output-on-failure -j"$jobs"
+
+echo "== fuzzers (libFuzzer, ASan + UBSan)"
+CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz "${common[@]}" -DKPACK_BUILD_FUZZERS=ON \
+  -DKPACK_BUILD_TESTS=OFF -DKPACK_BUILD_TOOLS=ON \
+  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
+cmake --build build-fuzz -j"$jobs"
+ctest --test-dir build-fuzz -L fuzz --output-on-failure
+bash tests/fuzz/run_fuzzers.sh build-fuzz "${KPACK_FUZZ_SECONDS:-30}"

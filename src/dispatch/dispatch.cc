@@ -56,10 +56,13 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
   auto bit = [&t](Property p) {
     for (size_t i = 0; i < t.properties_.size(); ++i) {
       const Property& q = t.properties_[i];
-      if (q.kind == p.kind && q.arg == p.arg && q.type == p.type) return uint32_t{1} << i;
+      // Past 32 properties there is no bit; Build refuses such kernels below anyway.
+      if (q.kind == p.kind && q.arg == p.arg && q.type == p.type) {
+        return i < 32 ? uint32_t{1} << i : 0u;
+      }
     }
     t.properties_.push_back(p);
-    return t.properties_.size() <= 31 ? uint32_t{1} << (t.properties_.size() - 1) : 0u;
+    return t.properties_.size() <= 32 ? uint32_t{1} << (t.properties_.size() - 1) : 0u;
   };
   t.required_.assign(nv, 0);
   for (size_t v = 0; v < nv; ++v) {

@@ -196,10 +196,12 @@ class GridExprParser {
         *r = a / b;
         return true;
       case Op::kCdiv: {
-        int64_t t;
-        if (b == 0 || __builtin_add_overflow(a, b - 1, &t)) return false;
-        if (t == INT64_MIN && b == -1) return false;
-        *r = t / b;
+        // a + b - 1 in 128 bits: b - 1 alone overflows for b = INT64_MIN (found by the
+        // grid expression fuzzer).
+        if (b == 0) return false;
+        const __int128 t = static_cast<__int128>(a) + b - 1;
+        if (t < INT64_MIN || t > INT64_MAX || (t == INT64_MIN && b == -1)) return false;
+        *r = static_cast<int64_t>(t) / b;
         return true;
       }
       case Op::kMin: *r = a < b ? a : b; return true;

@@ -85,6 +85,14 @@ TEST(GridExprTest, LoadTimeErrors) {
   }
 }
 
+TEST(GridExprTest, CdivByInt64MinIsExactNotUndefined) {
+  // Found by the fuzzer: b - 1 overflowed for b = INT64_MIN.
+  EXPECT_EQ(*Eval("cdiv(n, m)", 1, INT64_MIN), 1);
+  // (a + b - 1) itself leaves int64 here: an overflow, reported, never undefined.
+  EXPECT_FALSE(Eval("cdiv(n, m)", 0, INT64_MIN).ok());
+  EXPECT_EQ(GridExpr::Compile("cdiv(1, -9223372036854775807 - 1)", Resolve)->constant(), 1);
+}
+
 TEST(GridExprTest, RunTimeFailuresAreReported) {
   EXPECT_FALSE(Eval("n / m", 10, 0).ok()) << "division by a zero argument";
   EXPECT_FALSE(Eval("cdiv(n, m)", 10, 0).ok());

@@ -1,0 +1,122 @@
+// Fuzzes ParseManifest (the manifest.json parser and validator) and, for a manifest it
+// accepts, what Runtime::Open builds from each kernel next: the dispatch table and the
+// grid expressions of every variant (mirroring CompileGrid in src/runtime/runtime.cc).
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dispatch/dispatch.h"
+#include "dispatch/grid_expr.h"
+#include "fuzz_check.h"
+#include "kpack/arg.h"
+#include "manifest/manifest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using kpack::Arg;
+using kpack::internal::DispatchTable;
+using kpack::internal::GridExpr;
+using kpack::internal::KernelSpec;
+using kpack::internal::VariantSpec;
+
+// The structural promises ParseManifest makes about a manifest it accepts.
+void CheckKernel(const KernelSpec& k) {
+  KPACK_FUZZ_CHECK(!k.variants.empty());
+  KPACK_FUZZ_CHECK(k.grid.size() <= 3);
+  for (int p : k.args) {
+    KPACK_FUZZ_CHECK(p >= 0 && static_cast<size_t>(p) < k.params.size());
+  }
+  for (const auto& b : k.buckets) {
+    KPACK_FUZZ_CHECK(b.arg >= 0 && static_cast<size_t>(b.arg) < k.args.size());
+    KPACK_FUZZ_CHECK(!b.edges.empty());
+  }
+  for (const VariantSpec& v : k.variants) {
+    KPACK_FUZZ_CHECK(v.arg_types.size() == k.args.size());
+    KPACK_FUZZ_CHECK(v.bucket.empty() || v.bucket.size() == k.buckets.size());
+    KPACK_FUZZ_CHECK(v.param_bytes <= kpack::internal::kMaxParamBytes);
+    uint32_t end = 0;
+    for (const auto& s : v.layout) {
+      KPACK_FUZZ_CHECK(s.offset >= end && s.size > 0 && s.offset % s.size == 0);
+      end = s.offset + s.size;
+      if (s.kind == kpack::internal::SlotKind::kArg) {
+        KPACK_FUZZ_CHECK(s.arg >= 0 && static_cast<size_t>(s.arg) < k.args.size());
+      }
+    }
+    KPACK_FUZZ_CHECK(end == v.param_bytes);
+  }
+}
+
+// Compiles the kernel's grid for variant `v` the way Open does; what compiles is evaluated
+// on each argument list in `calls` (one Arg per call argument).
+void CompileAndEvaluateGrid(const KernelSpec& k, const VariantSpec& v,
+                            const std::vector<std::vector<Arg>>& calls) {
+  const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs);
+  GridExpr::Resolver resolve = [&](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
+    for (size_t a = 0; a < k.args.size(); ++a) {
+      if (k.arg(static_cast<int>(a)).name != name) continue;
+      if (!kpack::internal::IsInteger(v.arg_types[a])) {
+        return absl::InvalidArgumentError("not an integer parameter");
+      }
+      return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
+    }
+    auto it = constexprs.find(std::string(name));
+    if (it == constexprs.end() || !it->is_number_integer() ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return absl::InvalidArgumentError("unknown or not an integer");
+    }
+    return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
+  };
+  for (const std::string& text : k.grid) {
+    absl::StatusOr<GridExpr> expr = GridExpr::Compile(text, resolve);
+    if (!expr.ok()) continue;
+    for (const std::vector<Arg>& args : calls) {
+      int64_t result;
+      bool ok = expr->Evaluate(args, &result);
+      if (expr->constant().has_value()) KPACK_FUZZ_CHECK(ok && result == *expr->constant());
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  absl::StatusOr<kpack::internal::ManifestSpec> manifest = kpack::internal::ParseManifest(
+      absl::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json");
+  if (!manifest.ok()) {
+    KPACK_FUZZ_CHECK(manifest.status().code() == absl::StatusCode::kInvalidArgument ||
+                     manifest.status().code() == absl::StatusCode::kUnimplemented);
+    return 0;
+  }
+  KPACK_FUZZ_CHECK(!manifest->kernels.empty());
+  // Calls a launch might make: every call argument set to one of these values.
+  const int64_t kValues[] = {0, 1, 16, 17, 4097, -5, std::numeric_limits<int64_t>::max()};
+  for (const KernelSpec& k : manifest->kernels) {
+    CheckKernel(k);
+    std::vector<std::vector<Arg>> calls;
+    for (int64_t value : kValues) calls.emplace_back(k.args.size(), Arg(value));
+    calls.emplace_back(k.args.size(), Arg(std::numeric_limits<uint64_t>::max()));
+    calls.emplace_back(k.args.size(), Arg(1.5));  // no integer: a bucket cannot be chosen
+    for (const VariantSpec& v : k.variants) CompileAndEvaluateGrid(k, v, calls);
+
+    absl::StatusOr<DispatchTable> table = DispatchTable::Build(k);
+    if (!table.ok()) {
+      KPACK_FUZZ_CHECK(table.status().code() == absl::StatusCode::kInvalidArgument);
+      continue;
+    }
+    for (const std::vector<Arg>& args : calls) {
+      DispatchTable::Choice choice = table->Select(args);
+      KPACK_FUZZ_CHECK(choice.variant == DispatchTable::kNoVariant ||
+                       choice.variant == DispatchTable::kBadBucketArg ||
+                       static_cast<size_t>(choice.variant) < k.variants.size());
+      // As RuntimeImpl::Select: no variant is an error that says why.
+      if (choice.variant < 0) KPACK_FUZZ_CHECK(!table->NoVariantError(k, args).ok());
+    }
+  }
+  return 0;
+}
