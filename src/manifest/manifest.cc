@@ -574,6 +574,15 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
 
 }  // namespace
 
+std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot) {
+  switch (slot.kind) {
+    case SlotKind::kArg: return kernel.arg(slot.arg).name;
+    case SlotKind::kGlobalScratch: return "$global_scratch";
+    case SlotKind::kProfileScratch: return "$profile_scratch";
+  }
+  return "?";
+}
+
 bool IsInteger(ParamType type) {
   switch (type) {
     case ParamType::kI8: case ParamType::kI16: case ParamType::kI32: case ParamType::kI64:

@@ -77,6 +77,10 @@ struct VariantSpec {
   std::string triton_version;
 };
 
+struct KernelSpec;
+// A slot's parameter name: the call parameter's, or "$global_scratch" / "$profile_scratch".
+std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot);
+
 // One bucket dimension: an integer call argument and inclusive upper edges.
 struct BucketSpec {
   int arg = -1;  // index into KernelSpec::args

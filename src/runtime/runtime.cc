@@ -260,12 +260,9 @@ absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel)
                                   absl::StrCat("cuKernelGetParamInfo(", i, ") for ", what)));
     const SlotSpec& slot = s.layout[i];
     if (offset != slot.offset || size != slot.size) {
-      std::string name = slot.kind == SlotKind::kArg
-                             ? v.kernel->spec->params[v.kernel->spec->args[slot.arg]].name
-                         : slot.kind == SlotKind::kGlobalScratch ? "$global_scratch"
-                                                                 : "$profile_scratch";
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": parameter ", i, " ('", name, "') is at offset ", slot.offset, " size ",
+          what, ": parameter ", i, " ('", SlotName(*v.kernel->spec, slot), "') is at offset ",
+          slot.offset, " size ",
           slot.size, " in the manifest but at offset ", offset, " size ", size,
           " in the cubin"));
     }

@@ -15,19 +15,9 @@ namespace {
 
 using internal::Assumption;
 using internal::KernelSpec;
-using internal::SlotKind;
 using internal::SlotSpec;
 using internal::VariantSpec;
 using json = nlohmann::json;
-
-std::string SlotName(const KernelSpec& k, const SlotSpec& s) {
-  switch (s.kind) {
-    case SlotKind::kArg: return k.arg(s.arg).name;
-    case SlotKind::kGlobalScratch: return "$global_scratch";
-    case SlotKind::kProfileScratch: return "$profile_scratch";
-  }
-  return "?";
-}
 
 json Assumptions(const KernelSpec& k, const VariantSpec& v) {
   json a = json::object();
@@ -58,7 +48,8 @@ json KernelJson(const KernelSpec& k) {
   for (const VariantSpec& v : k.variants) {
     json layout = json::array();
     for (const SlotSpec& s : v.layout) {
-      layout.push_back({{"param", SlotName(k, s)}, {"offset", s.offset}, {"size", s.size}});
+      layout.push_back(
+          {{"param", internal::SlotName(k, s)}, {"offset", s.offset}, {"size", s.size}});
     }
     variants.push_back({{"name", v.name},
                         {"cubin", v.cubin},
@@ -138,7 +129,7 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
     out << "    constexprs: " << v.constexprs << "\n";
     std::vector<std::string> slots;
     for (const SlotSpec& s : v.layout) {
-      slots.push_back(absl::StrCat(SlotName(k, s), "@", s.offset, ":", s.size));
+      slots.push_back(absl::StrCat(internal::SlotName(k, s), "@", s.offset, ":", s.size));
     }
     out << "    layout (" << v.param_bytes << " B): " << absl::StrJoin(slots, " ") << "\n";
   }

@@ -20,18 +20,8 @@ namespace kpack::cli {
 namespace {
 
 using internal::KernelSpec;
-using internal::SlotKind;
 using internal::SlotSpec;
 using internal::VariantSpec;
-
-std::string SlotName(const KernelSpec& k, const SlotSpec& s) {
-  switch (s.kind) {
-    case SlotKind::kArg: return k.arg(s.arg).name;
-    case SlotKind::kGlobalScratch: return "$global_scratch";
-    case SlotKind::kProfileScratch: return "$profile_scratch";
-  }
-  return "?";
-}
 
 // The manifest's claims about one variant against its cubin's ELF.
 void CheckVariant(const std::string& root, const KernelSpec& k, const VariantSpec& v,
@@ -71,7 +61,8 @@ void CheckVariant(const std::string& root, const KernelSpec& k, const VariantSpe
       continue;
     }
     const SlotSpec& s = v.layout[i];
-    const std::string param = absl::StrCat("parameter '", SlotName(k, s), "' (#", i, ")");
+    const std::string param =
+        absl::StrCat("parameter '", internal::SlotName(k, s), "' (#", i, ")");
     if (i >= entry->params.size()) {
       problems.push_back(absl::StrCat(where, ": ", param, ": expected offset ", s.offset,
                                       " size ", s.size, ", the cubin has no such parameter"));
