@@ -95,7 +95,8 @@ bool Init() {
   }
   g->runtime_no_nvtx = std::make_unique<kpack::Runtime>(std::move(*quiet));
   g->add_no_nvtx = *g->runtime_no_nvtx->Find("add");
-  std::vector<char> cubin = ReadFile(std::string(KPACK_TEST_PACK_DIR) + "/cubins/add/default.cubin");
+  std::vector<char> cubin =
+      ReadFile(std::string(KPACK_TEST_PACK_DIR) + "/cubins/add/default.cubin");
   CUmodule module;
   CUlibrary library;
   CUkernel kernel;
@@ -137,8 +138,8 @@ bool Init() {
       g->error = "dispatch pack selects an unexpected variant";
       return false;
     }
-    std::vector<char> bin = ReadFile(std::string(KPACK_DISPATCH_PACK_DIR) + "/cubins/axpy/" +
-                                     s.variant + ".cubin");
+    std::vector<char> bin =
+        ReadFile(std::string(KPACK_DISPATCH_PACK_DIR) + "/cubins/axpy/" + s.variant + ".cubin");
     CUmodule m;
     CUfunction f;
     if (drv.ModuleLoadData(&m, bin.data()) || drv.ModuleGetFunction(&f, m, "axpy_kernel")) {
@@ -319,8 +320,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
                   *std::min_element(v.begin(), v.end()) / 1e3,
                   *std::max_element(v.begin(), v.end()) / 1e3, m / ref);
     }
-    std::printf("(x raw: each row over raw_params_cufunction; the dynamic rows over "
-                "raw_dynamic_shapes)\n");
+    std::printf(
+        "(x raw: each row over raw_params_cufunction; the dynamic rows over "
+        "raw_dynamic_shapes)\n");
     if (!dispatch_ns_.empty()) {
       std::printf("dispatch_only: %.1f ns per SelectVariant (median)\n", median(dispatch_ns_));
     }

@@ -78,8 +78,8 @@ struct Options {
 // variant's parameter buffer. `Set` rewrites one argument's bytes (type-checked like at
 // Bind); when that argument decides the bucket or an assumption, Set selects the variant
 // again and repacks if it changes, so a BoundLaunch never launches a variant whose
-// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a time per BoundLaunch. Valid while its
-// Runtime lives. Move-only.
+// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a time per
+// BoundLaunch. Valid while its Runtime lives. Move-only.
 class BoundLaunch {
  public:
   BoundLaunch(BoundLaunch&&) noexcept;
@@ -215,8 +215,7 @@ class Runtime {
     const Arg packed[] = {Arg(args)..., Arg(0)};
     return LaunchArgs(name, stream, std::span<const Arg>(packed, sizeof...(Args)));
   }
-  absl::Status LaunchArgs(std::string_view name, CUstream stream,
-                          std::span<const Arg> args) const;
+  absl::Status LaunchArgs(std::string_view name, CUstream stream, std::span<const Arg> args) const;
 
   // Loads every variant of every kernel now and checks it against the current device.
   // Needs a current CUDA context on the calling thread. Idempotent.

@@ -32,9 +32,12 @@ std::string ArgValue(const Arg& a) {
 std::string DispatchTable::Describe(const Property& p, const KernelSpec& kernel) {
   const std::string& name = kernel.arg(p.arg).name;
   switch (p.kind) {
-    case Property::kDiv16: return absl::StrCat(name, " divisible by 16");
-    case Property::kEq1: return absl::StrCat(name, " == 1");
-    case Property::kFits: return absl::StrCat(name, " fitting ", TypeName(p.type));
+    case Property::kDiv16:
+      return absl::StrCat(name, " divisible by 16");
+    case Property::kEq1:
+      return absl::StrCat(name, " == 1");
+    case Property::kFits:
+      return absl::StrCat(name, " fitting ", TypeName(p.type));
   }
   return "";
 }
@@ -74,28 +77,27 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
   // An integer parameter typed differently across variants: each variant requires the
   // value to fit its own type.
   for (size_t a = 0; a < kernel.args.size(); ++a) {
-    bool varies = std::any_of(kernel.variants.begin(), kernel.variants.end(),
-                              [&](const VariantSpec& v) {
-                                return v.arg_types[a] != kernel.variants[0].arg_types[a];
-                              });
+    bool varies = std::any_of(
+        kernel.variants.begin(), kernel.variants.end(),
+        [&](const VariantSpec& v) { return v.arg_types[a] != kernel.variants[0].arg_types[a]; });
     if (!varies) continue;
     for (size_t v = 0; v < nv; ++v) {
-      t.required_[v] |= bit({Property::kFits, static_cast<int>(a), kernel.variants[v].arg_types[a]});
+      t.required_[v] |=
+          bit({Property::kFits, static_cast<int>(a), kernel.variants[v].arg_types[a]});
     }
   }
   if (t.properties_.size() > static_cast<size_t>(kMaxProperties)) {
     std::vector<std::string> names;
     for (const Property& p : t.properties_) names.push_back(Describe(p, kernel));
     return absl::InvalidArgumentError(absl::StrCat(
-        "field 'variants': the variants depend on ", t.properties_.size(),
-        " argument properties (", absl::StrJoin(names, ", "), "), more than the ",
-        kMaxProperties, " supported"));
+        "field 'variants': the variants depend on ", t.properties_.size(), " argument properties (",
+        absl::StrJoin(names, ", "), "), more than the ", kMaxProperties, " supported"));
   }
   const uint32_t masks = uint32_t{1} << t.properties_.size();
   if (uint64_t{t.num_buckets_} * masks > kMaxEntries) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "field 'variants': ", t.num_buckets_, " buckets x 2^", t.properties_.size(),
-        " property combinations exceed the ", kMaxEntries, "-entry dispatch table"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("field 'variants': ", t.num_buckets_, " buckets x 2^", t.properties_.size(),
+                     " property combinations exceed the ", kMaxEntries, "-entry dispatch table"));
   }
 
   // Rank: more assumptions, then narrower integer types, then earlier in the manifest.
@@ -174,8 +176,8 @@ absl::Status DispatchTable::NoVariantError(const KernelSpec& kernel,
   for (const Dim& d : dims_) {
     shape.push_back(absl::StrCat(kernel.arg(d.arg).name, "=", ArgValue(args[d.arg])));
   }
-  std::string where = shape.empty() ? std::string()
-                                    : absl::StrCat(" for ", absl::StrJoin(shape, ", "));
+  std::string where =
+      shape.empty() ? std::string() : absl::StrCat(" for ", absl::StrJoin(shape, ", "));
   std::vector<std::string> reasons;
   for (size_t v = 0; v < kernel.variants.size(); ++v) {
     if (bucket_of_[v] >= 0 && bucket_of_[v] != bucket) continue;
@@ -183,21 +185,19 @@ absl::Status DispatchTable::NoVariantError(const KernelSpec& kernel,
       if ((required_[v] >> p & 1) && !Holds(properties_[p], args[properties_[p].arg])) {
         const Property& prop = properties_[p];
         reasons.push_back(absl::StrCat("variant '", kernel.variants[v].name, "' assumes ",
-                                       Describe(prop, kernel), " but ",
-                                       kernel.arg(prop.arg).name, "=",
-                                       ArgValue(args[prop.arg])));
+                                       Describe(prop, kernel), " but ", kernel.arg(prop.arg).name,
+                                       "=", ArgValue(args[prop.arg])));
         break;
       }
     }
   }
   if (reasons.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel.name,
-                                                   "' has no variant for this shape bucket",
-                                                   where, "; nothing was launched"));
+                                                   "' has no variant for this shape bucket", where,
+                                                   "; nothing was launched"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel.name,
-                                                 "': no variant is valid", where, ": ",
-                                                 absl::StrJoin(reasons, "; "),
+  return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel.name, "': no variant is valid",
+                                                 where, ": ", absl::StrJoin(reasons, "; "),
                                                  "; nothing was launched"));
 }
 

@@ -35,8 +35,8 @@ class DispatchTable {
   static constexpr uint32_t kMaxEntries = 65536;
 
   // Selection results other than a variant index.
-  static constexpr int kNoVariant = -1;    // no valid variant for these arguments
-  static constexpr int kBadBucketArg = -2; // a bucket parameter's argument is no integer
+  static constexpr int kNoVariant = -1;     // no valid variant for these arguments
+  static constexpr int kBadBucketArg = -2;  // a bucket parameter's argument is no integer
 
   struct Choice {
     int variant;    // index into KernelSpec::variants, or kNoVariant / kBadBucketArg

@@ -42,7 +42,8 @@ class GridExprParser {
     out_.size_ = 0;
     KPACK_RETURN_IF_ERROR(Expr(0));
     Skip();
-    if (pos_ != text_.size()) return Error(absl::StrCat("unexpected '", text_.substr(pos_, 1), "'"));
+    if (pos_ != text_.size())
+      return Error(absl::StrCat("unexpected '", text_.substr(pos_, 1), "'"));
     return absl::OkStatus();
   }
 
@@ -138,8 +139,7 @@ class GridExprParser {
     if (std::isdigit(static_cast<unsigned char>(c))) {
       int64_t v = 0;
       while (pos_ < text_.size() && std::isdigit(static_cast<unsigned char>(text_[pos_]))) {
-        if (__builtin_mul_overflow(v, 10, &v) ||
-            __builtin_add_overflow(v, text_[pos_] - '0', &v)) {
+        if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, text_[pos_] - '0', &v)) {
           return Error("integer literal out of 64-bit range");
         }
         ++pos_;
@@ -148,8 +148,8 @@ class GridExprParser {
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t start = pos_;
-      while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
-                                     text_[pos_] == '_')) {
+      while (pos_ < text_.size() &&
+             (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) {
         ++pos_;
       }
       absl::string_view name = text_.substr(start, pos_ - start);
@@ -175,7 +175,7 @@ class GridExprParser {
       absl::StatusOr<GridExpr::Name> meaning = resolve_(name);
       if (!meaning.ok()) return Error(meaning.status().message());
       return meaning->kind == GridExpr::Name::kArg ? Emit(Op::kArg, meaning->value)
-                                                  : Emit(Op::kConst, meaning->value);
+                                                   : Emit(Op::kConst, meaning->value);
     }
     if (Eat('(')) {
       KPACK_RETURN_IF_ERROR(Expr(depth + 1));
@@ -188,9 +188,12 @@ class GridExprParser {
  public:
   static bool Apply(Op op, int64_t a, int64_t b, int64_t* r) {
     switch (op) {
-      case Op::kAdd: return !__builtin_add_overflow(a, b, r);
-      case Op::kSub: return !__builtin_sub_overflow(a, b, r);
-      case Op::kMul: return !__builtin_mul_overflow(a, b, r);
+      case Op::kAdd:
+        return !__builtin_add_overflow(a, b, r);
+      case Op::kSub:
+        return !__builtin_sub_overflow(a, b, r);
+      case Op::kMul:
+        return !__builtin_mul_overflow(a, b, r);
       case Op::kDiv:
         if (b == 0 || (a == INT64_MIN && b == -1)) return false;
         *r = a / b;
@@ -204,9 +207,14 @@ class GridExprParser {
         *r = static_cast<int64_t>(t) / b;
         return true;
       }
-      case Op::kMin: *r = a < b ? a : b; return true;
-      case Op::kMax: *r = a > b ? a : b; return true;
-      default: return false;
+      case Op::kMin:
+        *r = a < b ? a : b;
+        return true;
+      case Op::kMax:
+        *r = a > b ? a : b;
+        return true;
+      default:
+        return false;
     }
   }
 

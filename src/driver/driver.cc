@@ -52,11 +52,10 @@ absl::Status Driver::Error(CUresult result, absl::string_view what) const {
   if (GetErrorString == nullptr || GetErrorString(result, &text) != CUDA_SUCCESS) {
     text = nullptr;
   }
-  return absl::Status(
-      StatusCodeForCuResult(result),
-      absl::StrCat(what, " failed: ", name != nullptr ? name : "CUDA error", " (",
-                   static_cast<int>(result), ")",
-                   text != nullptr ? absl::StrCat(": ", text) : std::string()));
+  return absl::Status(StatusCodeForCuResult(result),
+                      absl::StrCat(what, " failed: ", name != nullptr ? name : "CUDA error", " (",
+                                   static_cast<int>(result), ")",
+                                   text != nullptr ? absl::StrCat(": ", text) : std::string()));
 }
 
 absl::StatusOr<std::shared_ptr<const Driver>> Driver::Load(std::string path) {
@@ -72,25 +71,24 @@ absl::StatusOr<std::shared_ptr<const Driver>> Driver::Load(std::string path) {
         "); install the NVIDIA driver, or set KPACK_CUDA_DRIVER or Options::driver_path "
         "to the driver library"));
   }
-  auto get_proc = reinterpret_cast<GetProcAddressFn>(
-      dlsym(driver->handle, "cuGetProcAddress_v2"));
+  auto get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(driver->handle, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "CUDA driver '", path,
-        "' has no cuGetProcAddress_v2: kpack needs a CUDA 12.0 or newer driver"));
+    return absl::UnavailableError(
+        absl::StrCat("CUDA driver '", path,
+                     "' has no cuGetProcAddress_v2: kpack needs a CUDA 12.4 or newer driver"));
   }
 
-#define KPACK_DRIVER_SYMBOL(name, version)                                            \
-  {                                                                                   \
-    void* fn = nullptr;                                                               \
-    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;      \
-    CUresult r = get_proc("cu" #name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found); \
-    if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || fn == nullptr) { \
-      return absl::UnavailableError(absl::StrCat(                                     \
-          "CUDA driver '", path, "' does not provide cu" #name " (ABI version ",      \
-          version, "): the driver is too old for kpack, which needs CUDA 12.4+"));    \
-    }                                                                                 \
-    driver->name = reinterpret_cast<PFN_cu##name##_v##version>(fn);                   \
+#define KPACK_DRIVER_SYMBOL(name, version)                                                      \
+  {                                                                                             \
+    void* fn = nullptr;                                                                         \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;                \
+    CUresult r = get_proc("cu" #name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);       \
+    if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || fn == nullptr) {           \
+      return absl::UnavailableError(                                                            \
+          absl::StrCat("CUDA driver '", path, "' does not provide cu" #name " (ABI version ",   \
+                       version, "): the driver is too old for kpack, which needs CUDA 12.4+")); \
+    }                                                                                           \
+    driver->name = reinterpret_cast<PFN_cu##name##_v##version>(fn);                             \
   }
 #include "driver/driver_symbols.h"
 #undef KPACK_DRIVER_SYMBOL
@@ -98,8 +96,8 @@ absl::StatusOr<std::shared_ptr<const Driver>> Driver::Load(std::string path) {
   CUresult init = driver->Init(0);
   if (init != CUDA_SUCCESS) {
     absl::Status s = driver->Error(init, absl::StrCat("cuInit in '", path, "'"));
-    return absl::UnavailableError(absl::StrCat(
-        s.message(), "; the driver library loaded but no usable GPU was found"));
+    return absl::UnavailableError(
+        absl::StrCat(s.message(), "; the driver library loaded but no usable GPU was found"));
   }
   return std::shared_ptr<const Driver>(std::move(driver));
 }

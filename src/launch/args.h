@@ -9,11 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include "absl/strings/string_view.h"
 
 #include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "kpack/arg.h"
 #include "manifest/manifest.h"
 
@@ -54,8 +54,8 @@ inline uint16_t FloatToBf16Bits(float f) {
 
 // The failure half of PackArg: which parameter, what it wanted, what it got.
 ABSL_ATTRIBUTE_NOINLINE absl::Status ArgError(absl::string_view kernel, size_t index,
-                                              absl::string_view param,
-                                              absl::string_view type_name, const Arg& arg);
+                                              absl::string_view param, absl::string_view type_name,
+                                              const Arg& arg);
 
 namespace args_detail {
 
@@ -87,10 +87,18 @@ inline bool StoreInteger(const Arg& a, std::byte* dst, int bits, bool is_signed)
   if (!IsInteger(a) || !FitsInteger(a, bits, is_signed)) return false;
   uint64_t v = a.bits();
   switch (bits) {
-    case 8: Store(dst, static_cast<uint8_t>(v)); break;
-    case 16: Store(dst, static_cast<uint16_t>(v)); break;
-    case 32: Store(dst, static_cast<uint32_t>(v)); break;
-    default: Store(dst, v); break;
+    case 8:
+      Store(dst, static_cast<uint8_t>(v));
+      break;
+    case 16:
+      Store(dst, static_cast<uint16_t>(v));
+      break;
+    case 32:
+      Store(dst, static_cast<uint32_t>(v));
+      break;
+    default:
+      Store(dst, v);
+      break;
   }
   return true;
 }
@@ -127,14 +135,22 @@ inline bool PackArg(ParamType type, const Arg& a, std::byte* dst) {
       if (a.kind() != Arg::Kind::kBool) return false;
       Store(dst, static_cast<uint8_t>(a.bits()));
       return true;
-    case ParamType::kI8: return StoreInteger(a, dst, 8, true);
-    case ParamType::kI16: return StoreInteger(a, dst, 16, true);
-    case ParamType::kI32: return StoreInteger(a, dst, 32, true);
-    case ParamType::kI64: return StoreInteger(a, dst, 64, true);
-    case ParamType::kU8: return StoreInteger(a, dst, 8, false);
-    case ParamType::kU16: return StoreInteger(a, dst, 16, false);
-    case ParamType::kU32: return StoreInteger(a, dst, 32, false);
-    case ParamType::kU64: return StoreInteger(a, dst, 64, false);
+    case ParamType::kI8:
+      return StoreInteger(a, dst, 8, true);
+    case ParamType::kI16:
+      return StoreInteger(a, dst, 16, true);
+    case ParamType::kI32:
+      return StoreInteger(a, dst, 32, true);
+    case ParamType::kI64:
+      return StoreInteger(a, dst, 64, true);
+    case ParamType::kU8:
+      return StoreInteger(a, dst, 8, false);
+    case ParamType::kU16:
+      return StoreInteger(a, dst, 16, false);
+    case ParamType::kU32:
+      return StoreInteger(a, dst, 32, false);
+    case ParamType::kU64:
+      return StoreInteger(a, dst, 64, false);
     case ParamType::kFp32:
       if (a.kind() == Arg::Kind::kFloat32) {
         Store(dst, static_cast<uint32_t>(a.bits()));
@@ -172,4 +188,3 @@ inline bool PackArg(ParamType type, const Arg& a, std::byte* dst) {
 }  // namespace kpack::internal
 
 #endif  // KPACK_SRC_LAUNCH_ARGS_H_
-

@@ -23,8 +23,7 @@ const ScratchArenas::Buffer* ScratchArenas::Find(CUstream stream, CUcontext ctx)
   return nullptr;
 }
 
-absl::StatusOr<CUdeviceptr> ScratchArenas::Grow(CUstream stream, CUcontext ctx,
-                                                uint64_t bytes) {
+absl::StatusOr<CUdeviceptr> ScratchArenas::Grow(CUstream stream, CUcontext ctx, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(grow_mu_);
   Slot* slot = nullptr;
   for (size_t i = 0, h = Hash(stream, ctx); i < kCapacity; ++i, h = (h + 1) % kCapacity) {

@@ -33,12 +33,10 @@ class Where {
     return Where(absl::StrCat(prefix_, ": variant '", name, "'"));
   }
   absl::Status Error(absl::string_view field, absl::string_view problem) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix_, ": field '", field, "': ", problem));
+    return absl::InvalidArgumentError(absl::StrCat(prefix_, ": field '", field, "': ", problem));
   }
   absl::Status Unimplemented(absl::string_view field, absl::string_view problem) const {
-    return absl::UnimplementedError(
-        absl::StrCat(prefix_, ": field '", field, "': ", problem));
+    return absl::UnimplementedError(absl::StrCat(prefix_, ": field '", field, "': ", problem));
   }
 
  private:
@@ -52,8 +50,8 @@ absl::Status CheckKeys(const json& obj, const Where& where, absl::string_view wh
                        std::initializer_list<absl::string_view> known) {
   for (const auto& [key, value] : obj.items()) {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    return where.Error(key, absl::StrCat("unknown field in ", what,
-                                         " (known: ", absl::StrJoin(known, ", "), ")"));
+    return where.Error(
+        key, absl::StrCat("unknown field in ", what, " (known: ", absl::StrJoin(known, ", "), ")"));
   }
   return absl::OkStatus();
 }
@@ -64,8 +62,8 @@ absl::StatusOr<const json*> Field(const json& obj, absl::string_view key, const 
   return &*it;
 }
 
-absl::StatusOr<std::string> GetString(const json& obj, absl::string_view key,
-                                      const Where& where, bool required = true) {
+absl::StatusOr<std::string> GetString(const json& obj, absl::string_view key, const Where& where,
+                                      bool required = true) {
   auto it = obj.find(key);
   if (it == obj.end()) {
     if (required) return where.Error(key, "missing");
@@ -116,8 +114,8 @@ absl::StatusOr<bool> GetBool(const json& obj, absl::string_view key, const Where
 bool IsVariantName(absl::string_view s) {
   if (s.empty() || s[0] == '.' || s[0] == '-') return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == '-';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
   });
 }
 
@@ -150,8 +148,7 @@ absl::StatusOr<ParamType> ParseType(absl::string_view t, const Where& where,
       {"i32", ParamType::kI32},   {"i64", ParamType::kI64},   {"u1", ParamType::kU1},
       {"u8", ParamType::kU8},     {"u16", ParamType::kU16},   {"u32", ParamType::kU32},
       {"u64", ParamType::kU64},   {"fp16", ParamType::kFp16}, {"bf16", ParamType::kBf16},
-      {"fp32", ParamType::kFp32}, {"fp64", ParamType::kFp64},
-      {"constexpr", ParamType::kConstexpr}};
+      {"fp32", ParamType::kFp32}, {"fp64", ParamType::kFp64}, {"constexpr", ParamType::kConstexpr}};
   auto it = kTypes->find(t);
   if (it != kTypes->end()) return it->second;
   if (t == "nvTmaDesc" || absl::StartsWith(t, "tensordesc")) {
@@ -215,11 +212,10 @@ absl::Status ParseVariantDispatch(const json& v, const Where& where, const Kerne
     for (size_t d = 0; d < it->size(); ++d) {
       const json& index = (*it)[d];
       int64_t limit = static_cast<int64_t>(kernel.buckets[d].edges.size());
-      if (!index.is_number_integer() || index.get<int64_t>() < 0 ||
-          index.get<int64_t>() > limit) {
-        return where.Error(absl::StrCat("bucket[", d, "]"),
-                           absl::StrCat(index.dump(), " is not a bucket index in [0, ", limit,
-                                        "]"));
+      if (!index.is_number_integer() || index.get<int64_t>() < 0 || index.get<int64_t>() > limit) {
+        return where.Error(
+            absl::StrCat("bucket[", d, "]"),
+            absl::StrCat(index.dump(), " is not a bucket index in [0, ", limit, "]"));
       }
       variant.bucket.push_back(index.get<int>());
     }
@@ -247,8 +243,8 @@ absl::Status ParseVariantDispatch(const json& v, const Where& where, const Kerne
           if (!IsInteger(type)) return where.Error(field, "eq1 applies to integers only");
           as.kind = Assumption::kEq1;
         } else {
-          return where.Error(field, absl::StrCat("unknown assumption ", k.dump(),
-                                                 " (known: div16, eq1)"));
+          return where.Error(field,
+                             absl::StrCat("unknown assumption ", k.dump(), " (known: div16, eq1)"));
         }
         if (HasAssumption(variant, arg, as.kind)) {
           return where.Error(field, absl::StrCat(k.dump(), " listed twice"));
@@ -312,14 +308,14 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
         return where.Error(absl::StrCat(field, ".param"), absl::StrCat(param, " appears twice"));
       }
       seen = true;
-      slot.kind = param == "$global_scratch" ? SlotKind::kGlobalScratch
-                                             : SlotKind::kProfileScratch;
+      slot.kind = param == "$global_scratch" ? SlotKind::kGlobalScratch : SlotKind::kProfileScratch;
       what = absl::StrCat("hidden pointer ", param);
     } else {
       auto it = arg_index.find(param);
       if (it == arg_index.end()) {
         return where.Error(absl::StrCat(field, ".param"),
-                           absl::StrCat("'", param, "' is not a call parameter of the kernel "
+                           absl::StrCat("'", param,
+                                        "' is not a call parameter of the kernel "
                                         "(constexprs are not in the layout)"));
       }
       if (arg_seen[it->second]) {
@@ -332,7 +328,8 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
       const ParamSpec& p = kernel.arg(it->second);
       if (HasAssumption(variant, it->second, Assumption::kEq1)) {
         return where.Error(absl::StrCat(field, ".param"),
-                           absl::StrCat("parameter '", p.name, "' is assumed eq1, so Triton "
+                           absl::StrCat("parameter '", p.name,
+                                        "' is assumed eq1, so Triton "
                                         "compiled it away and it can have no slot"));
       }
       ParamType type = variant.arg_types[it->second];
@@ -350,14 +347,16 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
     }
     if (offset < end) {
       return where.Error(absl::StrCat(field, ".offset"),
-                         absl::StrCat(offset, " overlaps or precedes the previous slot, "
-                                              "which ends at ", end));
+                         absl::StrCat(offset,
+                                      " overlaps or precedes the previous slot, "
+                                      "which ends at ",
+                                      end));
     }
     end = offset + size;
     if (end > kMaxParamBytes) {
       return where.Error(absl::StrCat(field, ".offset"),
-                         absl::StrCat("the slot ends at byte ", end, ", past the ",
-                                      kMaxParamBytes, "-byte parameter limit"));
+                         absl::StrCat("the slot ends at byte ", end, ", past the ", kMaxParamBytes,
+                                      "-byte parameter limit"));
     }
     slot.offset = static_cast<uint32_t>(offset);
     slot.size = static_cast<uint32_t>(size);
@@ -365,10 +364,10 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
   }
   for (size_t a = 0; a < arg_seen.size(); ++a) {
     if (!arg_seen[a] && !HasAssumption(variant, static_cast<int>(a), Assumption::kEq1)) {
-      return where.Error("layout", absl::StrCat("call parameter '",
-                                                kernel.params[kernel.args[a]].name,
-                                                "' has no slot (only an eq1 parameter may "
-                                                "lack one)"));
+      return where.Error("layout",
+                         absl::StrCat("call parameter '", kernel.params[kernel.args[a]].name,
+                                      "' has no slot (only an eq1 parameter may "
+                                      "lack one)"));
     }
   }
   variant.param_bytes = static_cast<uint32_t>(end);
@@ -387,21 +386,35 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                               absl::StrCat("'", variant.name, "' is not a valid name"));
   }
   Where where = kernel_where.Variant(variant.name);
-  KPACK_RETURN_IF_ERROR(CheckKeys(
-      v, where, "a variant",
-      {"name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
-       "num_stages", "shared", "global_scratch_size", "global_scratch_align",
-       "profile_scratch_size", "profile_scratch_align", "launch_pdl",
-       "launch_cooperative_grid", "layout", "triton_version", "bucket", "assumptions",
-       "types"}));
+  KPACK_RETURN_IF_ERROR(CheckKeys(v, where, "a variant",
+                                  {"name",
+                                   "cubin",
+                                   "sha256",
+                                   "entry",
+                                   "arch",
+                                   "constexprs",
+                                   "num_warps",
+                                   "num_ctas",
+                                   "num_stages",
+                                   "shared",
+                                   "global_scratch_size",
+                                   "global_scratch_align",
+                                   "profile_scratch_size",
+                                   "profile_scratch_align",
+                                   "launch_pdl",
+                                   "launch_cooperative_grid",
+                                   "layout",
+                                   "triton_version",
+                                   "bucket",
+                                   "assumptions",
+                                   "types"}));
 
   KPACK_ASSIGN_OR_RETURN(variant.cubin, GetString(v, "cubin", where));
   if (variant.cubin.empty()) return where.Error("cubin", "empty path");
   KPACK_ASSIGN_OR_RETURN(variant.sha256, GetString(v, "sha256", where));
   if (variant.sha256.size() != 64 ||
-      !std::all_of(variant.sha256.begin(), variant.sha256.end(), [](char c) {
-        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-      })) {
+      !std::all_of(variant.sha256.begin(), variant.sha256.end(),
+                   [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
     return where.Error("sha256", "expected 64 lowercase hex digits");
   }
   KPACK_ASSIGN_OR_RETURN(variant.entry, GetString(v, "entry", where));
@@ -411,8 +424,7 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
 
   KPACK_ASSIGN_OR_RETURN(const json* constexprs, Field(v, "constexprs", where));
   if (!constexprs->is_object()) {
-    return where.Error("constexprs", absl::StrCat("expected an object, got ",
-                                                  TypeOf(*constexprs)));
+    return where.Error("constexprs", absl::StrCat("expected an object, got ", TypeOf(*constexprs)));
   }
   for (const ParamSpec& p : kernel.params) {
     if (p.type == ParamType::kConstexpr && !constexprs->contains(p.name)) {
@@ -435,19 +447,15 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
   KPACK_ASSIGN_OR_RETURN(int64_t num_stages,
                          GetInt(v, "num_stages", where, 0, 64, /*required=*/false));
   KPACK_ASSIGN_OR_RETURN(int64_t shared, GetInt(v, "shared", where, 0, 1 << 20));
-  KPACK_ASSIGN_OR_RETURN(int64_t gs_size,
-                         GetInt(v, "global_scratch_size", where, 0, 1 << 30));
+  KPACK_ASSIGN_OR_RETURN(int64_t gs_size, GetInt(v, "global_scratch_size", where, 0, 1 << 30));
   KPACK_ASSIGN_OR_RETURN(int64_t gs_align, GetInt(v, "global_scratch_align", where, 1, 4096));
-  KPACK_ASSIGN_OR_RETURN(int64_t ps_size,
-                         GetInt(v, "profile_scratch_size", where, 0, 1 << 30));
-  KPACK_ASSIGN_OR_RETURN(int64_t ps_align,
-                         GetInt(v, "profile_scratch_align", where, 1, 4096));
+  KPACK_ASSIGN_OR_RETURN(int64_t ps_size, GetInt(v, "profile_scratch_size", where, 0, 1 << 30));
+  KPACK_ASSIGN_OR_RETURN(int64_t ps_align, GetInt(v, "profile_scratch_align", where, 1, 4096));
   if (!IsPowerOfTwo(gs_align)) {
     return where.Error("global_scratch_align", absl::StrCat(gs_align, " is not a power of two"));
   }
   if (!IsPowerOfTwo(ps_align)) {
-    return where.Error("profile_scratch_align",
-                       absl::StrCat(ps_align, " is not a power of two"));
+    return where.Error("profile_scratch_align", absl::StrCat(ps_align, " is not a power of two"));
   }
   variant.num_warps = static_cast<int>(num_warps);
   variant.num_ctas = static_cast<int>(num_ctas);
@@ -464,10 +472,12 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                          GetString(v, "triton_version", where, /*required=*/false));
   KPACK_RETURN_IF_ERROR(ParseVariantDispatch(v, where, kernel, variant));
   KPACK_RETURN_IF_ERROR(ParseLayout(v, where, kernel, variant));
-  bool has_global = std::any_of(variant.layout.begin(), variant.layout.end(),
-                                [](const SlotSpec& s) { return s.kind == SlotKind::kGlobalScratch; });
-  bool has_profile = std::any_of(variant.layout.begin(), variant.layout.end(),
-                                 [](const SlotSpec& s) { return s.kind == SlotKind::kProfileScratch; });
+  bool has_global =
+      std::any_of(variant.layout.begin(), variant.layout.end(),
+                  [](const SlotSpec& s) { return s.kind == SlotKind::kGlobalScratch; });
+  bool has_profile =
+      std::any_of(variant.layout.begin(), variant.layout.end(),
+                  [](const SlotSpec& s) { return s.kind == SlotKind::kProfileScratch; });
   if (variant.global_scratch_size > 0 && !has_global) {
     return where.Error("layout", "global_scratch_size > 0 but no $global_scratch slot");
   }
@@ -505,8 +515,7 @@ absl::Status ParseBuckets(const json& k, const Where& where, KernelSpec& kernel)
     }
     KPACK_ASSIGN_OR_RETURN(const json* edges, Field(dim, "edges", where));
     if (!edges->is_array() || edges->empty() || edges->size() > 4095) {
-      return where.Error(absl::StrCat(field, ".edges"),
-                         "expected an array of 1 to 4095 integers");
+      return where.Error(absl::StrCat(field, ".edges"), "expected an array of 1 to 4095 integers");
     }
     for (size_t e = 0; e < edges->size(); ++e) {
       const json& edge = (*edges)[e];
@@ -576,17 +585,26 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
 
 std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot) {
   switch (slot.kind) {
-    case SlotKind::kArg: return kernel.arg(slot.arg).name;
-    case SlotKind::kGlobalScratch: return "$global_scratch";
-    case SlotKind::kProfileScratch: return "$profile_scratch";
+    case SlotKind::kArg:
+      return kernel.arg(slot.arg).name;
+    case SlotKind::kGlobalScratch:
+      return "$global_scratch";
+    case SlotKind::kProfileScratch:
+      return "$profile_scratch";
   }
   return "?";
 }
 
 bool IsInteger(ParamType type) {
   switch (type) {
-    case ParamType::kI8: case ParamType::kI16: case ParamType::kI32: case ParamType::kI64:
-    case ParamType::kU8: case ParamType::kU16: case ParamType::kU32: case ParamType::kU64:
+    case ParamType::kI8:
+    case ParamType::kI16:
+    case ParamType::kI32:
+    case ParamType::kI64:
+    case ParamType::kU8:
+    case ParamType::kU16:
+    case ParamType::kU32:
+    case ParamType::kU64:
       return true;
     default:
       return false;
@@ -595,22 +613,38 @@ bool IsInteger(ParamType type) {
 
 const char* TypeName(ParamType type) {
   switch (type) {
-    case ParamType::kPointer: return "pointer";
-    case ParamType::kI1: return "i1";
-    case ParamType::kI8: return "i8";
-    case ParamType::kI16: return "i16";
-    case ParamType::kI32: return "i32";
-    case ParamType::kI64: return "i64";
-    case ParamType::kU1: return "u1";
-    case ParamType::kU8: return "u8";
-    case ParamType::kU16: return "u16";
-    case ParamType::kU32: return "u32";
-    case ParamType::kU64: return "u64";
-    case ParamType::kFp16: return "fp16";
-    case ParamType::kBf16: return "bf16";
-    case ParamType::kFp32: return "fp32";
-    case ParamType::kFp64: return "fp64";
-    case ParamType::kConstexpr: return "constexpr";
+    case ParamType::kPointer:
+      return "pointer";
+    case ParamType::kI1:
+      return "i1";
+    case ParamType::kI8:
+      return "i8";
+    case ParamType::kI16:
+      return "i16";
+    case ParamType::kI32:
+      return "i32";
+    case ParamType::kI64:
+      return "i64";
+    case ParamType::kU1:
+      return "u1";
+    case ParamType::kU8:
+      return "u8";
+    case ParamType::kU16:
+      return "u16";
+    case ParamType::kU32:
+      return "u32";
+    case ParamType::kU64:
+      return "u64";
+    case ParamType::kFp16:
+      return "fp16";
+    case ParamType::kBf16:
+      return "bf16";
+    case ParamType::kFp32:
+      return "fp32";
+    case ParamType::kFp64:
+      return "fp64";
+    case ParamType::kConstexpr:
+      return "constexpr";
   }
   return "?";
 }
@@ -661,8 +695,7 @@ absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_
   }
   KPACK_RETURN_IF_ERROR(CheckKeys(doc, top, "the manifest", {"format", "generator", "kernels"}));
   ManifestSpec manifest;
-  KPACK_ASSIGN_OR_RETURN(manifest.generator,
-                         GetString(doc, "generator", top, /*required=*/false));
+  KPACK_ASSIGN_OR_RETURN(manifest.generator, GetString(doc, "generator", top, /*required=*/false));
   KPACK_ASSIGN_OR_RETURN(const json* kernels, Field(doc, "kernels", top));
   if (!kernels->is_array()) {
     return top.Error("kernels", absl::StrCat("expected an array, got ", TypeOf(*kernels)));

@@ -6,19 +6,30 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kpack::internal {
 
 // Triton signature types that kpack can pass, plus constexpr.
 enum class ParamType : uint8_t {
   kPointer,
-  kI1, kI8, kI16, kI32, kI64,
-  kU1, kU8, kU16, kU32, kU64,
-  kFp16, kBf16, kFp32, kFp64,
+  kI1,
+  kI8,
+  kI16,
+  kI32,
+  kI64,
+  kU1,
+  kU8,
+  kU16,
+  kU32,
+  kU64,
+  kFp16,
+  kBf16,
+  kFp32,
+  kFp64,
   kConstexpr,
 };
 
@@ -57,8 +68,8 @@ struct VariantSpec {
   std::string cubin;   // relative to the pack directory
   std::string sha256;  // lowercase hex
   std::string entry;
-  int arch = 0;                // major*10+minor
-  std::string constexprs;      // the JSON object, serialized, for inspection tools
+  int arch = 0;            // major*10+minor
+  std::string constexprs;  // the JSON object, serialized, for inspection tools
   int num_warps = 0;
   int num_ctas = 1;
   int num_stages = 0;
@@ -69,11 +80,11 @@ struct VariantSpec {
   uint32_t profile_scratch_align = 1;
   bool launch_pdl = false;
   bool launch_cooperative_grid = false;
-  std::vector<int> bucket;              // one index per KernelSpec::buckets dim; empty: all
+  std::vector<int> bucket;  // one index per KernelSpec::buckets dim; empty: all
   std::vector<Assumption> assumptions;
-  std::vector<ParamType> arg_types;     // per call argument (the kernel's, or `types`)
-  std::vector<SlotSpec> layout;  // in ordinal order; eq1 arguments have no slot
-  uint32_t param_bytes = 0;      // end of the last slot
+  std::vector<ParamType> arg_types;  // per call argument (the kernel's, or `types`)
+  std::vector<SlotSpec> layout;      // in ordinal order; eq1 arguments have no slot
+  uint32_t param_bytes = 0;          // end of the last slot
   std::string triton_version;
 };
 

@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <span>
 #include <fstream>
+#include <span>
 #include <system_error>
 #include <utility>
 
@@ -60,9 +60,9 @@ absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view r
   }
   auto [root_end, full_it] = std::mismatch(root.begin(), root.end(), full.begin(), full.end());
   if (root_end != root.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": field 'cubin': '", rel, "' resolves to '", full.string(),
-        "', outside the pack directory (through a symlink)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field 'cubin': '", rel, "' resolves to '", full.string(),
+                     "', outside the pack directory (through a symlink)"));
   }
   return full;
 }
@@ -126,9 +126,8 @@ absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* ro
   fs::path manifest_path = canonical / "manifest.json";
   KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> text,
                          ReadFile(manifest_path, absl::StrCat("pack '", dir, "'")));
-  return ParseManifest(
-      absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
-      manifest_path.string());
+  return ParseManifest(absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
+                       manifest_path.string());
 }
 
 absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
@@ -142,10 +141,9 @@ absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
   }
   std::string digest = Sha256Hex(bytes);
   if (digest != variant.sha256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": field 'sha256': cubin '", path.string(), "' has sha256 ",
-                     digest, ", the manifest says ", variant.sha256,
-                     " (the file was changed or corrupted)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'sha256': cubin '", path.string(), "' has sha256 ", digest,
+        ", the manifest says ", variant.sha256, " (the file was changed or corrupted)"));
   }
   KPACK_RETURN_IF_ERROR(CheckElfBounds(bytes, where));
   return bytes;
@@ -158,8 +156,8 @@ absl::StatusOr<PackContents> ReadPack(absl::string_view dir) {
   for (const KernelSpec& kernel : pack.manifest.kernels) {
     auto& kernel_cubins = pack.cubins.emplace_back();
     for (const VariantSpec& variant : kernel.variants) {
-      std::string where = absl::StrCat(manifest_path, ": kernel '", kernel.name,
-                                       "': variant '", variant.name, "'");
+      std::string where =
+          absl::StrCat(manifest_path, ": kernel '", kernel.name, "': variant '", variant.name, "'");
       KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
                              ReadVariantCubin(pack.dir, variant, where));
       kernel_cubins.push_back(std::move(bytes));

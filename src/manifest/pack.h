@@ -6,10 +6,10 @@
 
 #include <cstddef>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "manifest/manifest.h"
 
 namespace kpack::internal {

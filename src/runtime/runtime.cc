@@ -1,3 +1,5 @@
+#include "kpack/runtime.h"
+
 #include <cuda.h>
 
 #include <cstdlib>
@@ -9,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kpack/runtime.h"
 #include "launch/args.h"
 #include "nlohmann/json.hpp"
 #include "runtime/runtime_impl.h"
@@ -43,12 +44,12 @@ bool ArchRunsOn(int arch, int cc) {
 // major*10+minor of `device`.
 absl::StatusOr<int> ComputeCapability(const Driver& d, CUdevice device) {
   int major = 0, minor = 0;
-  KPACK_RETURN_IF_ERROR(d.Check(
-      d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
-      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
-  KPACK_RETURN_IF_ERROR(d.Check(
-      d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
-      "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+              "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+              "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
   return major * 10 + minor;
 }
 
@@ -68,9 +69,9 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t g
     const ParamSpec& p = k.spec->params[a];
     expected.push_back(absl::StrCat(p.name, ": ", p.type_name));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("kernel '", k.spec->name, "' takes ", k.num_args, " arguments (",
-                   absl::StrJoin(expected, ", "), "), got ", got));
+  return absl::InvalidArgumentError(absl::StrCat("kernel '", k.spec->name, "' takes ", k.num_args,
+                                                 " arguments (", absl::StrJoin(expected, ", "),
+                                                 "), got ", got));
 }
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a) {
@@ -79,15 +80,15 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, cons
 }
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
-      v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
+                   v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
 }
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      Describe(v), ": grid[", axis, "] = '", v.kernel->spec->grid[axis],
-      "' overflows, divides by zero, or falls outside [0, 2^32) for these arguments"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(Describe(v), ": grid[", axis, "] = '", v.kernel->spec->grid[axis],
+                   "' overflows, divides by zero, or falls outside [0, 2^32) for these arguments"));
 }
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
@@ -129,8 +130,8 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
       const ParamSpec& p = k.arg(static_cast<int>(a));
       if (p.name != name) continue;
       if (!IsInteger(v.arg_types[a])) {
-        return absl::InvalidArgumentError(absl::StrCat("'", name, "' is a ", p.type_name,
-                                                       " parameter, not an integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", name, "' is a ", p.type_name, " parameter, not an integer"));
       }
       return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
     }
@@ -143,15 +144,14 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
       }
       return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown name '", name, "' (neither a call parameter nor a constexpr)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown name '", name, "' (neither a call parameter nor a constexpr)"));
   };
   for (size_t axis = 0; axis < k.grid.size(); ++axis) {
     absl::StatusOr<GridExpr> expr = GridExpr::Compile(k.grid[axis], resolve);
     if (!expr.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": variant '", v.name,
-                                                     "': field 'grid[", axis, "]': ",
-                                                     expr.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": variant '", v.name, "': field 'grid[", axis, "]': ", expr.status().message()));
     }
     grid[axis] = *std::move(expr);
   }
@@ -180,12 +180,11 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
     k->num_args = ks.args.size();
 #if KPACK_ENABLE_NVTX
     if (rt->nvtx_domain_ != nullptr) {
-      k->nvtx_message = nvtxDomainRegisterStringA(
-          static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_), ks.name.c_str());
+      k->nvtx_message = nvtxDomainRegisterStringA(static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_),
+                                                  ks.name.c_str());
     }
 #endif
-    const std::string where =
-        absl::StrCat(rt->pack_.dir, "/manifest.json: kernel '", ks.name, "'");
+    const std::string where = absl::StrCat(rt->pack_.dir, "/manifest.json: kernel '", ks.name, "'");
     absl::StatusOr<DispatchTable> dispatch = DispatchTable::Build(ks);
     if (!dispatch.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": ", dispatch.status().message()));
@@ -260,19 +259,17 @@ absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel)
                                   absl::StrCat("cuKernelGetParamInfo(", i, ") for ", what)));
     const SlotSpec& slot = s.layout[i];
     if (offset != slot.offset || size != slot.size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": parameter ", i, " ('", SlotName(*v.kernel->spec, slot), "') is at offset ",
-          slot.offset, " size ",
-          slot.size, " in the manifest but at offset ", offset, " size ", size,
-          " in the cubin"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": parameter ", i, " ('", SlotName(*v.kernel->spec, slot),
+                       "') is at offset ", slot.offset, " size ", slot.size,
+                       " in the manifest but at offset ", offset, " size ", size, " in the cubin"));
     }
   }
   size_t extra_offset = 0, extra_size = 0;
-  if (d.KernelGetParamInfo(kernel, s.layout.size(), &extra_offset, &extra_size) ==
-      CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the cubin's entry '", s.entry, "' has more than the ", s.layout.size(),
-        " parameters the manifest's layout lists"));
+  if (d.KernelGetParamInfo(kernel, s.layout.size(), &extra_offset, &extra_size) == CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the cubin's entry '", s.entry,
+                                                   "' has more than the ", s.layout.size(),
+                                                   " parameters the manifest's layout lists"));
   }
 
   int count = 0;
@@ -300,21 +297,19 @@ absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel)
     if (v.block_x > static_cast<uint32_t>(max_threads)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           what, ": num_warps ", s.num_warps, " needs ", v.block_x,
-          " threads per block, but the kernel can run at most ", max_threads, " on device ",
-          dev));
+          " threads per block, but the kernel can run at most ", max_threads, " on device ", dev));
     }
     if (s.shared > kDefaultSharedLimit) {
       // Without this opt-in a launch asking for more than 48 KiB fails with
       // CUDA_ERROR_INVALID_VALUE. Set once per device; it applies to all its contexts.
-      KPACK_RETURN_IF_ERROR(d.Check(
-          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                               optin - static_shared, kernel, dev),
-          absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
+      KPACK_RETURN_IF_ERROR(
+          d.Check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       optin - static_shared, kernel, dev),
+                  absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
     }
     if (s.num_ctas > 8) {
       KPACK_RETURN_IF_ERROR(d.Check(
-          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel,
-                               dev),
+          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, dev),
           absl::StrCat("cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for ", what)));
     }
   }
@@ -332,7 +327,8 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent"));
   if (ctx == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "loading ", what, ": no CUDA context is current on this thread; make one current "
+        "loading ", what,
+        ": no CUDA context is current on this thread; make one current "
         "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
   }
   CUdevice device = 0;
@@ -340,15 +336,13 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, device));
   if (!ArchRunsOn(s.arch, cc)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch,
-        s.arch >= 90 ? "a" : "", "), but the current device ", device,
-        " has compute capability ", cc / 10, ".", cc % 10));
+        what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch, s.arch >= 90 ? "a" : "",
+        "), but the current device ", device, " has compute capability ", cc / 10, ".", cc % 10));
   }
 
   CUlibrary library = nullptr;
   KPACK_RETURN_IF_ERROR(
-      d.Check(d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr,
-                                nullptr, 0),
+      d.Check(d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
               absl::StrCat("cuLibraryLoadData for ", what)));
   CUkernel kernel = nullptr;
   absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
@@ -368,8 +362,8 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   v.library = library;
   std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
   libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
-  Log().info("loaded {} (entry '{}', {} warps, {} ctas, {} B shared)", what, s.entry,
-             s.num_warps, s.num_ctas, s.shared);
+  Log().info("loaded {} (entry '{}', {} warps, {} ctas, {} B shared)", what, s.entry, s.num_warps,
+             s.num_ctas, s.shared);
   auto function = reinterpret_cast<CUfunction>(kernel);
   v.function.store(function, std::memory_order_release);
   return function;
@@ -399,12 +393,11 @@ absl::Status RuntimeImpl::Select(const KernelData& k, std::span<const Arg> args,
   return absl::OkStatus();
 }
 
-absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v,
-                                           std::span<const Arg> args) const {
+absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const Arg> args) const {
   const KernelSpec& k = *v.kernel->spec;
   if (ABSL_PREDICT_FALSE(k.grid.empty())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kernel '", k.name, "' has no grid expression in its manifest; pass a grid"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernel '", k.name, "' has no grid expression in its manifest; pass a grid"));
   }
   uint32_t dims[3];
   for (int axis = 0; axis < 3; ++axis) {
@@ -441,12 +434,10 @@ absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstre
   if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
     const uint64_t blocks = programs * v.num_ctas;
     const uint64_t global_bytes = blocks * v.global_scratch_size;
-    const uint64_t profile_start =
-        (global_bytes + v.profile_scratch_align - 1) / v.profile_scratch_align *
-        v.profile_scratch_align;
-    KPACK_ASSIGN_OR_RETURN(
-        CUdeviceptr base,
-        scratch_->Get(stream, profile_start + blocks * v.profile_scratch_size));
+    const uint64_t profile_start = (global_bytes + v.profile_scratch_align - 1) /
+                                   v.profile_scratch_align * v.profile_scratch_align;
+    KPACK_ASSIGN_OR_RETURN(CUdeviceptr base,
+                           scratch_->Get(stream, profile_start + blocks * v.profile_scratch_size));
     if (v.global_scratch_size != 0) {
       std::memcpy(buf + v.global_scratch_offset, &base, sizeof(base));
     }
@@ -477,8 +468,8 @@ absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstre
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid,
-                                       CUstream stream, std::byte* buf, bool fallback) const {
+absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
+                                       std::byte* buf, bool fallback) const {
   PreparedLaunch p;
   KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, buf, &p));
   if (p.function == nullptr) return absl::OkStatus();  // empty grid
@@ -547,9 +538,8 @@ absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
   for (size_t i = 0; i < data_->num_args; ++i) {
     if (arg_name(i) == name) return i;
   }
-  return absl::NotFoundError(absl::StrCat("kernel '", data_->spec->name,
-                                          "' has no call parameter '",
-                                          internal::AbslView(name), "'"));
+  return absl::NotFoundError(absl::StrCat(
+      "kernel '", data_->spec->name, "' has no call parameter '", internal::AbslView(name), "'"));
 }
 
 absl::Status Kernel::Preload() const {
@@ -623,8 +613,7 @@ absl::StatusOr<BoundLaunch> Kernel::Bind(CUstream stream, std::span<const Arg> a
 
 // ---- BoundLaunch ----
 
-BoundLaunch::BoundLaunch(std::unique_ptr<internal::BoundState> state)
-    : state_(std::move(state)) {}
+BoundLaunch::BoundLaunch(std::unique_ptr<internal::BoundState> state) : state_(std::move(state)) {}
 BoundLaunch::BoundLaunch(BoundLaunch&&) noexcept = default;
 BoundLaunch& BoundLaunch::operator=(BoundLaunch&&) noexcept = default;
 BoundLaunch::~BoundLaunch() = default;
@@ -633,8 +622,8 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
   internal::BoundState& st = *state_;
   const internal::KernelData& k = *st.kernel;
   if (ABSL_PREDICT_FALSE(index >= st.args.size())) {
-    return absl::OutOfRangeError(absl::StrCat("kernel '", k.spec->name, "' has ",
-                                              st.args.size(), " arguments; no index ", index));
+    return absl::OutOfRangeError(absl::StrCat("kernel '", k.spec->name, "' has ", st.args.size(),
+                                              " arguments; no index ", index));
   }
   if (k.dispatch.DependsOn(static_cast<int>(index))) {
     // The value may change the bucket or an assumption: select again, and repack the

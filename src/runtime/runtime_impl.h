@@ -58,8 +58,8 @@ struct VariantData {
   const VariantSpec* spec = nullptr;
   const KernelData* kernel = nullptr;
 
-  std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
-  int32_t global_scratch_offset = -1;   // slot offset, -1 if the layout has none
+  std::vector<ArgSlot> arg_slots;      // indexed by call-argument index
+  int32_t global_scratch_offset = -1;  // slot offset, -1 if the layout has none
   int32_t profile_scratch_offset = -1;
   uint32_t param_bytes = 0;
   uint32_t block_x = 0;
@@ -86,8 +86,8 @@ struct VariantData {
   mutable CUcontext home_context = nullptr;
   mutable CUfunction home_function = nullptr;
   mutable std::mutex load_mu;
-  mutable CUlibrary library = nullptr;           // guarded by load_mu
-  mutable std::vector<std::byte> cubin;          // guarded by load_mu; freed once loaded
+  mutable CUlibrary library = nullptr;   // guarded by load_mu
+  mutable std::vector<std::byte> cubin;  // guarded by load_mu; freed once loaded
 };
 
 struct KernelData {
@@ -142,8 +142,8 @@ class RuntimeImpl {
                        PreparedLaunch* p) const;
   // Sends a packed buffer: Prepare, an NVTX range around cuLaunchKernelEx, and the
   // counters (launches, and whether it was a fallback).
-  absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
-                            std::byte* buf, bool fallback) const;
+  absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
+                            bool fallback) const;
 
   static Kernel MakeKernel(const KernelData* k) { return Kernel(k); }
 

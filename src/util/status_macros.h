@@ -7,9 +7,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define KPACK_RETURN_IF_ERROR(expr)                        \
-  do {                                                     \
-    ::absl::Status kpack_status_ = (expr);                 \
+#define KPACK_RETURN_IF_ERROR(expr)                                    \
+  do {                                                                 \
+    ::absl::Status kpack_status_ = (expr);                             \
     if (ABSL_PREDICT_FALSE(!kpack_status_.ok())) return kpack_status_; \
   } while (0)
 
@@ -20,9 +20,9 @@
 #define KPACK_ASSIGN_OR_RETURN(lhs, expr) \
   KPACK_ASSIGN_OR_RETURN_IMPL_(KPACK_STATUS_CONCAT_(kpack_statusor_, __LINE__), lhs, expr)
 
-#define KPACK_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)            \
-  auto statusor = (expr);                                            \
-  if (ABSL_PREDICT_FALSE(!statusor.ok())) return statusor.status();  \
+#define KPACK_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)           \
+  auto statusor = (expr);                                           \
+  if (ABSL_PREDICT_FALSE(!statusor.ok())) return statusor.status(); \
   lhs = std::move(statusor).value()
 
 #endif  // KPACK_SRC_UTIL_STATUS_MACROS_H_

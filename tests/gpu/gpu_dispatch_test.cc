@@ -81,17 +81,13 @@ TEST_F(GpuDispatchTest, EveryBucketAlignmentAndStrideMatchesTheReference) {
     int misalign;  // floats to offset x, y and out by
     const char* variant;
   } cases[] = {
-      {1000, 1, 0, "b0_generic"},        // n % 16 != 0
-      {4096, 1, 0, "b0_div16_unit"},     // last value of bucket 0
-      {4096, 3, 0, "b0_div16"},
-      {4096, 1, 1, "b0_generic"},        // misaligned pointers
-      {4112, 1, 0, "b1_div16_unit"},     // first multiple of 16 in bucket 1
-      {100000, 2, 0, "b1_div16"},
-      {99999, 1, 0, "b1_generic"},
-      {262144, 1, 3, "b1_generic"},
-      {262160, 1, 0, "b2_div16_unit"},   // bucket 2
-      {1 << 22, 5, 0, "b2_div16"},
-      {(1 << 22) + 1, 1, 0, "b2_generic"},
+      {1000, 1, 0, "b0_generic"},                                 // n % 16 != 0
+      {4096, 1, 0, "b0_div16_unit"},                              // last value of bucket 0
+      {4096, 3, 0, "b0_div16"},      {4096, 1, 1, "b0_generic"},  // misaligned pointers
+      {4112, 1, 0, "b1_div16_unit"},  // first multiple of 16 in bucket 1
+      {100000, 2, 0, "b1_div16"},    {99999, 1, 0, "b1_generic"},
+      {262144, 1, 3, "b1_generic"},  {262160, 1, 0, "b2_div16_unit"},  // bucket 2
+      {1 << 22, 5, 0, "b2_div16"},   {(1 << 22) + 1, 1, 0, "b2_generic"},
       {1 << 22, 1, 2, "b2_generic"},
   };
   std::mt19937 gen(123);

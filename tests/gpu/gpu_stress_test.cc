@@ -39,7 +39,7 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
   Kernel axpy = *dispatch_pack->Find("axpy");
 
   constexpr int kThreads = 8, kIterations = 10000 / 3 + 1;  // 3 launches per iteration
-  constexpr int kN = 8192, kRows = 64, kCols = 128;          // kCols: a multiple of 4 (TMA)
+  constexpr int kN = 8192, kRows = 64, kCols = 128;         // kCols: a multiple of 4 (TMA)
   std::atomic<int> failures{0};
   std::vector<std::string> errors(kThreads);
   std::vector<std::thread> threads;
@@ -71,8 +71,8 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
         const int32_t n = 1 + (i * 7919 + t * 131) % kN;
         absl::Status s = add.Launch(Grid{(kN + 1023) / 1024}, stream, dx, dy, out_add, kN);
         if (s.ok()) {
-          s = scratch.Launch(Grid{kRows / 32, kCols / 32}, stream, dx, out_scratch, kRows,
-                             kCols, kCols);
+          s = scratch.Launch(Grid{kRows / 32, kCols / 32}, stream, dx, out_scratch, kRows, kCols,
+                             kCols);
         }
         if (s.ok()) s = axpy.Launch(stream, dx, dy, out_axpy, n, 1, 0.5f);
         if (!s.ok()) return fail(std::string(s.message()));

@@ -21,16 +21,16 @@ namespace {
 
 using internal::Driver;
 
-#define CU_ASSERT(expr)                                          \
-  do {                                                           \
-    CUresult r_ = (expr);                                        \
+#define CU_ASSERT(expr)                                                     \
+  do {                                                                      \
+    CUresult r_ = (expr);                                                   \
     ASSERT_EQ(r_, CUDA_SUCCESS) << #expr << " -> " << static_cast<int>(r_); \
   } while (0)
 
-#define KP_ASSERT_OK(expr)                                \
-  do {                                                    \
-    absl::Status s_ = (expr);                             \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_;          \
+#define KP_ASSERT_OK(expr)                       \
+  do {                                           \
+    absl::Status s_ = (expr);                    \
+    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
 
 bool RequireGpu() {
@@ -162,14 +162,14 @@ TEST_F(GpuTest, ScalarWidths) {
   const uint32_t n = 5000;
   std::vector<float> x = RandomFloats(n, 3);
   CUdeviceptr dx = Upload(x);
-  const double alpha = 1.1;                     // a double for an fp32 parameter
-  const float beta = 0.375f;                    // exact in bf16
-  const float gamma = -0.8125f;                 // exact in fp16
+  const double alpha = 1.1;      // a double for an fp32 parameter
+  const float beta = 0.375f;     // exact in bf16
+  const float gamma = -0.8125f;  // exact in fp16
   const int64_t big = (int64_t{1} << 40) + 12345;
   for (bool flag : {true, false}) {
     CUdeviceptr out = Alloc(n * 4);
-    KP_ASSERT_OK(rt_->Launch("scalars", Grid{Cdiv(n, 256)}, stream_, dx, out, n, alpha, beta,
-                             gamma, flag, big));
+    KP_ASSERT_OK(rt_->Launch("scalars", Grid{Cdiv(n, 256)}, stream_, dx, out, n, alpha, beta, gamma,
+                             flag, big));
     std::vector<float> got = Download<float>(out, n);
     const float e = flag ? 12345.0f : -1.0f;
     size_t bad = 0;
@@ -201,7 +201,8 @@ TEST_F(GpuTest, MatmulWithMoreThan48KiBShared) {
       if (v != 0) {
         float m = std::fabs(v);
         int e = static_cast<int>(std::floor(std::log2(m)));
-        bits = static_cast<uint16_t>(((e + 15) << 10) | static_cast<int>((m / std::ldexp(1.0f, e) - 1) * 1024));
+        bits = static_cast<uint16_t>(((e + 15) << 10) |
+                                     static_cast<int>((m / std::ldexp(1.0f, e) - 1) * 1024));
         if (v < 0) bits |= 0x8000;
       }
       h[i] = bits;
@@ -209,8 +210,8 @@ TEST_F(GpuTest, MatmulWithMoreThan48KiBShared) {
     return h;
   };
   CUdeviceptr da = Upload(to_half(a)), db = Upload(to_half(b)), dc = Alloc(M * N * 2);
-  KP_ASSERT_OK(rt_->Launch("matmul", Grid{Cdiv(M, 128), Cdiv(N, 128)}, stream_, da, db, dc, M,
-                           N, K, K, 1, N, 1, N, 1));
+  KP_ASSERT_OK(rt_->Launch("matmul", Grid{Cdiv(M, 128), Cdiv(N, 128)}, stream_, da, db, dc, M, N, K,
+                           K, 1, N, 1, N, 1));
   std::vector<uint16_t> c = Download<uint16_t>(dc, M * N);
   size_t bad = 0;
   for (int m = 0; m < M; ++m) {
@@ -262,8 +263,8 @@ TEST_F(GpuTest, GlobalScratchFromPerStreamArena) {
   const int M = 100, N = 92, stride = 96;  // stride multiple of 4 (TMA pitch rule)
   std::vector<float> x = RandomFloats(M * stride, 7);
   CUdeviceptr dx = Upload(x), out = Alloc(M * stride * 4);
-  KP_ASSERT_OK(rt_->Launch("scratch", Grid{Cdiv(M, 32), Cdiv(N, 32)}, stream_, dx, out, M, N,
-                           stride));
+  KP_ASSERT_OK(
+      rt_->Launch("scratch", Grid{Cdiv(M, 32), Cdiv(N, 32)}, stream_, dx, out, M, N, stride));
   std::vector<float> got = Download<float>(out, M * stride);
   size_t bad = 0;
   for (int m = 0; m < M; ++m) {
@@ -279,8 +280,8 @@ TEST_F(GpuTest, GlobalScratchFromPerStreamArena) {
   std::vector<float> x2 = RandomFloats(M2 * stride, 8);
   CUdeviceptr dx2 = Upload(x2), out2 = Alloc(M2 * stride * 4);
   for (int rep = 0; rep < 2; ++rep) {
-    KP_ASSERT_OK(rt_->Launch("scratch", Grid{Cdiv(M2, 32), Cdiv(N, 32)}, stream_, dx2, out2,
-                             M2, N, stride));
+    KP_ASSERT_OK(
+        rt_->Launch("scratch", Grid{Cdiv(M2, 32), Cdiv(N, 32)}, stream_, dx2, out2, M2, N, stride));
   }
   got = Download<float>(out2, M2 * stride);
   bad = 0;

@@ -41,9 +41,9 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
 void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
 void* operator new(std::size_t n, std::align_val_t a) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::aligned_alloc(static_cast<size_t>(a), (n + static_cast<size_t>(a) - 1) /
-                                                               static_cast<size_t>(a) *
-                                                               static_cast<size_t>(a))) {
+  if (void* p = std::aligned_alloc(
+          static_cast<size_t>(a),
+          (n + static_cast<size_t>(a) - 1) / static_cast<size_t>(a) * static_cast<size_t>(a))) {
     return p;
   }
   throw std::bad_alloc();
@@ -150,8 +150,8 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
     ok &= add.LaunchArgs(Grid{4}, nullptr, dynamic).ok();
     ok &= bound->Set(3, i).ok();
     ok &= bound->Launch().ok();
-    ok &= scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40)
-              .ok();
+    ok &=
+        scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40).ok();
     ok &= cluster.Launch(Grid{3}, nullptr, kX, kOut, i).ok();
     ok &= scratch.Launch(Grid{4, 4}, nullptr, kX, kOut, 128, 128, 128).ok();
   }

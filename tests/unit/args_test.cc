@@ -41,8 +41,8 @@ TEST(ArgTest, HalfConversionRoundsToNearestEven) {
   EXPECT_EQ(FloatToHalfBits(-2.0f), 0xc000);
   EXPECT_EQ(FloatToHalfBits(0.0f), 0x0000);
   EXPECT_EQ(FloatToHalfBits(-0.0f), 0x8000);
-  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7bff);    // largest half
-  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);    // rounds up to inf
+  EXPECT_EQ(FloatToHalfBits(65504.0f), 0x7bff);  // largest half
+  EXPECT_EQ(FloatToHalfBits(65520.0f), 0x7c00);  // rounds up to inf
   EXPECT_EQ(FloatToHalfBits(1e9f), 0x7c00);
   EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
   EXPECT_EQ(FloatToHalfBits(std::ldexp(1.0f, -14)), 0x0400);  // smallest normal
@@ -151,8 +151,7 @@ TEST(PackArgTest, ErrorNamesParameterTypeAndValue) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
               ::testing::AllOf(::testing::HasSubstr("kernel 'add'"), ::testing::HasSubstr("'n'"),
-                               ::testing::HasSubstr("i32"),
-                               ::testing::HasSubstr("1099511627776"),
+                               ::testing::HasSubstr("i32"), ::testing::HasSubstr("1099511627776"),
                                ::testing::HasSubstr("does not fit")));
   s = ArgError("add", 0, "x_ptr", "*fp32", Arg(1.5f));
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("expects *fp32, got a float"));

@@ -12,8 +12,8 @@
 #include "fake_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "npy.h"
 #include "nlohmann/json.hpp"
+#include "npy.h"
 
 namespace kpack::cli {
 namespace {
@@ -47,8 +47,8 @@ class CliTest : public ::testing::Test {
   void SetUp() override {
     fake::Reset();
     dir_ = std::filesystem::temp_directory_path() /
-           ("kpack_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("kpack_cli_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override {
@@ -80,14 +80,13 @@ TEST_F(CliTest, UsageErrors) {
 TEST_F(CliTest, InspectShowsKernelsVariantsAndLayouts) {
   Result r = Cli({"inspect", KPACK_TEST_PACK_DIR});
   ASSERT_EQ(r.code, kOk) << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("kernel add(x_ptr: *fp32"), HasSubstr("BLOCK: constexpr"),
-                           HasSubstr("variant default: entry add_kernel, sm_90a, 4 warps"),
-                           HasSubstr("layout (48 B): x_ptr@0:8"),
-                           HasSubstr("$global_scratch@32:8"),
-                           HasSubstr("cluster 2x1x1"),
-                           HasSubstr("programmatic stream serialization (PDL)"),
-                           HasSubstr("scratch: global 128 B/program (align 128)"),
-                           HasSubstr("65536 B shared")));
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("kernel add(x_ptr: *fp32"), HasSubstr("BLOCK: constexpr"),
+            HasSubstr("variant default: entry add_kernel, sm_90a, 4 warps"),
+            HasSubstr("layout (48 B): x_ptr@0:8"), HasSubstr("$global_scratch@32:8"),
+            HasSubstr("cluster 2x1x1"), HasSubstr("programmatic stream serialization (PDL)"),
+            HasSubstr("scratch: global 128 B/program (align 128)"), HasSubstr("65536 B shared")));
   r = Cli({"inspect", KPACK_DISPATCH_PACK_DIR, "axpy"});
   ASSERT_EQ(r.code, kOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("buckets on n: edges 4096, 262144"),
@@ -139,11 +138,10 @@ TEST_F(CliTest, VerifyCatchesALayoutLieOfflineNamingTheParameter) {
   pack.Save();
   Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
   EXPECT_EQ(r.code, kFailed);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add' variant 'default'"),
-                           HasSubstr("parameter 'n' (#3)"),
-                           HasSubstr("expected offset 28 size 4 (manifest)"),
-                           HasSubstr("found offset 24 size 4 (cubin)"),
-                           HasSubstr("FAILED: 1 problem")));
+  EXPECT_THAT(r.err,
+              AllOf(HasSubstr("kernel 'add' variant 'default'"), HasSubstr("parameter 'n' (#3)"),
+                    HasSubstr("expected offset 28 size 4 (manifest)"),
+                    HasSubstr("found offset 24 size 4 (cubin)"), HasSubstr("FAILED: 1 problem")));
   EXPECT_THAT(r.out, Not(HasSubstr("OK: ")));
 }
 
@@ -179,10 +177,9 @@ TEST_F(CliTest, RunWritesOutputsAndLaunchesTheRightBytes) {
   std::string y = Npy("y.npy", std::vector<float>(1000, 2.5f));
   std::string out = (dir_ / "out.npy").string();
   std::string x_back = (dir_ / "x_back.npy").string();
-  Result r = Cli({"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=@" + x, "--arg",
-                  "y_ptr=@" + y, "--arg", "out_ptr=zeros:float32:1000", "--arg", "n=1000",
-                  "--grid", "1", "--out", "out_ptr=@" + out, "--out", "x_ptr=@" + x_back,
-                  "--driver", kFake});
+  Result r = Cli({"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + y,
+                  "--arg", "out_ptr=zeros:float32:1000", "--arg", "n=1000", "--grid", "1", "--out",
+                  "out_ptr=@" + out, "--out", "x_ptr=@" + x_back, "--driver", kFake});
   ASSERT_EQ(r.code, kOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("variant default, grid (1, 1, 1), block 128"),
                            HasSubstr("wrote out_ptr=@")));
@@ -204,8 +201,8 @@ TEST_F(CliTest, RunWritesOutputsAndLaunchesTheRightBytes) {
 TEST_F(CliTest, RunUsesGridExpressionsAndDispatch) {
   std::string x = Npy("x.npy", std::vector<float>(5008, 1.0f));
   Result r = Cli({"run", KPACK_DISPATCH_PACK_DIR, "axpy", "--arg", "x_ptr=@" + x, "--arg",
-                  "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:5008", "--arg", "n=5008",
-                  "--arg", "stride_x=1", "--arg", "alpha=0.5", "--driver", kFake});
+                  "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:5008", "--arg", "n=5008", "--arg",
+                  "stride_x=1", "--arg", "alpha=0.5", "--driver", kFake});
   ASSERT_EQ(r.code, kOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("variant b1_div16_unit, grid (5, 1, 1) (from the grid "
                                "expressions), block 128"));
@@ -226,11 +223,11 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
   EXPECT_THAT(r.err, AllOf(HasSubstr("missing --arg y_ptr=VALUE"), HasSubstr("n: i32")));
   r = with({"--arg", "m=3"});
   EXPECT_THAT(r.err, HasSubstr("no call parameter 'm'"));
-  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
-            "--arg", "n=three"});
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg",
+            "n=three"});
   EXPECT_THAT(r.err, HasSubstr("--arg n=three (i32): expected an integer"));
-  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
-            "--arg", "n=3000000000", "--grid", "1"});
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg",
+            "n=3000000000", "--grid", "1"});
   EXPECT_THAT(r.err, AllOf(HasSubstr("'n'"), HasSubstr("does not fit")));
   r = with({"--arg", "x_ptr=zeros:float99:3"});
   EXPECT_THAT(r.err, HasSubstr("float99"));
@@ -238,14 +235,14 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
   EXPECT_THAT(r.err, HasSubstr("a pointer takes @file.npy or zeros:DTYPE:COUNT"));
   r = with({"--arg", "x_ptr=@/nonexistent.npy"});
   EXPECT_THAT(r.err, HasSubstr("/nonexistent.npy"));
-  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
-            "--arg", "n=3", "--grid", "1", "--out", "n=@" + (dir_ / "n.npy").string()});
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg",
+            "n=3", "--grid", "1", "--out", "n=@" + (dir_ / "n.npy").string()});
   EXPECT_THAT(r.err, HasSubstr("'n' is not a pointer argument"));
-  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
-            "--arg", "n=3", "--grid", "1,x"});
+  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg",
+            "n=3", "--grid", "1,x"});
   EXPECT_THAT(r.err, HasSubstr("--grid '1,x'"));
-  r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x,
-            "--arg", "n=3"});
+  r = with(
+      {"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg", "n=3"});
   EXPECT_THAT(r.err, HasSubstr("no grid expression"));
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
   EXPECT_EQ(fake::LiveAllocations(), 0) << "buffers are freed on every path";
@@ -253,14 +250,31 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
 
 TEST_F(CliTest, BenchReportsKpackAndRawSideBySide) {
   std::string x = Npy("x.npy", std::vector<float>(4096, 1.0f));
-  Result r = Cli({"bench", KPACK_DISPATCH_PACK_DIR, "axpy", "--arg", "x_ptr=@" + x, "--arg",
-                  "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:4096", "--arg", "n=4096",
-                  "--arg", "stride_x=1", "--arg", "alpha=2", "--batch", "8", "--repetitions",
-                  "3", "--driver", kFake});
+  Result r = Cli({"bench",
+                  KPACK_DISPATCH_PACK_DIR,
+                  "axpy",
+                  "--arg",
+                  "x_ptr=@" + x,
+                  "--arg",
+                  "y_ptr=@" + x,
+                  "--arg",
+                  "out_ptr=zeros:float32:4096",
+                  "--arg",
+                  "n=4096",
+                  "--arg",
+                  "stride_x=1",
+                  "--arg",
+                  "alpha=2",
+                  "--batch",
+                  "8",
+                  "--repetitions",
+                  "3",
+                  "--driver",
+                  kFake});
   ASSERT_EQ(r.code, kOk) << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("variant b0_div16_unit"), HasSubstr("3 batches of 8"),
-                           HasSubstr("raw cuLaunchKernelEx"),
-                           HasSubstr("kpack (dispatch, pack, launch)")));
+  EXPECT_THAT(
+      r.out, AllOf(HasSubstr("variant b0_div16_unit"), HasSubstr("3 batches of 8"),
+                   HasSubstr("raw cuLaunchKernelEx"), HasSubstr("kpack (dispatch, pack, launch)")));
   // Warm-up batch plus three timed ones, for each of the two paths.
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 2 * 4 * 8);
 }
@@ -268,9 +282,9 @@ TEST_F(CliTest, BenchReportsKpackAndRawSideBySide) {
 TEST_F(CliTest, Doctor) {
   Result r = Cli({"doctor", "--driver", kFake});
   EXPECT_EQ(r.code, kOk);
-  EXPECT_THAT(r.out, AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("CUDA 13.0"),
-                           HasSubstr("devices: 1"),
-                           HasSubstr("device 0: Fake H200, compute capability 9.0")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("CUDA 13.0"), HasSubstr("devices: 1"),
+                    HasSubstr("device 0: Fake H200, compute capability 9.0")));
   r = Cli({"doctor", "--driver", kNoDriver});
   EXPECT_EQ(r.code, kOk);
   EXPECT_THAT(r.out, AllOf(HasSubstr("driver: not available"), HasSubstr(kNoDriver),

@@ -61,9 +61,9 @@ TEST_F(DispatchRuntimeTest, EachBucketLaunchesItsOwnConfigWithTheGridExpression)
     unsigned block;
     unsigned grid;
   } cases[] = {
-      {16, "b0_div16_unit", 64, 1},          {4096, "b0_div16_unit", 64, 16},
-      {4112, "b1_div16_unit", 128, 5},       {262144, "b1_div16_unit", 128, 256},
-      {262160, "b2_div16_unit", 256, 65},    {1 << 24, "b2_div16_unit", 256, 4096},
+      {16, "b0_div16_unit", 64, 1},       {4096, "b0_div16_unit", 64, 16},
+      {4112, "b1_div16_unit", 128, 5},    {262144, "b1_div16_unit", 128, 256},
+      {262160, "b2_div16_unit", 256, 65}, {1 << 24, "b2_div16_unit", 256, 4096},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(Selected(kX, c.n, 1), c.variant) << c.n;
@@ -184,9 +184,9 @@ TEST_F(DispatchRuntimeTest, GridExpressionErrors) {
     auto bad = OpenFake(pack.dir());
     ASSERT_FALSE(bad.ok()) << expr;
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(bad.status().message()),
-                AllOf(HasSubstr("kernel 'add'"), HasSubstr("variant 'default'"),
-                      HasSubstr("'grid[0]'")))
+    EXPECT_THAT(
+        std::string(bad.status().message()),
+        AllOf(HasSubstr("kernel 'add'"), HasSubstr("variant 'default'"), HasSubstr("'grid[0]'")))
         << expr;
     if (std::string(expr) != "alpha + 1") {
       EXPECT_THAT(std::string(bad.status().message()), HasSubstr(mentions)) << expr;

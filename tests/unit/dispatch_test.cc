@@ -65,10 +65,11 @@ json MakeVariant(const std::string& name, json bucket, json assumptions, json ty
 // json object, not an array, on some compilers.
 KernelSpec Kernel(const std::vector<json>& variants, json buckets = nullptr) {
   json k = {{"name", "k"},
-            {"params", {{{"name", "x_ptr"}, {"type", "*fp32"}},
-                        {{"name", "n"}, {"type", "i32"}},
-                        {{"name", "stride"}, {"type", "i32"}},
-                        {{"name", "BLOCK"}, {"type", "constexpr"}}}},
+            {"params",
+             {{{"name", "x_ptr"}, {"type", "*fp32"}},
+              {{"name", "n"}, {"type", "i32"}},
+              {{"name", "stride"}, {"type", "i32"}},
+              {{"name", "BLOCK"}, {"type", "constexpr"}}}},
             {"variants", json(variants)}};
   if (!buckets.is_null()) k["buckets"] = buckets;
   json m = {{"format", "kpack/1"}, {"kernels", {k}}};
@@ -127,8 +128,8 @@ TEST(DispatchTest, MultiDimensionalBuckets) {
   std::vector<json> variants;
   for (int s = 0; s < 3; ++s) {
     for (int n = 0; n < 2; ++n) {
-      variants.push_back(MakeVariant("n" + std::to_string(n) + "s" + std::to_string(s), {n, s},
-                                     nullptr));
+      variants.push_back(
+          MakeVariant("n" + std::to_string(n) + "s" + std::to_string(s), {n, s}, nullptr));
     }
   }
   Fixture f = Make(variants, buckets);
@@ -178,8 +179,8 @@ TEST(DispatchTest, TiesGoToTheEarlierVariant) {
 }
 
 TEST(DispatchTest, IntegerWidthVariants) {
-  Fixture f = Make({MakeVariant("i32", nullptr, nullptr),
-                    MakeVariant("i64", nullptr, nullptr, {{"n", "i64"}})});
+  Fixture f = Make(
+      {MakeVariant("i32", nullptr, nullptr), MakeVariant("i64", nullptr, nullptr, {{"n", "i64"}})});
   EXPECT_EQ(f.Pick(kAligned, 1000, 1), "i32") << "narrowest type that fits";
   EXPECT_EQ(f.Pick(kAligned, INT32_MAX, 1), "i32");
   EXPECT_EQ(f.Pick(kAligned, int64_t{INT32_MAX} + 1, 1), "i64");
@@ -189,9 +190,9 @@ TEST(DispatchTest, IntegerWidthVariants) {
 }
 
 TEST(DispatchTest, NoValidVariantNamesParameterValueAndAssumption) {
-  Fixture f = Make({MakeVariant("b0_div16", {0}, {{"x_ptr", {"div16"}}}),
-                    MakeVariant("b1", {1}, nullptr)},
-                   {{{"param", "n"}, {"edges", {16}}}});
+  Fixture f =
+      Make({MakeVariant("b0_div16", {0}, {{"x_ptr", {"div16"}}}), MakeVariant("b1", {1}, nullptr)},
+           {{{"param", "n"}, {"edges", {16}}}});
   EXPECT_EQ(f.Pick(kMisaligned, 8, 1), "<none>");
   absl::Status s = f.Error(kMisaligned, 8, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -204,9 +205,9 @@ TEST(DispatchTest, NoValidVariantNamesParameterValueAndAssumption) {
 TEST(DispatchTest, BucketWithoutVariantsIsAnError) {
   Fixture f = Make({MakeVariant("b1", {1}, nullptr)}, {{{"param", "n"}, {"edges", {16}}}});
   EXPECT_EQ(f.Pick(kAligned, 8, 1), "<none>");
-  EXPECT_THAT(std::string(f.Error(kAligned, 8, 1).message()),
-              AllOf(HasSubstr("kernel 'k' has no variant for this shape bucket"),
-                    HasSubstr("n=8")));
+  EXPECT_THAT(
+      std::string(f.Error(kAligned, 8, 1).message()),
+      AllOf(HasSubstr("kernel 'k' has no variant for this shape bucket"), HasSubstr("n=8")));
 }
 
 TEST(DispatchTest, BucketArgumentMustBeAnInteger) {
@@ -218,9 +219,9 @@ TEST(DispatchTest, BucketArgumentMustBeAnInteger) {
 }
 
 TEST(DispatchTest, DependsOnBucketAndPropertyArgumentsOnly) {
-  Fixture f = Make({MakeVariant("v", nullptr, {{"stride", {"eq1"}}}),
-                    MakeVariant("g", nullptr, nullptr)},
-                   kBuckets);
+  Fixture f =
+      Make({MakeVariant("v", nullptr, {{"stride", {"eq1"}}}), MakeVariant("g", nullptr, nullptr)},
+           kBuckets);
   EXPECT_FALSE(f.table.DependsOn(0));
   EXPECT_TRUE(f.table.DependsOn(1));
   EXPECT_TRUE(f.table.DependsOn(2));
@@ -238,8 +239,8 @@ TEST(DispatchTest, TooManyPropertiesIsALoadError) {
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("65536-entry dispatch table"));
 
-  spec = Kernel({MakeVariant("a", nullptr, nullptr)}, {{{"param", "n"}, {"edges", {1, 2}}},
-                                                       {{"param", "stride"}, {"edges", edges}}});
+  spec = Kernel({MakeVariant("a", nullptr, nullptr)},
+                {{{"param", "n"}, {"edges", {1, 2}}}, {{"param", "stride"}, {"edges", edges}}});
   t = DispatchTable::Build(spec);
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("buckets in all"));

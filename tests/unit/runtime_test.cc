@@ -2,15 +2,13 @@
 // kind of parameter and launch attribute, load-time checks, scratch arenas, driver faults,
 // hostile packs, and concurrent launches.
 
-#include "kpack/kpack.h"
-
 #include <atomic>
-#include <span>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,13 +18,14 @@
 #include "fake_runtime.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kpack/kpack.h"
 #include "util/sha256.h"
 
 namespace kpack {
 namespace {
 
-using ::kpack::testing::FakeOptions;
 using ::kpack::testing::At;
+using ::kpack::testing::FakeOptions;
 using ::kpack::testing::LastLaunch;
 using ::kpack::testing::OpenFake;
 using ::kpack::testing::TempPack;
@@ -65,8 +64,8 @@ TEST_F(RuntimeTest, NoDriverLibraryIsUnavailableAndSaysWhatWasTried) {
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR, o);
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(Msg(rt.status()),
-              AllOf(HasSubstr("dlopen(\"/nonexistent/libcuda.so.1\")"), HasSubstr("KPACK_CUDA_DRIVER")));
+  EXPECT_THAT(Msg(rt.status()), AllOf(HasSubstr("dlopen(\"/nonexistent/libcuda.so.1\")"),
+                                      HasSubstr("KPACK_CUDA_DRIVER")));
 }
 
 TEST_F(RuntimeTest, DriverPathFromEnvironment) {
@@ -101,7 +100,7 @@ TEST_F(RuntimeTest, DriverMissingAFunctionIsUnavailable) {
 TEST_F(RuntimeTest, OpensTestPackLazily) {
   Runtime rt = Open();
   EXPECT_THAT(rt.kernel_names(), ::testing::ElementsAre("add", "scalars", "matmul", "cluster",
-                                                         "pdl", "scratch", "softmax"));
+                                                        "pdl", "scratch", "softmax"));
   EXPECT_EQ(fake::LibraryLoads(), 0) << "Open must not load kernels (lazy by default)";
   auto add = rt.Find("add");
   ASSERT_TRUE(add.ok());
@@ -180,8 +179,8 @@ TEST_F(RuntimeTest, VectorAddBytesBlockAndGrid) {
 TEST_F(RuntimeTest, ScalarBytesFp32Bf16Fp16BoolI64) {
   Runtime rt = Open();
   const int64_t big = (int64_t{1} << 40) + 12345;
-  KP_ASSERT_OK(rt.Launch("scalars", Grid{3}, nullptr, kX, kOut, 700, 1.1, 0.375, -0.8125f, true,
-                         big));
+  KP_ASSERT_OK(
+      rt.Launch("scalars", Grid{3}, nullptr, kX, kOut, 700, 1.1, 0.375, -0.8125f, true, big));
   fake::LaunchRecord r = LastLaunch();
   EXPECT_EQ(r.param_size, 56u);
   EXPECT_EQ(At<uint64_t>(r, 0), kX);
@@ -310,8 +309,8 @@ TEST_F(RuntimeTest, LargeSharedMemoryOptsInOncePerDevice) {
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
   EXPECT_TRUE(fake::KernelAttributeSets().empty()) << "no opt-in at or below 48 KiB";
   for (int i = 0; i < 3; ++i) {
-    KP_ASSERT_OK(rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 128, 128, 128, 128, 1,
-                           128, 1, 128, 1));
+    KP_ASSERT_OK(rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 128, 128, 128, 128, 1, 128,
+                           1, 128, 1));
   }
   EXPECT_EQ(LastLaunch().shared_bytes, 65536u);
   EXPECT_EQ(LastLaunch().block[0], 256u);
@@ -330,7 +329,8 @@ TEST_F(RuntimeTest, SharedMemoryBeyondTheDeviceIsALoadError) {
   small.max_shared_memory_per_block_optin = 48 * 1024;
   fake::SetDevices({small});
   Runtime rt = Open();
-  absl::Status s = rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+  absl::Status s =
+      rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 1, 1, 1, 1, 1, 1, 1, 1, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'matmul' variant 'default'"), HasSubstr("65536"),
                             HasSubstr("49152")));
@@ -589,8 +589,8 @@ TEST_F(RuntimeTest, CubinPathsMayNotLeaveThePack) {
 TEST_F(RuntimeTest, CubinContentsAreChecked) {
   {
     TempPack pack;
-    std::ofstream(std::filesystem::path(pack.dir()) / "cubins/add/default.cubin",
-                  std::ios::app) << "x";
+    std::ofstream(std::filesystem::path(pack.dir()) / "cubins/add/default.cubin", std::ios::app)
+        << "x";
     auto rt = OpenFake(pack.dir());
     EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(Msg(rt.status()), AllOf(HasSubstr("kernel 'add'"), HasSubstr("'sha256'"),
@@ -598,8 +598,7 @@ TEST_F(RuntimeTest, CubinContentsAreChecked) {
   }
   {
     TempPack pack;
-    std::ofstream(std::filesystem::path(pack.dir()) / "cubins/add/default.cubin",
-                  std::ios::trunc);
+    std::ofstream(std::filesystem::path(pack.dir()) / "cubins/add/default.cubin", std::ios::trunc);
     auto rt = OpenFake(pack.dir());
     EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(Msg(rt.status()), HasSubstr("is empty"));

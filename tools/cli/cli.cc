@@ -1,7 +1,8 @@
+#include "CLI/CLI.hpp"
+
 #include <exception>
 #include <string>
 
-#include "CLI/CLI.hpp"
 #include "commands.h"
 
 namespace kpack::cli {
@@ -18,8 +19,9 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
 
   VerifyOptions verify;
   CLI::App* verify_cmd = app.add_subcommand(
-      "verify", "check a pack offline (manifest, files, sha256, layouts against the cubins); "
-                "with a GPU, also load every variant");
+      "verify",
+      "check a pack offline (manifest, files, sha256, layouts against the cubins); "
+      "with a GPU, also load every variant");
   verify_cmd->add_option("pack", verify.pack, "pack directory")->required();
   verify_cmd->add_option("--driver", verify.driver, "CUDA driver library to load");
 

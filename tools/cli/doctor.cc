@@ -32,8 +32,8 @@ int Doctor(const DoctorOptions& o, std::ostream& out, std::ostream& err) {
   const internal::Driver& d = **loaded;
   int version = 0, count = 0;
   d.DriverGetVersion(&version);
-  out << "driver: " << d.path << ", CUDA " << version / 1000 << "." << (version % 1000) / 10
-      << " (" << version << ")\n";
+  out << "driver: " << d.path << ", CUDA " << version / 1000 << "." << (version % 1000) / 10 << " ("
+      << version << ")\n";
   if (d.DeviceGetCount(&count) != CUDA_SUCCESS) {
     err << "kpack doctor: cuDeviceGetCount failed\n";
     return kFailed;

@@ -73,8 +73,11 @@ json KernelJson(const KernelSpec& k) {
                         {"param_bytes", v.param_bytes},
                         {"layout", layout}});
   }
-  return {{"name", k.name}, {"params", params}, {"buckets", buckets},
-          {"grid", k.grid}, {"variants", variants}};
+  return {{"name", k.name},
+          {"params", params},
+          {"buckets", buckets},
+          {"grid", k.grid},
+          {"variants", variants}};
 }
 
 std::string BucketText(const KernelSpec& k, const VariantSpec& v) {
@@ -108,8 +111,8 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
   for (const VariantSpec& v : k.variants) {
     out << "  variant " << v.name << ": entry " << v.entry << ", sm_" << v.arch
         << (v.arch >= 90 ? "a" : "") << ", " << v.num_warps << " warps (" << 32 * v.num_warps
-        << " threads), " << v.num_ctas << " cta" << (v.num_ctas > 1 ? "s" : "") << ", "
-        << v.shared << " B shared";
+        << " threads), " << v.num_ctas << " cta" << (v.num_ctas > 1 ? "s" : "") << ", " << v.shared
+        << " B shared";
     if (v.num_stages > 0) out << ", " << v.num_stages << " stages";
     out << "\n";
     std::vector<std::string> attrs;
@@ -119,8 +122,8 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
     out << "    launch attributes: " << (attrs.empty() ? "none" : absl::StrJoin(attrs, ", "))
         << "\n";
     out << "    scratch: global " << v.global_scratch_size << " B/program (align "
-        << v.global_scratch_align << "), profile " << v.profile_scratch_size
-        << " B/program (align " << v.profile_scratch_align << ")\n";
+        << v.global_scratch_align << "), profile " << v.profile_scratch_size << " B/program (align "
+        << v.profile_scratch_align << ")\n";
     std::string bucket = BucketText(k, v);
     if (!bucket.empty()) out << "    bucket: " << bucket << "\n";
     json assumptions = Assumptions(k, v), types = Types(k, v);

@@ -50,8 +50,8 @@ class Session {
     auto s = std::unique_ptr<Session>(new Session());
     KPACK_ASSIGN_OR_RETURN(s->driver_, Driver::Load(o.driver));
     const Driver& d = *s->driver_;
-    KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGet(&s->device_, o.device),
-                                  absl::StrCat("cuDeviceGet(", o.device, ")")));
+    KPACK_RETURN_IF_ERROR(
+        d.Check(d.DeviceGet(&s->device_, o.device), absl::StrCat("cuDeviceGet(", o.device, ")")));
     CUcontext ctx;
     KPACK_RETURN_IF_ERROR(
         d.Check(d.DevicePrimaryCtxRetain(&ctx, s->device_), "cuDevicePrimaryCtxRetain"));
@@ -106,17 +106,16 @@ class Session {
     }
     auto it = buffers_.find(parts[0]);
     if (it == buffers_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--out '", spec, "': '", parts[0], "' is not a pointer argument of this call"));
+      return absl::InvalidArgumentError(absl::StrCat("--out '", spec, "': '", parts[0],
+                                                     "' is not a pointer argument of this call"));
     }
     const Buffer& b = it->second;
     NpyArray array;
     array.dtype = b.dtype;
     array.shape = b.shape;
     array.data.resize(b.bytes);
-    KPACK_RETURN_IF_ERROR(driver_->Check(
-        driver_->MemcpyDtoH(array.data.data(), b.ptr, b.bytes),
-        absl::StrCat("cuMemcpyDtoH of '", parts[0], "'")));
+    KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemcpyDtoH(array.data.data(), b.ptr, b.bytes),
+                                         absl::StrCat("cuMemcpyDtoH of '", parts[0], "'")));
     return WriteNpy(parts[1].substr(1), array);
   }
 
@@ -129,8 +128,8 @@ class Session {
     if (parts.size() > 3) return absl::InvalidArgumentError("--grid takes at most X,Y,Z");
     for (size_t i = 0; i < parts.size(); ++i) {
       if (!absl::SimpleAtoi(parts[i], &dims[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("--grid '", text, "': '", parts[i],
-                                                       "' is not a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--grid '", text, "': '", parts[i], "' is not a non-negative integer"));
       }
     }
     return Grid{dims[0], dims[1], dims[2]};
@@ -141,13 +140,12 @@ class Session {
     for (const std::string& spec : specs) {
       std::vector<std::string> kv = absl::StrSplit(spec, absl::MaxSplits('=', 1));
       if (kv.size() != 2 || kv[0].empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--arg '", spec, "': expected name=VALUE"));
+        return absl::InvalidArgumentError(absl::StrCat("--arg '", spec, "': expected name=VALUE"));
       }
       if (!kernel_.ArgIndex(kv[0]).ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("--arg '", spec, "': kernel '", std::string(kernel_.name()),
-                          "' has no call parameter '", kv[0], "' (it takes ", Signature(), ")"));
+                         "' has no call parameter '", kv[0], "' (it takes ", Signature(), ")"));
       }
       if (!values.emplace(kv[0], kv[1]).second) {
         return absl::InvalidArgumentError(absl::StrCat("--arg ", kv[0], " given twice"));
@@ -157,9 +155,9 @@ class Session {
       const std::string name(kernel_.arg_name(i));
       auto it = values.find(name);
       if (it == values.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "missing --arg ", name, "=VALUE (kernel '", std::string(kernel_.name()), "' takes ",
-            Signature(), ")"));
+        return absl::InvalidArgumentError(absl::StrCat("missing --arg ", name, "=VALUE (kernel '",
+                                                       std::string(kernel_.name()), "' takes ",
+                                                       Signature(), ")"));
       }
       KPACK_ASSIGN_OR_RETURN(Arg a, MakeArg(name, std::string(kernel_.arg_type(i)), it->second));
       args_.push_back(a);
@@ -187,8 +185,8 @@ class Session {
         b.shape = array.shape;
         b.bytes = array.data.size();
         KPACK_RETURN_IF_ERROR(Allocate(b, what));
-        KPACK_RETURN_IF_ERROR(driver_->Check(
-            driver_->MemcpyHtoD(b.ptr, array.data.data(), b.bytes), "cuMemcpyHtoD"));
+        KPACK_RETURN_IF_ERROR(
+            driver_->Check(driver_->MemcpyHtoD(b.ptr, array.data.data(), b.bytes), "cuMemcpyHtoD"));
       } else if (value.rfind("zeros:", 0) == 0) {
         std::vector<std::string> parts = absl::StrSplit(value, ':');
         int64_t count = 0;
@@ -200,11 +198,10 @@ class Session {
         b.shape = {count};
         b.bytes = static_cast<size_t>(count) * DescrItemSize(b.dtype);
         KPACK_RETURN_IF_ERROR(Allocate(b, what));
-        KPACK_RETURN_IF_ERROR(
-            driver_->Check(driver_->MemsetD8(b.ptr, 0, b.bytes), "cuMemsetD8"));
+        KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemsetD8(b.ptr, 0, b.bytes), "cuMemsetD8"));
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": a pointer takes @file.npy or zeros:DTYPE:COUNT"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": a pointer takes @file.npy or zeros:DTYPE:COUNT"));
       }
       CUdeviceptr ptr = b.ptr;
       buffers_[name] = b;
@@ -328,8 +325,7 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
       for (int i = 0; i < o.batch; ++i) launch();
       auto t1 = std::chrono::steady_clock::now();
       if (r > 0) {
-        per_launch.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() /
-                             o.batch);
+        per_launch.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / o.batch);
       }
     }
     d.StreamSynchronize(stream);
@@ -349,13 +345,12 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
   out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
       << GridText(plan->grid) << ", " << o.repetitions << " batches of " << o.batch
       << " launches\n";
-  out << absl::StrFormat("%-34s %10s %10s %10s\n", "host time per launch", "median us",
-                         "min us", "x raw");
+  out << absl::StrFormat("%-34s %10s %10s %10s\n", "host time per launch", "median us", "min us",
+                         "x raw");
   out << absl::StrFormat("%-34s %10.3f %10.3f %10.3f\n", "raw cuLaunchKernelEx", raw_m,
                          *std::min_element(raw_us.begin(), raw_us.end()), 1.0);
-  out << absl::StrFormat("%-34s %10.3f %10.3f %10.3f\n", "kpack (dispatch, pack, launch)",
-                         kpack_m, *std::min_element(kpack_us.begin(), kpack_us.end()),
-                         kpack_m / raw_m);
+  out << absl::StrFormat("%-34s %10.3f %10.3f %10.3f\n", "kpack (dispatch, pack, launch)", kpack_m,
+                         *std::min_element(kpack_us.begin(), kpack_us.end()), kpack_m / raw_m);
   return kOk;
 }
 

@@ -47,9 +47,9 @@ void CheckVariant(const std::string& root, const KernelSpec& k, const VariantSpe
   if (entry == cubin->kernels.end()) {
     std::vector<std::string> names;
     for (const auto& c : cubin->kernels) names.push_back(c.name);
-    problems.push_back(absl::StrCat(where, ": entry '", v.entry,
-                                    "' is not a kernel of the cubin (it has: ",
-                                    absl::StrJoin(names, ", "), ")"));
+    problems.push_back(
+        absl::StrCat(where, ": entry '", v.entry,
+                     "' is not a kernel of the cubin (it has: ", absl::StrJoin(names, ", "), ")"));
     return;
   }
   const size_t n = std::max(v.layout.size(), entry->params.size());
@@ -61,18 +61,17 @@ void CheckVariant(const std::string& root, const KernelSpec& k, const VariantSpe
       continue;
     }
     const SlotSpec& s = v.layout[i];
-    const std::string param =
-        absl::StrCat("parameter '", internal::SlotName(k, s), "' (#", i, ")");
+    const std::string param = absl::StrCat("parameter '", internal::SlotName(k, s), "' (#", i, ")");
     if (i >= entry->params.size()) {
-      problems.push_back(absl::StrCat(where, ": ", param, ": expected offset ", s.offset,
-                                      " size ", s.size, ", the cubin has no such parameter"));
+      problems.push_back(absl::StrCat(where, ": ", param, ": expected offset ", s.offset, " size ",
+                                      s.size, ", the cubin has no such parameter"));
       continue;
     }
     const auto& c = entry->params[i];
     if (c.offset != s.offset || c.size != s.size) {
-      problems.push_back(absl::StrCat(where, ": ", param, ": expected offset ", s.offset,
-                                      " size ", s.size, " (manifest), found offset ", c.offset,
-                                      " size ", c.size, " (cubin)"));
+      problems.push_back(absl::StrCat(where, ": ", param, ": expected offset ", s.offset, " size ",
+                                      s.size, " (manifest), found offset ", c.offset, " size ",
+                                      c.size, " (cubin)"));
     }
   }
 }
@@ -139,8 +138,7 @@ int Verify(const VerifyOptions& o, std::ostream& out, std::ostream& err) {
   }
   for (const std::string& p : problems) err << p << "\n";
   if (!problems.empty()) {
-    err << "FAILED: " << problems.size() << " problem" << (problems.size() == 1 ? "" : "s")
-        << "\n";
+    err << "FAILED: " << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << "\n";
     return kFailed;
   }
   out << "OK: " << root << "\n";
