@@ -141,19 +141,6 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
   return t;
 }
 
-uint32_t DispatchTable::BucketOf(std::span<const Arg> args) const {
-  uint32_t bucket = 0, stride = 1;
-  for (const Dim& d : dims_) {
-    int64_t v = 0;
-    BucketValue(args[d.arg], &v);
-    uint32_t i = 0;
-    while (i < d.edges.size() && v > d.edges[i]) ++i;
-    bucket += i * stride;
-    stride *= static_cast<uint32_t>(d.edges.size()) + 1;
-  }
-  return bucket;
-}
-
 bool DispatchTable::DependsOn(int arg) const {
   return std::any_of(dims_.begin(), dims_.end(), [&](const Dim& d) { return d.arg == arg; }) ||
          std::any_of(properties_.begin(), properties_.end(),
@@ -162,16 +149,16 @@ bool DispatchTable::DependsOn(int arg) const {
 
 absl::Status DispatchTable::NoVariantError(const KernelSpec& kernel,
                                            std::span<const Arg> args) const {
-  for (const Dim& d : dims_) {
-    int64_t v;
-    if (!BucketValue(args[d.arg], &v)) {
+  uint32_t bucket = 0;  // BucketOf fails only for a non-integer, reported below
+  if (!BucketOf(args, &bucket)) {
+    for (const Dim& d : dims_) {
+      if (args_detail::IsInteger(args[d.arg])) continue;
       return absl::InvalidArgumentError(absl::StrCat(
           "kernel '", kernel.name, "': argument ", d.arg, " ('", kernel.arg(d.arg).name,
           "') decides the shape bucket and must be an integer, got ",
           ArgKindName(args[d.arg].kind())));
     }
   }
-  const uint32_t bucket = BucketOf(args);
   std::vector<std::string> shape;
   for (const Dim& d : dims_) {
     shape.push_back(absl::StrCat(kernel.arg(d.arg).name, "=", ArgValue(args[d.arg])));

@@ -49,16 +49,8 @@ class DispatchTable {
   static absl::StatusOr<DispatchTable> Build(const KernelSpec& kernel);
 
   Choice Select(std::span<const Arg> args) const {
-    uint32_t bucket = 0;
-    uint32_t stride = 1;
-    for (const Dim& d : dims_) {
-      int64_t v;
-      if (!BucketValue(args[d.arg], &v)) return {kBadBucketArg, false};
-      uint32_t i = 0;
-      while (i < d.edges.size() && v > d.edges[i]) ++i;
-      bucket += i * stride;
-      stride *= static_cast<uint32_t>(d.edges.size()) + 1;
-    }
+    uint32_t bucket;
+    if (!BucketOf(args, &bucket)) return {kBadBucketArg, false};
     uint32_t mask = 0;
     for (size_t p = 0; p < properties_.size(); ++p) {
       mask |= static_cast<uint32_t>(Holds(properties_[p], args[properties_[p].arg])) << p;
@@ -94,19 +86,25 @@ class DispatchTable {
   };
 
   // A bucket parameter's value as int64 (unsigned values past INT64_MAX saturate, which
-  // puts them in the last interval).
+  // puts them in the last interval); false when the argument is no integer.
   static bool BucketValue(const Arg& a, int64_t* v) {
-    switch (a.kind()) {
-      case Arg::Kind::kSigned:
-        *v = static_cast<int64_t>(a.bits());
-        return true;
-      case Arg::Kind::kUnsigned:
-      case Arg::Kind::kDevicePtr:
-        *v = a.bits() > uint64_t{INT64_MAX} ? INT64_MAX : static_cast<int64_t>(a.bits());
-        return true;
-      default:
-        return false;
+    if (!args_detail::IsInteger(a)) return false;
+    if (!args_detail::ToInt64(a, v)) *v = INT64_MAX;
+    return true;
+  }
+  // The combined bucket index of `args`; false when a bucket argument is no integer.
+  bool BucketOf(std::span<const Arg> args, uint32_t* bucket) const {
+    uint32_t index = 0, stride = 1;
+    for (const Dim& d : dims_) {
+      int64_t v;
+      if (!BucketValue(args[d.arg], &v)) return false;
+      uint32_t i = 0;
+      while (i < d.edges.size() && v > d.edges[i]) ++i;
+      index += i * stride;
+      stride *= static_cast<uint32_t>(d.edges.size()) + 1;
     }
+    *bucket = index;
+    return true;
   }
   static bool Holds(const Property& p, const Arg& a) {
     bool integer = args_detail::IsInteger(a);
@@ -123,8 +121,6 @@ class DispatchTable {
     return false;
   }
   static std::string Describe(const Property& p, const KernelSpec& kernel);
-
-  uint32_t BucketOf(std::span<const Arg> args) const;
 
   std::vector<Dim> dims_;
   std::vector<Property> properties_;

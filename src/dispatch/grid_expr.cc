@@ -4,28 +4,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "launch/args.h"
 #include "util/status_macros.h"
 
 namespace kpack::internal {
-namespace {
-
-// Signed 64-bit value of an integer Arg, if it has one.
-bool IntValue(const Arg& a, int64_t* out) {
-  switch (a.kind()) {
-    case Arg::Kind::kSigned:
-      *out = static_cast<int64_t>(a.bits());
-      return true;
-    case Arg::Kind::kUnsigned:
-    case Arg::Kind::kDevicePtr:
-      if (a.bits() > uint64_t{INT64_MAX}) return false;
-      *out = static_cast<int64_t>(a.bits());
-      return true;
-    default:
-      return false;
-  }
-}
-
-}  // namespace
 
 // Recursive descent over
 //   expr    := term (('+' | '-') term)*
@@ -262,7 +244,7 @@ bool GridExpr::Evaluate(std::span<const Arg> args, int64_t* result) const {
         stack[top++] = in.operand;
         break;
       case Op::kArg:
-        if (!IntValue(args[in.operand], &stack[top])) return false;
+        if (!args_detail::ToInt64(args[in.operand], &stack[top])) return false;
         ++top;
         break;
       case Op::kNeg:

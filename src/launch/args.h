@@ -83,6 +83,15 @@ inline bool IsInteger(const Arg& a) {
          a.kind() == Arg::Kind::kDevicePtr;
 }
 
+// The signed 64-bit value of an integer Arg; false for other kinds and for unsigned
+// values past INT64_MAX.
+inline bool ToInt64(const Arg& a, int64_t* out) {
+  if (!IsInteger(a)) return false;
+  if (a.kind() != Arg::Kind::kSigned && a.bits() > uint64_t{INT64_MAX}) return false;
+  *out = static_cast<int64_t>(a.bits());
+  return true;
+}
+
 inline bool StoreInteger(const Arg& a, std::byte* dst, int bits, bool is_signed) {
   if (!IsInteger(a) || !FitsInteger(a, bits, is_signed)) return false;
   uint64_t v = a.bits();
