@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "launch/args.h"
+#include "manifest/manifest.h"
 #include "util/status_macros.h"
 
 namespace kpack::internal {
@@ -261,6 +262,31 @@ bool GridExpr::Evaluate(std::span<const Arg> args, int64_t* result) const {
   }
   *result = stack[0];
   return top == 1;
+}
+
+GridExpr::Resolver VariantGridResolver(const KernelSpec& kernel, const VariantSpec& variant) {
+  return [&kernel, &variant](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
+    for (size_t a = 0; a < kernel.args.size(); ++a) {
+      const ParamSpec& p = kernel.arg(static_cast<int>(a));
+      if (p.name != name) continue;
+      if (!IsInteger(variant.arg_types[a])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'", name, "' is a ", p.type_name, " parameter, not an integer"));
+      }
+      return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
+    }
+    auto it = variant.constexprs.find(std::string(name));
+    if (it != variant.constexprs.end()) {
+      if (!it->is_number_integer() ||
+          (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("constexpr '", name, "' is ", it->dump(), ", not an integer"));
+      }
+      return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown name '", name, "' (neither a call parameter nor a constexpr)"));
+  };
 }
 
 }  // namespace kpack::internal

@@ -20,6 +20,9 @@
 
 namespace kpack::internal {
 
+struct KernelSpec;
+struct VariantSpec;
+
 class GridExpr {
  public:
   // What a name in an expression means: a call argument (by index) or a constant.
@@ -60,6 +63,11 @@ class GridExpr {
   std::array<Instr, kMaxOps> code_{};
   int size_ = 0;
 };
+
+// The names a kernel's grid expressions may use for one of its variants, as Open resolves
+// them: integer call parameters (read per launch) and the variant's integer constexprs
+// (folded in). Anything else is an error naming why. Both specs must outlive the resolver.
+GridExpr::Resolver VariantGridResolver(const KernelSpec& kernel, const VariantSpec& variant);
 
 }  // namespace kpack::internal
 

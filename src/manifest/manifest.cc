@@ -440,7 +440,7 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                          "not a constexpr parameter of the kernel");
     }
   }
-  variant.constexprs = constexprs->dump();
+  variant.constexprs = *constexprs;
 
   KPACK_ASSIGN_OR_RETURN(int64_t num_warps, GetInt(v, "num_warps", where, 1, 32));
   KPACK_ASSIGN_OR_RETURN(int64_t num_ctas, GetInt(v, "num_ctas", where, 1, 16));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
 #include "absl/strings/string_view.h"
 
 namespace kpack::internal {
@@ -69,7 +70,7 @@ struct VariantSpec {
   std::string sha256;  // lowercase hex
   std::string entry;
   int arch = 0;            // major*10+minor
-  std::string constexprs;  // the JSON object, serialized, for inspection tools
+  nlohmann::json constexprs;  // the object from the manifest: {name: value}
   int num_warps = 0;
   int num_ctas = 1;
   int num_stages = 0;

@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launch/args.h"
-#include "nlohmann/json.hpp"
 #include "runtime/runtime_impl.h"
 #include "util/log.h"
 #include "util/status_macros.h"
@@ -120,33 +119,10 @@ void BuildLaunchAttributes(VariantData& v) {
   }
 }
 
-// Compiles the kernel's grid expressions against one variant: names are the integer
-// call parameters (read per launch) and the variant's integer constexprs (folded in).
+// Compiles the kernel's grid expressions against one variant (see VariantGridResolver).
 absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string_view where,
                          std::array<GridExpr, 3>& grid) {
-  const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs);
-  GridExpr::Resolver resolve = [&](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
-    for (size_t a = 0; a < k.args.size(); ++a) {
-      const ParamSpec& p = k.arg(static_cast<int>(a));
-      if (p.name != name) continue;
-      if (!IsInteger(v.arg_types[a])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("'", name, "' is a ", p.type_name, " parameter, not an integer"));
-      }
-      return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
-    }
-    auto it = constexprs.find(std::string(name));
-    if (it != constexprs.end()) {
-      if (!it->is_number_integer() ||
-          (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("constexpr '", name, "' is ", it->dump(), ", not an integer"));
-      }
-      return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown name '", name, "' (neither a call parameter nor a constexpr)"));
-  };
+  const GridExpr::Resolver resolve = VariantGridResolver(k, v);
   for (size_t axis = 0; axis < k.grid.size(); ++axis) {
     absl::StatusOr<GridExpr> expr = GridExpr::Compile(k.grid[axis], resolve);
     if (!expr.ok()) {

@@ -15,7 +15,6 @@
 #include "fuzz_check.h"
 #include "kpack/arg.h"
 #include "manifest/manifest.h"
-#include "nlohmann/json.hpp"
 
 namespace {
 
@@ -52,26 +51,11 @@ void CheckKernel(const KernelSpec& k) {
   }
 }
 
-// Compiles the kernel's grid for variant `v` the way Open does; what compiles is evaluated
+// Compiles the kernel's grid for variant `v` with Open's resolver; what compiles is evaluated
 // on each argument list in `calls` (one Arg per call argument).
 void CompileAndEvaluateGrid(const KernelSpec& k, const VariantSpec& v,
                             const std::vector<std::vector<Arg>>& calls) {
-  const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs);
-  GridExpr::Resolver resolve = [&](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
-    for (size_t a = 0; a < k.args.size(); ++a) {
-      if (k.arg(static_cast<int>(a)).name != name) continue;
-      if (!kpack::internal::IsInteger(v.arg_types[a])) {
-        return absl::InvalidArgumentError("not an integer parameter");
-      }
-      return GridExpr::Name{GridExpr::Name::kArg, static_cast<int64_t>(a)};
-    }
-    auto it = constexprs.find(std::string(name));
-    if (it == constexprs.end() || !it->is_number_integer() ||
-        (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX})) {
-      return absl::InvalidArgumentError("unknown or not an integer");
-    }
-    return GridExpr::Name{GridExpr::Name::kConstant, it->get<int64_t>()};
-  };
+  const GridExpr::Resolver resolve = kpack::internal::VariantGridResolver(k, v);
   for (const std::string& text : k.grid) {
     absl::StatusOr<GridExpr> expr = GridExpr::Compile(text, resolve);
     if (!expr.ok()) continue;

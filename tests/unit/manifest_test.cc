@@ -38,7 +38,7 @@ TEST(ManifestTest, ParsesTritonAddKernel) {
   EXPECT_EQ(v.layout[3].offset, 24u);
   EXPECT_EQ(v.layout[4].kind, SlotKind::kGlobalScratch);
   EXPECT_EQ(v.layout[5].kind, SlotKind::kProfileScratch);
-  EXPECT_EQ(v.constexprs, R"({"BLOCK":1024})");
+  EXPECT_EQ(v.constexprs.dump(), R"({"BLOCK":1024})");
 }
 
 TEST(ManifestTest, SlotSizesFollowTriton) {

@@ -56,7 +56,7 @@ json KernelJson(const KernelSpec& k) {
                         {"sha256", v.sha256},
                         {"entry", v.entry},
                         {"arch", v.arch},
-                        {"constexprs", json::parse(v.constexprs)},
+                        {"constexprs", v.constexprs},
                         {"num_warps", v.num_warps},
                         {"num_ctas", v.num_ctas},
                         {"num_stages", v.num_stages},
@@ -129,7 +129,7 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
     json assumptions = Assumptions(k, v), types = Types(k, v);
     if (!assumptions.empty()) out << "    assumptions: " << assumptions.dump() << "\n";
     if (!types.empty()) out << "    types: " << types.dump() << "\n";
-    out << "    constexprs: " << v.constexprs << "\n";
+    out << "    constexprs: " << v.constexprs.dump() << "\n";
     std::vector<std::string> slots;
     for (const SlotSpec& s : v.layout) {
       slots.push_back(absl::StrCat(internal::SlotName(k, s), "@", s.offset, ":", s.size));
