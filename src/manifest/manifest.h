@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
 
 namespace kpack::internal {
 
@@ -69,7 +69,7 @@ struct VariantSpec {
   std::string cubin;   // relative to the pack directory
   std::string sha256;  // lowercase hex
   std::string entry;
-  int arch = 0;            // major*10+minor
+  int arch = 0;               // major*10+minor
   nlohmann::json constexprs;  // the object from the manifest: {name: value}
   int num_warps = 0;
   int num_ctas = 1;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "driver/driver.h"
+#include "gpu_env.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
@@ -20,19 +21,11 @@ namespace {
 
 using internal::Driver;
 
-bool RequireGpu() {
-  const char* v = std::getenv("KPACK_REQUIRE_GPU");
-  return v != nullptr && std::string(v) == "1";
-}
-
 class GpuDispatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto d = Driver::Load("");
-    if (!d.ok()) {
-      if (RequireGpu()) FAIL() << "KPACK_REQUIRE_GPU=1 but: " << d.status();
-      GTEST_SKIP() << "no GPU: " << d.status();
-    }
+    KPACK_SKIP_WITHOUT_GPU(d.status());
     driver_ = *d;
     CUdevice dev;
     ASSERT_EQ(driver_->DeviceGet(&dev, 0), CUDA_SUCCESS);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "driver/driver.h"
+#include "gpu_env.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
@@ -21,11 +22,7 @@ using internal::Driver;
 
 TEST(GpuMultiDeviceTest, OneRuntimeServesEveryDevice) {
   auto loaded = Driver::Load("");
-  if (!loaded.ok()) {
-    const char* require = std::getenv("KPACK_REQUIRE_GPU");
-    if (require != nullptr && std::string(require) == "1") FAIL() << loaded.status();
-    GTEST_SKIP() << "no GPU: " << loaded.status();
-  }
+  KPACK_SKIP_WITHOUT_GPU(loaded.status());
   const Driver& d = **loaded;
   int count = 0;
   ASSERT_EQ(d.DeviceGetCount(&count), CUDA_SUCCESS);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "driver/driver.h"
+#include "gpu_env.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
@@ -22,11 +23,7 @@ using internal::Driver;
 
 TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
   auto loaded = Driver::Load("");
-  if (!loaded.ok()) {
-    const char* require = std::getenv("KPACK_REQUIRE_GPU");
-    if (require != nullptr && std::string(require) == "1") FAIL() << loaded.status();
-    GTEST_SKIP() << "no GPU: " << loaded.status();
-  }
+  KPACK_SKIP_WITHOUT_GPU(loaded.status());
   const Driver& d = **loaded;
   CUdevice dev;
   CUcontext ctx;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "driver/driver.h"
+#include "gpu_env.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
@@ -33,11 +34,6 @@ using internal::Driver;
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
 
-bool RequireGpu() {
-  const char* v = std::getenv("KPACK_REQUIRE_GPU");
-  return v != nullptr && std::string(v) == "1";
-}
-
 uint32_t Cdiv(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 class GpuTest : public ::testing::Test {
@@ -45,7 +41,7 @@ class GpuTest : public ::testing::Test {
   static void SetUpTestSuite() {
     auto d = Driver::Load("");
     if (!d.ok()) {
-      skip_reason_ = new std::string(d.status().ToString());
+      load_status_ = new absl::Status(d.status());
       return;
     }
     driver_ = new std::shared_ptr<const Driver>(*d);
@@ -55,10 +51,7 @@ class GpuTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    if (driver_ == nullptr) {
-      if (RequireGpu()) FAIL() << "KPACK_REQUIRE_GPU=1 but: " << *skip_reason_;
-      GTEST_SKIP() << "no GPU: " << *skip_reason_;
-    }
+    if (driver_ == nullptr) KPACK_SKIP_WITHOUT_GPU(*load_status_);
     CU_ASSERT(d().CtxSetCurrent(ctx_));
     auto rt = Runtime::Open(KPACK_TEST_PACK_DIR);
     ASSERT_TRUE(rt.ok()) << rt.status();
@@ -109,7 +102,7 @@ class GpuTest : public ::testing::Test {
   }
 
   static inline std::shared_ptr<const Driver>* driver_ = nullptr;
-  static inline std::string* skip_reason_ = nullptr;
+  static inline absl::Status* load_status_ = nullptr;
   static inline CUcontext ctx_ = nullptr;
   std::unique_ptr<Runtime> rt_;
   CUstream stream_ = nullptr;
