@@ -1,5 +1,6 @@
-// One Runtime serving every GPU present: a thread per device makes that device's primary
-// context current and launches the test pack's add and scratch kernels on its own stream;
+// One Runtime serving every GPU present: two threads per device each make that device's
+// primary context current and launch the test pack's add and scratch kernels on their own
+// stream;
 // results are checked on the host; the kernels must have been loaded once for all
 // devices (context-independent loading), and each device's stream gets its own scratch
 // arena in that device's memory. Passes on one GPU; meant for two or more.
@@ -41,13 +42,16 @@ TEST(GpuMultiDeviceTest, OneRuntimeServesEveryDevice) {
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR);
   ASSERT_TRUE(rt.ok()) << rt.status();
   Kernel add = *rt->Find("add"), scratch = *rt->Find("scratch");
-  std::vector<std::string> errors(devices.size());
+  constexpr size_t kThreadsPerDevice = 2;
+  const size_t num_threads = devices.size() * kThreadsPerDevice;
+  std::vector<std::string> errors(num_threads);
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < devices.size(); ++t) {
+  for (size_t t = 0; t < num_threads; ++t) {
     threads.emplace_back([&, t] {
       std::string& error = errors[t];
+      const CUdevice device = devices[t % devices.size()];
       CUcontext ctx;
-      if (d.DevicePrimaryCtxRetain(&ctx, devices[t]) != CUDA_SUCCESS ||
+      if (d.DevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS ||
           d.CtxSetCurrent(ctx) != CUDA_SUCCESS) {
         error = "cannot make the device's primary context current";
         return;
@@ -84,15 +88,16 @@ TEST(GpuMultiDeviceTest, OneRuntimeServesEveryDevice) {
       }
       for (CUdeviceptr p : {dx, dy, out, out2}) d.MemFree(p);
       d.StreamDestroy(stream);
-      d.DevicePrimaryCtxRelease(devices[t]);
+      d.DevicePrimaryCtxRelease(device);
     });
   }
   for (auto& th : threads) th.join();
-  for (size_t t = 0; t < devices.size(); ++t) {
-    EXPECT_TRUE(errors[t].empty()) << "device " << devices[t] << ": " << errors[t];
+  for (size_t t = 0; t < num_threads; ++t) {
+    EXPECT_TRUE(errors[t].empty())
+        << "thread " << t << " on device " << devices[t % devices.size()] << ": " << errors[t];
   }
   EXPECT_EQ(rt->stats().libraries_loaded, 2u) << "loaded once for all devices, not per device";
-  EXPECT_EQ(rt->stats().scratch_arenas, devices.size()) << "one arena per device's stream";
+  EXPECT_EQ(rt->stats().scratch_arenas, num_threads) << "one arena per (stream, context)";
 }
 
 }  // namespace
