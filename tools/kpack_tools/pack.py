@@ -123,16 +123,28 @@ def slot_size(param_type: str) -> Optional[int]:
 
 
 def write_pack(out_dir, kernels: Sequence[Kernel],
-               generator: Optional[str] = None) -> Mapping[str, Any]:
+               generator: Optional[str] = None,
+               extra_files: Optional[Mapping[str, bytes]] = None) -> Mapping[str, Any]:
     """Write a pack to ``out_dir`` and return its manifest.
 
     The pack is assembled in a temporary sibling directory and then moved into
     place, so a failure never leaves a half-written pack.  An existing
     ``out_dir`` is replaced only if it is empty or a pack (has a
     ``manifest.json``); anything else is refused rather than deleted.
+
+    ``extra_files`` (``{relative path: bytes}``) are side files the runtime
+    ignores (e.g. the builder's ``tuning.json``); they may not be
+    ``manifest.json``, lie under ``cubins/`` or leave the pack.
     """
     out_dir = Path(out_dir)
     manifest, files = build_manifest(kernels, generator)
+    for relpath, data in dict(extra_files or {}).items():
+        parts = Path(relpath).parts
+        if not parts or Path(relpath).is_absolute() or ".." in parts \
+                or parts[0] in ("manifest.json", "cubins"):
+            raise ValueError(f"extra file '{relpath}': must be a relative path inside the "
+                             f"pack, not manifest.json and not under cubins/")
+        files[relpath] = bytes(data)
     if out_dir.exists() and any(out_dir.iterdir()) \
             and not (out_dir / "manifest.json").is_file():
         raise ValueError(
