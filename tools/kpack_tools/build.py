@@ -1,0 +1,224 @@
+"""Build a kpack pack from build specs, autotuning each bucket on the GPU.
+
+::
+
+    python -m kpack_tools.build SPEC.py [SPEC.py ...] --out PACK
+        [--target 90] [--no-tune] [--tune-reps N]
+
+Each spec file defines ``KPACK_KERNELS`` (``docs/build-spec.md``).  For every
+kernel and bucket the builder picks a config -- the fastest on the bucket's
+representative shape when torch sees a CUDA GPU (``kpack_tools.autotune``),
+else (or with ``--no-tune``) the spec's declared default, recorded as untuned
+-- then compiles one variant per (bucket, specialization) with
+``triton.compile`` for ``sm_<target>`` and writes the pack: manifest (layouts
+read back from the cubins), cubins with sha256, and ``tuning.json`` (every
+config's time per bucket, or why no tuning happened).  Compiling needs no
+GPU.  Only Triton 3.6.0 is supported: its JIT's specialization and ABI are
+what the variants reproduce (``../shared/TRITON_ABI.md``).
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from kpack_tools.pack import Kernel, Variant, write_pack
+from kpack_tools.spec import GENERIC, Config, KernelSpec, SpecError, Specialization, \
+    describe_bucket, load_specs
+
+SUPPORTED_TRITON_VERSIONS = ("3.6.0",)
+TUNING_FILE = "tuning.json"
+TUNING_FORMAT = "kpack-tuning/1"
+
+
+class BuildError(RuntimeError):
+    """The build cannot proceed (wrong Triton, compile result not as specified)."""
+
+
+def check_triton_version(version: str) -> None:
+    """Refuse any Triton but the supported ones, naming both."""
+    if version not in SUPPORTED_TRITON_VERSIONS:
+        raise BuildError(f"Triton {version} is installed, but kpack_tools.build supports only "
+                         f"Triton {', '.join(SUPPORTED_TRITON_VERSIONS)} (its specialization "
+                         f"rules and kernel ABI are what the pack reproduces); install "
+                         f"triton=={SUPPORTED_TRITON_VERSIONS[-1]}")
+
+
+def variant_name(spec: KernelSpec, index: Sequence[int], special: Specialization) -> str:
+    """``b<i>[_<j>...]_<specialization>``, or the specialization alone without buckets."""
+    if not spec.buckets:
+        return special.name
+    return "b" + "_".join(str(i) for i in index) + "_" + special.name
+
+
+_TT_FUNC = re.compile(r"tt\.func public @\w+\((.*)\) attributes")
+
+
+def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
+                    target: int = 90):
+    """Compile one variant with ``triton.compile`` for ``sm_<target>``.
+
+    As Triton 3.6's JIT would for arguments that satisfy the specialization:
+    ``div16`` parameters get ``tt.divisibility = 16``; ``eq1`` parameters
+    become constexprs equal to 1, so they vanish from the cubin.  Line info is
+    off, so the cubin is the same from any checkout.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kpack_tools.build_test_pack import _line_info_disabled
+
+    signature = dict(spec.params)
+    constexprs = dict(spec.constexprs(config))
+    for name in special.eq1:
+        signature[name] = "constexpr"
+        constexprs[name] = 1
+    arg_names = list(spec.fn.arg_names)
+    attrs = {(arg_names.index(name),): [["tt.divisibility", 16]] for name in special.div16}
+    src = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {**spec.options, "num_warps": config.num_warps,
+               "num_stages": config.num_stages, "num_ctas": config.num_ctas}
+    with _line_info_disabled():
+        compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
+    match = _TT_FUNC.search(compiled.asm["ttir"])
+    if match is None:
+        raise BuildError(f"kernel '{spec.name}': no public tt.func in the TTIR")
+    div_count = match.group(1).count("tt.divisibility = 16")
+    if div_count != len(special.div16):
+        raise BuildError(f"kernel '{spec.name}': specialization '{special.name}': TTIR has "
+                         f"{div_count} tt.divisibility = 16 arguments, expected "
+                         f"{len(special.div16)} ({list(special.div16)})")
+    return compiled
+
+
+def _untuned_results(spec: KernelSpec, reason: str) -> List[Dict[str, Any]]:
+    return [{"bucket": list(index), "range": describe_bucket(spec, index),
+             "representative": dict(shape), "chosen": spec.default_config(i).name,
+             "times_us": None, "errors": {}}
+            for i, (index, shape) in enumerate(zip(spec.bucket_indices(), spec.representatives))]
+
+
+def _config_json(config: Config) -> Mapping[str, Any]:
+    return {"name": config.name, "constexprs": dict(config.constexprs),
+            "num_warps": config.num_warps, "num_stages": config.num_stages,
+            "num_ctas": config.num_ctas}
+
+
+def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
+          reps: int = 25, log: Optional[Callable[[str], None]] = print):
+    """Build a pack from spec files; return ``(manifest, tuning)``.
+
+    ``tune`` asks for tuning; it happens only when torch sees a CUDA GPU,
+    otherwise the defaults are used and ``tuning.json`` says why.
+    """
+    import triton
+    log = log or (lambda line: None)
+    check_triton_version(triton.__version__)
+    specs: List[KernelSpec] = []
+    for path in spec_paths:
+        specs.extend(load_specs(path))
+    names = [spec.name for spec in specs]
+    for name in names:
+        if names.count(name) > 1:
+            raise SpecError(f"kernel name '{name}' is defined by more than one spec")
+
+    device, why_not = None, "--no-tune was given"
+    if tune:
+        from kpack_tools import autotune
+        device, why_not = autotune.cuda_device()
+    tuning = {"format": TUNING_FORMAT, "tuned": device is not None, "device": device,
+              "reason": None if device else f"not tuned: {why_not}; each bucket uses the "
+                                            f"spec's default config",
+              "reps": reps if device else None, "target": target,
+              "triton_version": triton.__version__, "kernels": []}
+    if device is None:
+        log(f"not tuning ({why_not}): using each spec's default configs")
+
+    kernels = []
+    compiled_cache = {}
+    for spec in specs:
+        if device is not None:
+            from kpack_tools import autotune
+            results = [{"bucket": list(r.index), "range": describe_bucket(spec, r.index),
+                        "representative": r.representative, "chosen": r.chosen,
+                        "times_us": r.times_us, "errors": r.errors}
+                       for r in autotune.tune_kernel(spec, reps=reps, log=log)]
+        else:
+            results = _untuned_results(spec, why_not)
+        tuning["kernels"].append({"name": spec.name,
+                                  "configs": [_config_json(c) for c in spec.configs],
+                                  "buckets": results})
+        variants = []
+        for index, result in zip(spec.bucket_indices(), results):
+            config = spec.config(result["chosen"])
+            for special in spec.all_specializations():
+                key = (spec.name, config.name, special.name)
+                if key not in compiled_cache:
+                    compiled_cache[key] = compile_variant(spec, config, special, target)
+                assumptions = {name: ["div16"] for name in special.div16}
+                assumptions.update({name: ["eq1"] for name in special.eq1})
+                constexprs = {name: value for name, value in spec.constexprs(config).items()}
+                variants.append(Variant.from_compiled(
+                    variant_name(spec, index, special), compiled_cache[key], constexprs,
+                    bucket=list(index) if spec.buckets else None,
+                    assumptions=assumptions or None))
+        kernels.append(Kernel(
+            name=spec.name, params=list(spec.params), variants=variants,
+            buckets=[{"param": b.param, "edges": list(b.edges)} for b in spec.buckets] or None,
+            grid=list(spec.grid)))
+    generator = f"kpack_tools.build (triton {triton.__version__})"
+    tuning_bytes = (json.dumps(tuning, indent=2, allow_nan=False) + "\n").encode()
+    manifest = write_pack(out_dir, kernels, generator=generator,
+                          extra_files={TUNING_FILE: tuning_bytes})
+    _log_summary(manifest, tuning, out_dir, log)
+    return manifest, tuning
+
+
+def _log_summary(manifest, tuning, out_dir, log) -> None:
+    chosen = {(k["name"], tuple(b["bucket"])): b for k in tuning["kernels"] for b in k["buckets"]}
+    log(f"{'kernel':12} {'variant':16} {'config':22} {'warps':>5} {'stages':>6} {'shared':>6} "
+        f"assumptions")
+    for kernel in manifest["kernels"]:
+        for v in kernel["variants"]:
+            result = chosen[(kernel["name"], tuple(v.get("bucket", [])))]
+            assumed = " ".join(f"{kind}({','.join(p for p, k in v['assumptions'].items() if kind in k)})"
+                               for kind in ("div16", "eq1")
+                               if any(kind in k for k in v.get("assumptions", {}).values()))
+            log(f"{kernel['name']:12} {v['name']:16} {result['chosen']:22} {v['num_warps']:5} "
+                f"{v.get('num_stages', '-'):>6} {v['shared']:6} {assumed or '-'}")
+    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    count = sum(len(k["variants"]) for k in manifest["kernels"])
+    log(f"wrote {out_dir}: {len(manifest['kernels'])} kernels, {count} variants, {total} bytes, "
+        f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kpack_tools.build",
+        description="Compile (and autotune) the kernels of build specs into a kpack/1 pack "
+                    "(docs/build-spec.md).")
+    parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s) (Python)")
+    parser.add_argument("--out", required=True, help="pack directory to (re)write")
+    parser.add_argument("--target", type=int, default=90,
+                        help="CUDA compute capability, major*10+minor (default 90: sm_90a)")
+    parser.add_argument("--no-tune", action="store_true",
+                        help="do not autotune: use each spec's default configs")
+    parser.add_argument("--tune-reps", type=int, default=25, metavar="N",
+                        help="timed launches per config and bucket (median; default 25)")
+    args = parser.parse_args(argv)
+    if args.tune_reps < 1:
+        parser.error("--tune-reps must be at least 1")
+    try:
+        build(args.specs, args.out, target=args.target, tune=not args.no_tune,
+              reps=args.tune_reps)
+    except (SpecError, BuildError, ValueError) as err:
+        print(f"kpack_tools.build: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
