@@ -183,9 +183,12 @@ def render_markdown(summaries: Mapping[str, Mapping[str, Summary]],
 _TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
-def gbench_filter(paths: Sequence[str] = CPP_PATHS) -> str:
-    """The --benchmark_filter regex selecting the C++ rows of this comparison."""
-    return "^(" + "|".join(paths) + ")/(" + "|".join(KERNELS) + ")(/|$)"
+def gbench_filter(paths: Sequence[str] = CPP_PATHS,
+                  kernels: Sequence[str] = KERNELS) -> str:
+    """The regex naming the C++ rows of this comparison, as --benchmark_filter and for
+    reading the JSON: ``path/kernel``, plus the ``/manual_time`` Google Benchmark appends;
+    nothing else, so rows such as ``raw_params/args4/mt/manual_time/threads:2`` are out."""
+    return "^(" + "|".join(paths) + ")/(" + "|".join(kernels) + ")(/manual_time)?$"
 
 
 def gbench_command(binary: str, out_file: str, reps: int, min_time: float) -> list[str]:
@@ -207,8 +210,7 @@ def parse_gbench(doc: Mapping, paths: Sequence[str] = CPP_PATHS,
     launches = int(context["launches_per_iteration"])
     if launches <= 0:
         raise BenchError(f"launches_per_iteration is {launches}")
-    name_re = re.compile("^(" + "|".join(map(re.escape, paths)) + ")/("
-                         + "|".join(map(re.escape, kernels)) + ")(/|$)")
+    name_re = re.compile(gbench_filter(paths, kernels))
     out: dict[str, dict[str, list[float]]] = {p: {k: [] for k in kernels} for p in paths}
     for bench in doc.get("benchmarks", []):
         m = name_re.match(bench.get("run_name", bench.get("name", "")))

@@ -5,8 +5,9 @@ the triton.tools.compile / link / cc command lines (run here for real, no GPU).
 tools/tests/data/gbench_*_sample.json were written by a Google Benchmark 1.7.1 program
 (Debian's libbenchmark-dev) registering the C++ benchmark's row names with manual time,
 `launches_per_iteration` = 256 in the context, plus rows this comparison must ignore
-(`dispatch_only/args4`, `kpack_by_kernel/args4_threads` with 2 threads) and one row that
-calls SkipWithError (`broken/args4`); 2 repetitions, random interleaving.
+(`dispatch_only/args4`, `raw_params/args4/mt` with 1 and 2 threads, named like the C++
+benchmark's threaded rows) and one row that calls SkipWithError (`broken/args4`);
+2 repetitions, random interleaving.
 """
 
 import importlib.util
@@ -52,10 +53,10 @@ def test_parses_every_repetition_into_microseconds_per_launch():
 def test_ignores_aggregates_and_rows_of_other_benchmarks():
     doc = load("gbench_launch_sample.json")
     names = {b["run_name"] for b in doc["benchmarks"]}
-    assert "kpack_by_kernel/args4_threads/manual_time/threads:2" in names
+    assert "raw_params/args4/mt/manual_time/threads:1" in names
     assert any(b["run_type"] == "aggregate" for b in doc["benchmarks"])
     got = tlb.parse_gbench(doc)
-    assert len(got["kpack_by_kernel"]["args4"]) == 2  # not the threads row's, not aggregates
+    assert len(got["raw_params"]["args4"]) == 2  # not the threaded rows', not aggregates
 
 
 def test_time_unit_and_launch_count_are_honoured():
@@ -90,10 +91,10 @@ def test_missing_rows_and_missing_launch_count_are_errors():
 def test_filter_selects_exactly_the_fifteen_rows():
     import re
     doc = load("gbench_launch_sample.json")
-    names = {b["run_name"].removesuffix("/manual_time") for b in doc["benchmarks"]}
-    # Google Benchmark matches the filter against the name without /manual_time.
+    names = {b["run_name"] for b in doc["benchmarks"]}
+    # Checked with Google Benchmark 1.7.1's --benchmark_list_tests too: the same 15 rows.
     picked = {n for n in names if re.search(tlb.gbench_filter(), n)}
-    assert picked == {f"{p}/{k}" for p in tlb.CPP_PATHS for k in tlb.KERNELS}
+    assert picked == {f"{p}/{k}/manual_time" for p in tlb.CPP_PATHS for k in tlb.KERNELS}
     cmd = tlb.gbench_command("/x/kpack_launch_bench", "/tmp/o.json", reps=7, min_time=0.3)
     assert cmd[0] == "/x/kpack_launch_bench"
     assert {"--benchmark_repetitions=7", "--benchmark_min_time=0.3",
