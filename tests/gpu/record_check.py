@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""GPU tier for record mode: record a PyTorch + Triton program, relaunch every
+recorded launch from C++ (`kpack run`) and require bit-identical outputs.
+
+1. `python -m kpack_tools.record --out PACK -- python record_program.py DATA`
+   (record_program.py: 4 Triton kernels, 5 launches, one kernel in two
+   specializations, one autotuned; it saves every pointer argument before and
+   after each launch).
+2. `kpack verify PACK` (manifest, sha256, layouts, and loading every variant).
+3. For each launch in PACK/record.json, in order, matched with the program's
+   own calls.json: check the recorded scalars and grid against what the program
+   passed, run `kpack run PACK KERNEL` on the saved "before" buffers with the
+   recorded scalars and grid, check that kpack chose the variant the JIT used,
+   and compare every buffer afterwards with the program's "after" bytes.
+
+Usage: record_check.py KPACK_BINARY
+Exits 77 (skipped) when no GPU or no torch is usable, unless KPACK_REQUIRE_GPU=1
+(then 1).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SKIP = 77
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def unavailable(reason):
+    print(f"record check: {reason}")
+    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
+        print("record check: KPACK_REQUIRE_GPU=1, so this is a failure, not a skip")
+        return 1
+    return SKIP
+
+
+def run(command, **kwargs):
+    print("$ " + " ".join(str(c) for c in command), flush=True)
+    result = subprocess.run([str(c) for c in command], capture_output=True, text=True,
+                            **kwargs)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result
+
+
+def scalar_text(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def main():
+    binary = sys.argv[1]
+    doctor = subprocess.run([binary, "doctor"], capture_output=True, text=True).stdout
+    if "driver: not available" in doctor or "devices: 0" in doctor:
+        print(doctor)
+        return unavailable("no usable GPU")
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return unavailable("torch sees no CUDA device")
+    except ImportError:
+        return unavailable("torch is not installed")
+    import triton
+    print(f"record check: torch {torch.__version__}, triton {triton.__version__}")
+
+    with tempfile.TemporaryDirectory(prefix="kpack-record-check-") as tmp:
+        tmp = Path(tmp)
+        pack, data = tmp / "pack", tmp / "data"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "tools")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        recorded = run([sys.executable, "-m", "kpack_tools.record", "--out", pack, "--",
+                        sys.executable, HERE / "record_program.py", data], env=env)
+        if recorded.returncode != 0:
+            print(f"FAIL: record exited with {recorded.returncode}")
+            return 1
+        verified = run([binary, "verify", pack])
+        if verified.returncode != 0:
+            print(f"FAIL: kpack verify exited with {verified.returncode}")
+            return 1
+
+        manifest = json.loads((pack / "manifest.json").read_text())
+        record = json.loads((pack / "record.json").read_text())
+        calls = json.loads((data / "calls.json").read_text())
+        functions = {(k["kernel"], k["variant"]): k["function"] for k in record["kernels"]}
+        launches = record["launches"]
+        failures = []
+        if len(launches) != len(calls):
+            failures.append(f"record.json has {len(launches)} launches, the program made "
+                            f"{len(calls)} calls")
+        params = {k["name"]: k["params"] for k in manifest["kernels"]}
+        variants_used = {}
+        for index, (launch, call) in enumerate(zip(launches, calls)):
+            kernel, variant = launch["kernel"], launch["variant"]
+            what = f"launch {index}: {kernel} [{variant}] grid {launch['grid']}"
+            function = functions[(kernel, variant)].rsplit(".", 1)[-1]
+            if function != call["function"]:
+                failures.append(f"{what}: recorded function {function}, program called "
+                                f"{call['function']}")
+                continue
+            if launch["grid"] != call["grid"]:
+                failures.append(f"{what}: recorded grid differs from the program's {call['grid']}")
+            command = [binary, "run", pack, kernel, "--grid",
+                       ",".join(str(g) for g in launch["grid"])]
+            outputs = {}
+            aligned = True
+            for param in params[kernel]:
+                name = param["name"]
+                if param["type"] == "constexpr":
+                    continue
+                arg = launch["args"][name]
+                if param["type"].startswith("*"):
+                    aligned = aligned and arg["align16"]
+                    command += ["--arg", f"{name}=@{data / call['buffers'][name]['before']}"]
+                    outputs[name] = tmp / f"{index:02d}_{name}_kpack.npy"
+                    command += ["--out", f"{name}=@{outputs[name]}"]
+                else:
+                    if arg["value"] != call["scalars"][name]:
+                        failures.append(f"{what}: recorded {name}={arg['value']!r}, program "
+                                        f"passed {call['scalars'][name]!r}")
+                    command += ["--arg", f"{name}={scalar_text(arg['value'])}"]
+            result = run(command)
+            if result.returncode != 0:
+                failures.append(f"{what}: kpack run exited with {result.returncode}")
+                continue
+            chosen = re.search(r"variant (\S+),", result.stdout)
+            chosen = chosen.group(1) if chosen else None
+            if chosen != variant and aligned:
+                failures.append(f"{what}: kpack chose variant {chosen}, the JIT compiled "
+                                f"{variant} for this call")
+            variants_used.setdefault(kernel, set()).add(variant)
+            for name, path in outputs.items():
+                want = np.load(data / call["buffers"][name]["after"])
+                got = np.load(path).reshape(want.shape)
+                same = got.dtype == want.dtype and got.tobytes() == want.tobytes()
+                diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+                differing = int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8)))
+                print(f"{what}: kpack chose {chosen}; buffer {name} ({want.size} x "
+                      f"{want.dtype}): {'bit-identical' if same else 'DIFFERENT'} "
+                      f"(max abs diff {np.nanmax(diff) if diff.size else 0:.3e}, "
+                      f"{differing} bytes differ)")
+                if not same:
+                    failures.append(f"{what}: buffer {name} differs from the program's output")
+
+        kernels = {functions[(x['kernel'], x['variant'])] for x in launches}
+        multi = [k for k, v in variants_used.items() if len(v) > 1]
+        print(f"record check: {len(launches)} launches of {len(kernels)} Triton functions "
+              f"relaunched; kernels with several variants launched: {multi}")
+        if len(kernels) < 3:
+            failures.append(f"only {len(kernels)} different kernels recorded, expected >= 3")
+        if not multi:
+            failures.append("no kernel was launched in two variants")
+        for failure in failures:
+            print(f"FAIL: {failure}")
+        if failures:
+            return 1
+    print("record check: every recorded launch relaunched from C++ with bit-identical outputs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

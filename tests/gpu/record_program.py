@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""A small PyTorch + Triton program for the record-mode GPU check (record_check.py).
+
+It knows nothing about kpack: record_check.py runs it under
+``python -m kpack_tools.record``.  Four Triton kernels, five launches:
+
+- ``scale_add_kernel`` (elementwise with an fp32 scalar and an int stride), twice:
+  n = 4096, stride 1 (JIT: pointers and n div16, stride_x == 1 compiled away) and
+  n = 1000, stride 3 (pointers div16 only): two variants of one kernel;
+- ``softmax_kernel`` (row softmax, 64 x 1000, one program per row);
+- ``layernorm_kernel`` (row layer norm with weight and bias, 32 x 768, eps 1e-5);
+- ``relu_kernel``, autotuned over two configs (only the chosen one is exported).
+
+For every launch it saves each pointer argument's buffer before and after the
+call (``.npy``, float32) and appends an entry to ``calls.json`` in OUT_DIR, so
+the check can relaunch the same call from C++ and compare bytes.
+
+Usage: record_program.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add_kernel(x_ptr, y_ptr, out_ptr, n, stride_x, alpha, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs * stride_x, mask=mask)
+    y = tl.load(y_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, alpha * x + y, mask=mask)
+
+
+@triton.jit
+def softmax_kernel(out_ptr, in_ptr, in_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
+    # exp2 of log2(e)-scaled differences; masked columns are -inf and add 0.
+    cols = tl.arange(0, BLOCK)
+    src = in_ptr + tl.program_id(0) * in_row_stride
+    x = tl.load(src + cols, mask=cols < n_cols, other=-float("inf")) * 1.4426950408889634
+    e = tl.exp2(x - tl.max(x, axis=0))
+    dst = out_ptr + tl.program_id(0) * out_row_stride
+    tl.store(dst + cols, e * (1.0 / tl.sum(e, axis=0)), mask=cols < n_cols)
+
+
+@triton.jit
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, row_stride, n_cols, eps,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * row_stride + cols, mask=mask, other=0.0)
+    mean = tl.sum(x, axis=0) / n_cols
+    d = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask)
+    b = tl.load(b_ptr + cols, mask=mask)
+    tl.store(out_ptr + row * row_stride + cols, d * rstd * w + b, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 256}, num_warps=2),
+                          triton.Config({"BLOCK": 1024}, num_warps=4)], key=["n"])
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+class Calls:
+    """Saves each launch's buffers and parameters for the check."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+        self.calls = []
+
+    def launch(self, kernel, grid, buffers, scalars, launch):
+        """``launch()`` runs the call; ``buffers`` maps pointer params to tensors."""
+        index = len(self.calls)
+        entry = {"function": kernel, "grid": grid, "scalars": scalars, "buffers": {}}
+        for name, tensor in buffers.items():
+            before = f"{index:02d}_{kernel}_{name}_before.npy"
+            np.save(os.path.join(self.out_dir, before), tensor.detach().cpu().numpy())
+            entry["buffers"][name] = {"before": before}
+        launch()
+        torch.cuda.synchronize()
+        for name, tensor in buffers.items():
+            after = f"{index:02d}_{kernel}_{name}_after.npy"
+            np.save(os.path.join(self.out_dir, after), tensor.detach().cpu().numpy())
+            entry["buffers"][name]["after"] = after
+        self.calls.append(entry)
+        print(f"program: call {index}: {kernel} grid {grid} {scalars}")
+
+    def save(self):
+        with open(os.path.join(self.out_dir, "calls.json"), "w", encoding="utf-8") as f:
+            json.dump(self.calls, f, indent=1)
+
+
+def main():
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    dev = "cuda"
+    calls = Calls(out_dir)
+
+    x = torch.randn(3 * 4096, device=dev)
+    y = torch.randn(4096, device=dev)
+    for n, stride, alpha in ((4096, 1, 0.75), (1000, 3, -1.5)):
+        out = torch.zeros(4096, device=dev)
+        grid = [triton.cdiv(n, 512), 1, 1]
+        calls.launch("scale_add_kernel", grid, {"x_ptr": x, "y_ptr": y, "out_ptr": out},
+                     {"n": n, "stride_x": stride, "alpha": alpha},
+                     lambda: scale_add_kernel[tuple(grid)](x, y, out, n, stride, alpha,
+                                                           BLOCK=512))
+
+    rows, cols = 64, 1000
+    inp = torch.randn(rows, cols, device=dev) * 3
+    sm_out = torch.zeros(rows, cols, device=dev)
+    calls.launch("softmax_kernel", [rows, 1, 1], {"out_ptr": sm_out, "in_ptr": inp},
+                 {"in_row_stride": cols, "out_row_stride": cols, "n_cols": cols},
+                 lambda: softmax_kernel[(rows,)](sm_out, inp, cols, cols, cols, BLOCK=1024))
+    ref = torch.softmax(inp.double(), dim=1)
+    print(f"program: softmax max abs error vs torch float64 "
+          f"{(sm_out.double() - ref).abs().max().item():.3e}")
+
+    rows, cols = 32, 768
+    xl = torch.randn(rows, cols, device=dev)
+    w = torch.randn(cols, device=dev)
+    b = torch.randn(cols, device=dev)
+    ln_out = torch.zeros(rows, cols, device=dev)
+    calls.launch("layernorm_kernel", [rows, 1, 1],
+                 {"x_ptr": xl, "w_ptr": w, "b_ptr": b, "out_ptr": ln_out},
+                 {"row_stride": cols, "n_cols": cols, "eps": 1e-5},
+                 lambda: layernorm_kernel[(rows,)](xl, w, b, ln_out, cols, cols, 1e-5,
+                                                   BLOCK=1024))
+    ref = torch.nn.functional.layer_norm(xl.double(), (cols,), w.double(), b.double(), 1e-5)
+    print(f"program: layernorm max abs error vs torch float64 "
+          f"{(ln_out.double() - ref).abs().max().item():.3e}")
+
+    n = 5000
+    xr = torch.randn(n, device=dev)
+    relu_out = torch.zeros(n, device=dev)
+    chosen = {}
+
+    def relu():
+        relu_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](xr, relu_out, n)
+        chosen["BLOCK"] = relu_kernel.best_config.kwargs["BLOCK"]
+
+    # The grid depends on the config the autotuner picks; the check takes the
+    # grid from record.json and checks it against this one after the call.
+    calls.launch("relu_kernel", None, {"x_ptr": xr, "out_ptr": relu_out}, {"n": n}, relu)
+    calls.calls[-1]["grid"] = [triton.cdiv(n, chosen["BLOCK"]), 1, 1]
+    print(f"program: relu autotuner chose BLOCK={chosen['BLOCK']}")
+    calls.save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,848 @@
+"""Record mode: run an unmodified Triton program and export what it compiled.
+
+Two ways in (``docs/record.md`` has the whole contract)::
+
+    python -m kpack_tools.record --out PACK [--force] -- python my_model.py args...
+
+    with kpack_tools.record.Recorder(out="PACK"):
+        model(x)
+
+Every kernel Triton 3.6 compiles while recording is captured with its exact
+signature, constexprs, specialization (``tt.divisibility`` 16 -> ``div16``,
+ints equal to 1 compiled away -> ``eq1``, i32/i64/u64 int typing -> per-variant
+``types``) and launch metadata, and every launch with its grid and a summary of
+its arguments.  At export, one Python function + one configuration (constexpr
+values, ``None`` arguments, non-integer argument types, compile options) is one
+pack kernel, and the specializations seen are its variants.
+
+Hook points (all of Triton 3.6, checked against its source):
+
+- ``triton.knobs.compilation.listener``: called by ``triton.compile`` for every
+  compilation, cache hits included, with the ``ASTSource`` (signature,
+  constants, attrs), the metadata and the paths of the cached files (cubin).
+- ``CompiledKernel.launch_metadata(grid, stream, *args)``: called by the JIT
+  (and by ``CompiledKernel[grid]``) right before each launch with the
+  evaluated grid and every argument; wrapped to count and summarize launches
+  (``knobs.runtime.launch_enter_hook`` receives neither the grid nor the
+  arguments in 3.6).
+- ``Autotuner._bench`` and ``Autotuner.run``: wrapped to tell autotuning
+  benchmark launches from real ones and to notice ``Config.pre_hook``.
+
+Anything that depends on these is refused on another Triton version.
+"""
+
+import argparse
+import atexit
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from kpack_tools.pack import INTEGER_TYPES, Kernel, Variant, write_pack
+
+SUPPORTED_TRITON_VERSIONS = ("3.6.0",)
+RECORD_FILE = "record.json"
+RECORD_FORMAT = "kpack-record/1"
+DEFAULT_MAX_LAUNCHES = 64
+# Environment of a recorded child process (set by the command line).
+ENV_DIR = "KPACK_RECORD_DIR"
+ENV_TOOLS = "KPACK_RECORD_TOOLS"
+ENV_MAX_LAUNCHES = "KPACK_RECORD_MAX_LAUNCHES"
+BOOT_DIR = Path(__file__).resolve().parent / "_record_boot"
+# i32 before i64 before u64: the order the runtime prefers and Triton's JIT
+# assigns (the narrowest type that holds the value).
+_INT_ORDER = {"i32": 0, "i64": 1, "u64": 2}
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.]")
+_MAX_VARIANT_NAME = 120
+
+
+class UnsupportedTritonVersion(RuntimeError):
+    """Triton is not a version whose hook points and ABI this module knows."""
+
+
+def check_triton_version(version: str) -> None:
+    """Raise ``UnsupportedTritonVersion`` unless ``version`` is supported."""
+    if version not in SUPPORTED_TRITON_VERSIONS:
+        raise UnsupportedTritonVersion(
+            f"kpack record: found Triton {version}, supported: "
+            f"{', '.join(SUPPORTED_TRITON_VERSIONS)}; the recorder reads Triton's compile "
+            f"and launch internals, which change between versions, so it refuses to record")
+
+
+# ---------------------------------------------------------------------------
+# What is recorded
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class CompileRecord:
+    """One compilation Triton made (``CompiledKernel``), keyed by Triton's
+    compile hash.  Everything is JSON-able; the cubin is kept separately."""
+
+    hash: str
+    function: str                      # __name__
+    module: str
+    qualname: str
+    source_key: str                    # JITFunction.cache_key: source + dependencies
+    arg_names: List[str]
+    declared_constexpr: List[bool]
+    signature: Dict[str, str]          # param -> Triton type ("constexpr" if compiled in)
+    constants: Dict[str, Any]          # param -> value, for every "constexpr" entry
+    div16: List[str]                   # params with tt.divisibility = 16
+    metadata: Dict[str, Any]
+    options: Dict[str, Any]            # compile options (part of the config)
+    cubin_sha256: str
+    problems: List[str] = field(default_factory=list)
+
+    @property
+    def function_id(self) -> Tuple[str, str, str]:
+        return (self.module, self.qualname, self.source_key)
+
+
+@dataclass
+class LaunchRecord:
+    """One launch (outside autotuning benchmarks): which compile, the grid in
+    programs, and a summary of every argument by parameter name."""
+
+    seq: int
+    hash: str
+    grid: List[int]
+    args: Dict[str, Any]
+    pre_hook: bool
+
+
+@dataclass
+class Recording:
+    """Everything recorded, by one process or merged from several."""
+
+    triton_version: str
+    compiles: Dict[str, CompileRecord] = field(default_factory=dict)
+    cubins: Dict[str, bytes] = field(default_factory=dict)        # sha256 -> cubin
+    launches: List[LaunchRecord] = field(default_factory=list)
+    launch_counts: Dict[str, int] = field(default_factory=dict)   # hash -> real launches
+    bench_counts: Dict[str, int] = field(default_factory=dict)    # hash -> benchmark launches
+    pre_hooks: Dict[str, int] = field(default_factory=dict)       # hash -> launches with a hook
+    # Compilations that cannot be recorded at all (e.g. from IR text).
+    unrecordable: List[str] = field(default_factory=list)
+
+    def merge(self, other: "Recording") -> None:
+        """Add another process's recording (compile hashes identify equal kernels)."""
+        if other.triton_version != self.triton_version:
+            raise ValueError(f"recordings from Triton {self.triton_version} and "
+                             f"{other.triton_version} cannot be merged")
+        for h, record in other.compiles.items():
+            self.compiles.setdefault(h, record)
+        self.cubins.update(other.cubins)
+        offset = len(self.launches)
+        for launch in other.launches:
+            self.launches.append(dataclasses.replace(launch, seq=launch.seq + offset))
+        for name in ("launch_counts", "bench_counts", "pre_hooks"):
+            mine = getattr(self, name)
+            for h, n in getattr(other, name).items():
+                mine[h] = mine.get(h, 0) + n
+        self.unrecordable.extend(other.unrecordable)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"triton_version": self.triton_version,
+                "compiles": [dataclasses.asdict(c) for c in self.compiles.values()],
+                "launches": [dataclasses.asdict(x) for x in self.launches],
+                "launch_counts": self.launch_counts, "bench_counts": self.bench_counts,
+                "pre_hooks": self.pre_hooks, "unrecordable": self.unrecordable}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], cubins: Mapping[str, bytes]) -> "Recording":
+        compiles = {c["hash"]: CompileRecord(**c) for c in data["compiles"]}
+        return cls(triton_version=data["triton_version"], compiles=compiles,
+                   cubins={c.cubin_sha256: cubins[c.cubin_sha256] for c in compiles.values()},
+                   launches=[LaunchRecord(**x) for x in data["launches"]],
+                   launch_counts=dict(data["launch_counts"]),
+                   bench_counts=dict(data["bench_counts"]), pre_hooks=dict(data["pre_hooks"]),
+                   unrecordable=list(data["unrecordable"]))
+
+
+def _json_value(value) -> Any:
+    """A JSON-able rendering of a metadata/option/constexpr value."""
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if hasattr(value, "_asdict"):  # GPUTarget and other namedtuples
+        return _json_value(value._asdict())
+    if dataclasses.is_dataclass(value):
+        return _json_value(dataclasses.asdict(value))
+    return repr(value)
+
+
+def _constexpr_value(value) -> Tuple[Any, Optional[str]]:
+    """``(value for the manifest, problem)``: JSON scalars as they are, Triton
+    dtypes and jitted functions as their names (compiled in, informational)."""
+    value = getattr(value, "value", value) if type(value).__name__ == "constexpr" else value
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value, None
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value, None
+        return None, f"value {value!r} is not finite (JSON cannot hold it)"
+    module = type(value).__module__ or ""
+    if module.startswith("triton.language"):  # tl.dtype and friends
+        return str(value), None
+    if hasattr(value, "fn") and hasattr(value, "arg_names"):  # a jitted function
+        return f"{value.fn.__module__}.{value.fn.__qualname__}", None
+    return None, f"value of type {type(value).__name__} cannot be stored in a kpack/1 manifest"
+
+
+def compile_record(src, metadata: Mapping[str, Any], cubin: bytes) -> CompileRecord:
+    """Turn what ``triton.compile`` saw (an ``ASTSource`` over a ``JITFunction``)
+    and produced into a record, noting what kpack/1 cannot express."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+    fn = src.fn
+    arg_names = list(fn.arg_names)
+    declared = [bool(p.is_constexpr) for p in fn.params]
+    problems = []
+    signature = {}
+    for name in arg_names:
+        ty = src.signature.get(name)
+        if not isinstance(ty, str):
+            problems.append(f"parameter '{name}' is a tuple ({ty!r}); kpack/1 parameters "
+                            f"are flat")
+            ty = repr(ty)
+        elif ty == "nvTmaDesc" or ty.startswith("tensordesc"):
+            problems.append(f"parameter '{name}' is a host TMA descriptor ({ty}); kpack/1 "
+                            f"does not support nvTmaDesc/tensordesc parameters")
+        signature[name] = ty
+    constants = {}
+    for path, value in src.constants.items():
+        if len(path) != 1:
+            problems.append(f"constant at tuple path {path}: kpack/1 parameters are flat")
+            continue
+        name = arg_names[path[0]]
+        stored, problem = _constexpr_value(value)
+        if problem:
+            problems.append(f"constexpr '{name}': {problem}")
+        constants[name] = stored
+    div16 = []
+    for path, attrs in src.attrs.items():
+        name = arg_names[path[0]] if len(path) == 1 else repr(path)
+        for attr in attrs:
+            if len(path) == 1 and list(attr) == ["tt.divisibility", 16]:
+                div16.append(name)
+            else:
+                problems.append(f"specialization attribute {list(attr)} on '{name}' has no "
+                                f"kpack/1 assumption")
+    meta = {k: _json_value(v) for k, v in dict(metadata).items()}
+    target = meta.get("target") or {}
+    if target.get("backend") != "cuda":
+        problems.append(f"target {target!r} is not CUDA")
+    if meta.get("tensordesc_meta"):
+        problems.append("uses host TMA descriptors (metadata tensordesc_meta)")
+    option_names = [f.name for f in dataclasses.fields(CUDAOptions)]
+    options = {k: meta[k] for k in option_names if k in meta}
+    return CompileRecord(
+        hash=str(meta.get("hash") or hashlib.sha256(cubin).hexdigest()),
+        function=fn.__name__, module=str(fn.fn.__module__), qualname=fn.fn.__qualname__,
+        source_key=str(fn.cache_key), arg_names=arg_names, declared_constexpr=declared,
+        signature=signature, constants=constants,
+        div16=[n for n in arg_names if n in div16], metadata=meta, options=options,
+        cubin_sha256=hashlib.sha256(cubin).hexdigest(), problems=problems)
+
+
+def _arg_summary(value) -> Any:
+    """What a launch passed for one parameter, without touching device memory."""
+    if hasattr(value, "data_ptr"):
+        ptr = int(value.data_ptr())
+        summary = {"ptr": ptr, "align16": ptr % 16 == 0, "dtype": str(value.dtype)}
+        if hasattr(value, "shape"):
+            summary["shape"] = [int(d) for d in value.shape]
+        return summary
+    if isinstance(value, (bool, int, str)) or value is None:
+        return {"value": value}
+    if isinstance(value, float):
+        return {"value": value if math.isfinite(value) else repr(value)}
+    stored, problem = _constexpr_value(value)
+    return {"value": stored} if problem is None else {"repr": repr(value)}
+
+
+# ---------------------------------------------------------------------------
+# The recorder: installs and removes the hooks
+# ---------------------------------------------------------------------------
+
+_active_lock = threading.Lock()
+_active: Optional["Recorder"] = None
+
+
+class Recorder:
+    """Records Triton compilations and launches while active.
+
+    As a context manager it writes the pack to ``out`` when the block exits
+    (also when the block raised: then an export error is logged, not raised,
+    so the block's exception is what propagates).  ``out`` may be None to
+    record only; call ``export`` yourself.  One recorder is active at a time.
+    ``max_launches`` caps the launches summarized per compiled kernel (all are
+    counted).  ``dump_dir`` (used by the command line) makes the recorder
+    write its recording there at every compilation and at exit.
+    """
+
+    def __init__(self, out=None, force: bool = False,
+                 max_launches: int = DEFAULT_MAX_LAUNCHES, dump_dir=None,
+                 log: Optional[Callable[[str], None]] = print):
+        self.out = out
+        self.force = force
+        self.max_launches = max_launches
+        self.dump_dir = Path(dump_dir) if dump_dir is not None else None
+        self.log = log or (lambda line: None)
+        self.recording: Optional[Recording] = None
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._saved = {}
+        self._seq = 0
+        self._unrecordable = set()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "Recorder":
+        global _active
+        import triton
+        check_triton_version(triton.__version__)
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.autotuner import Autotuner
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError("kpack record: another Recorder is already active")
+            if self.out is not None:
+                _check_out(Path(self.out), self.force)
+            self.recording = Recording(triton_version=triton.__version__)
+            previous_listener = knobs.compilation.listener
+            recorder = self
+
+            def listener(*, src, metadata, metadata_group, times, cache_hit):
+                recorder._on_compile(src, metadata, metadata_group)
+                if previous_listener is not None:
+                    previous_listener(src=src, metadata=metadata, metadata_group=metadata_group,
+                                      times=times, cache_hit=cache_hit)
+
+            original_launch_metadata = CompiledKernel.launch_metadata
+            original_bench = Autotuner._bench
+            original_run = Autotuner.run
+
+            def launch_metadata(kernel, grid, stream, *args):
+                recorder._on_launch(kernel, grid, args)
+                return original_launch_metadata(kernel, grid, stream, *args)
+
+            def bench(tuner, *args, **kwargs):
+                recorder._local.bench = getattr(recorder._local, "bench", 0) + 1
+                try:
+                    return original_bench(tuner, *args, **kwargs)
+                finally:
+                    recorder._local.bench -= 1
+
+            def run(tuner, *args, **kwargs):
+                stack = recorder._local.__dict__.setdefault("tuners", [])
+                stack.append(tuner)
+                try:
+                    return original_run(tuner, *args, **kwargs)
+                finally:
+                    stack.pop()
+
+            self._saved = {"listener": previous_listener,
+                           "launch_metadata": original_launch_metadata,
+                           "bench": original_bench, "run": original_run}
+            knobs.compilation.listener = listener
+            CompiledKernel.launch_metadata = launch_metadata
+            Autotuner._bench = bench
+            Autotuner.run = run
+            _active = self
+        return self
+
+    def stop(self) -> Recording:
+        global _active
+        from triton import knobs
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.autotuner import Autotuner
+        with _active_lock:
+            if _active is self:
+                knobs.compilation.listener = self._saved["listener"]
+                CompiledKernel.launch_metadata = self._saved["launch_metadata"]
+                Autotuner._bench = self._saved["bench"]
+                Autotuner.run = self._saved["run"]
+                _active = None
+        self.dump()
+        return self.recording
+
+    def __enter__(self) -> "Recorder":
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        recording = self.stop()
+        if self.out is None:
+            return
+        if exc_type is None:
+            export(recording, self.out, force=self.force, log=self.log)
+            return
+        try:
+            export(recording, self.out, force=self.force, log=self.log)
+        except Exception as err:  # the block's exception must win
+            self.log(f"kpack record: could not export after the recorded block failed: {err}")
+
+    # -- hooks -------------------------------------------------------------
+
+    def _capture(self, src, metadata, read_cubin) -> Optional[str]:
+        """Record a compilation once; return its hash (None if unrecordable)."""
+        h = str(metadata.get("hash", ""))
+        with self._lock:
+            if h and h in self.recording.compiles:
+                return h
+            if h in self._unrecordable:
+                return None
+            if not hasattr(src, "fn") or not hasattr(src.fn, "arg_names"):
+                self._unrecordable.add(h)
+                self.recording.unrecordable.append(
+                    f"{getattr(src, 'name', src)!r} (hash {h[:12]}): compiled from IR, not "
+                    f"from a @triton.jit function, so its signature is unknown")
+                return None
+            cubin = read_cubin()
+            record = compile_record(src, metadata, cubin)
+            self.recording.compiles[record.hash] = record
+            self.recording.cubins[record.cubin_sha256] = cubin
+        self.dump()
+        return record.hash
+
+    def _on_compile(self, src, metadata, metadata_group) -> None:
+        def read_cubin():
+            paths = [p for name, p in metadata_group.items() if name.endswith(".cubin")]
+            if len(paths) != 1:
+                raise RuntimeError(f"kpack record: compile of {src.name}: expected one cubin "
+                                   f"in Triton's cache group, found {paths}")
+            return Path(paths[0]).read_bytes()
+        self._capture(src, metadata, read_cubin)
+
+    def _on_launch(self, kernel, grid, args) -> None:
+        h = kernel.hash
+        if h not in self.recording.compiles:  # compiled before the recorder started
+            h = self._capture(kernel.src, {**kernel.metadata._asdict(), "hash": kernel.hash},
+                              lambda: bytes(kernel.asm["cubin"]))
+            if h is None:
+                return
+        rec = self.recording
+        with self._lock:
+            if getattr(self._local, "bench", 0):
+                rec.bench_counts[h] = rec.bench_counts.get(h, 0) + 1
+                return
+            tuners = getattr(self._local, "tuners", [])
+            config = getattr(tuners[-1], "best_config", None) if tuners else None
+            fn = getattr(kernel.src, "fn", None)
+            pre_hook = bool((config is not None and config.pre_hook is not None)
+                            or getattr(fn, "pre_run_hooks", None))
+            count = rec.launch_counts.get(h, 0)
+            rec.launch_counts[h] = count + 1
+            if pre_hook:
+                rec.pre_hooks[h] = rec.pre_hooks.get(h, 0) + 1
+            if count >= self.max_launches:
+                return
+            grid = list(grid) + [1] * (3 - len(grid))
+            names = kernel.src.fn.arg_names
+            rec.launches.append(LaunchRecord(
+                seq=self._seq, hash=h, grid=[int(g) for g in grid[:3]],
+                args={name: _arg_summary(value) for name, value in zip(names, args)},
+                pre_hook=pre_hook))
+            self._seq += 1
+
+    def dump(self) -> None:
+        """Write the recording to ``dump_dir`` (command-line mode only)."""
+        if self.dump_dir is None or self.recording is None:
+            return
+        with self._lock:
+            cubin_dir = self.dump_dir / "cubins"
+            cubin_dir.mkdir(parents=True, exist_ok=True)
+            for sha, data in self.recording.cubins.items():
+                path = cubin_dir / f"{sha}.cubin"
+                if not path.exists():
+                    path.write_bytes(data)
+            target = self.dump_dir / f"{os.getpid()}.json"
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.recording.to_json()), encoding="utf-8")
+            tmp.replace(target)
+
+
+def load_dumps(dump_dir) -> Tuple[Optional[Recording], List[str]]:
+    """Merge the recordings the processes of a recorded program dumped, and
+    return ``(recording or None, errors the processes reported)``."""
+    dump_dir = Path(dump_dir)
+    errors = [p.read_text(encoding="utf-8").strip() for p in sorted(dump_dir.glob("*.error"))]
+    cubins = {p.stem: p.read_bytes() for p in (dump_dir / "cubins").glob("*.cubin")} \
+        if (dump_dir / "cubins").is_dir() else {}
+    merged = None
+    for path in sorted(dump_dir.glob("*.json"), key=lambda p: int(p.stem)):
+        recording = Recording.from_json(json.loads(path.read_text(encoding="utf-8")), cubins)
+        if merged is None:
+            merged = recording
+        else:
+            merged.merge(recording)
+    return merged, errors
+
+
+# ---------------------------------------------------------------------------
+# Export: recording -> pack
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ExportReport:
+    """What ``export`` did, as lines for the user and data for tests."""
+
+    manifest: Optional[Mapping[str, Any]]
+    record: Mapping[str, Any]
+    lines: List[str]
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"kpack record: {out} exists and is not empty; pass --force "
+                              f"(force=True) to replace it")
+
+
+def _int_rank(ty: str) -> int:
+    return _INT_ORDER.get(ty, len(_INT_ORDER))
+
+
+def _param_role(record: CompileRecord, i: int, name: str):
+    """How parameter ``i`` enters the kernel: ``("constexpr", value)`` (declared
+    or passed as None: part of the config), ``("eq1",)`` (an int compiled away
+    because it was 1), ``("int", type)`` or ``("type", type)``."""
+    ty = record.signature[name]
+    if record.declared_constexpr[i]:
+        return ("constexpr", record.constants.get(name))
+    if ty == "constexpr":
+        value = record.constants.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value == 1:
+            return ("eq1",)
+        return ("constexpr", value)
+    if ty in INTEGER_TYPES:
+        return ("int", ty)
+    return ("type", ty)
+
+
+def _config_key(record: CompileRecord) -> str:
+    roles = []
+    for i, name in enumerate(record.arg_names):
+        role = _param_role(record, i, name)
+        roles.append(("int",) if role[0] in ("int", "eq1") else role)
+    arch = (record.metadata.get("target") or {}).get("arch")
+    return json.dumps([roles, record.options, arch], sort_keys=True, default=repr)
+
+
+def _spec(record: CompileRecord):
+    """``(assumptions, int types)`` of a compile: its dispatch key."""
+    assumptions, types = {}, {}
+    for i, name in enumerate(record.arg_names):
+        role = _param_role(record, i, name)
+        if role[0] == "eq1":
+            assumptions[name] = ["eq1"]
+        elif role[0] == "int":
+            types[name] = role[1]
+        if name in record.div16:
+            assumptions[name] = ["div16"]
+    return assumptions, types
+
+
+def _variant_name(arg_names, assumptions, retyped) -> str:
+    parts = []
+    for name in arg_names:
+        for kind in assumptions.get(name, ()):
+            parts.append(f"{name}.{'d16' if kind == 'div16' else kind}")
+        if name in retyped:
+            parts.append(f"{name}.{retyped[name]}")
+    return "-".join(parts) or "generic"
+
+
+def _summarize_spec(assumptions, types) -> str:
+    parts = [f"{kind}({','.join(p for p, k in assumptions.items() if kind in k)})"
+             for kind in ("div16", "eq1") if any(kind in k for k in assumptions.values())]
+    parts += [f"{p}:{t}" for p, t in types.items()]
+    return " ".join(parts) or "no assumptions"
+
+
+def _function_names(functions: Sequence[Tuple[str, str, str]], records) -> Dict[Tuple, str]:
+    """Pack kernel base name per function: ``__name__`` when unique, else the
+    module-qualified name, else that plus ``__src<k>`` (same name, different
+    source: a redefinition)."""
+    by_name: Dict[str, List[Tuple]] = {}
+    for fid in functions:
+        by_name.setdefault(records[fid].function, []).append(fid)
+    names = {}
+    for short, fids in by_name.items():
+        if len(fids) == 1:
+            names[fids[0]] = _NAME_UNSAFE.sub("_", short)
+            continue
+        by_qual: Dict[str, List[Tuple]] = {}
+        for fid in fids:
+            by_qual.setdefault(_NAME_UNSAFE.sub("_", f"{fid[0]}.{fid[1]}"), []).append(fid)
+        for qual, same in by_qual.items():
+            for k, fid in enumerate(same, start=1):
+                names[fid] = qual if len(same) == 1 else f"{qual}__src{k}"
+    return {fid: (n if re.match(r"[A-Za-z_]", n) else f"k_{n}") for fid, n in names.items()}
+
+
+def export(recording: Recording, out, force: bool = False,
+           log: Optional[Callable[[str], None]] = print) -> ExportReport:
+    """Write ``recording`` as a pack (plus ``record.json``) to ``out``.
+
+    Policy (docs/record.md): compiles only benchmarked by the autotuner are not
+    exported; one kernel per (function, config); several configs of a
+    function become ``<name>__cfg<k>``; compiles kpack/1 cannot express are
+    refused by name.  Every decision is logged.  Raises ValueError when
+    nothing is exportable.
+    """
+    import triton
+    log = log or (lambda line: None)
+    lines: List[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        log(line)
+
+    out = Path(out)
+    _check_out(out, force)
+    not_exported = []
+    for text in recording.unrecordable:
+        say(f"not exported: {text}")
+        not_exported.append({"what": text, "reason": "compiled from IR"})
+
+    first_use = {}
+    for launch in recording.launches:
+        first_use.setdefault(launch.hash, launch.seq)
+    position = {h: i for i, h in enumerate(recording.compiles)}
+    order = sorted(recording.compiles.values(),
+                   key=lambda c: (first_use.get(c.hash, math.inf), position[c.hash]))
+    exportable = []
+    for record in order:
+        where = f"{record.module}.{record.qualname} (compile {record.hash[:12]})"
+        if record.problems:
+            for problem in record.problems:
+                say(f"REFUSED {where}: {problem}")
+            not_exported.append({"function": f"{record.module}.{record.qualname}",
+                                 "hash": record.hash, "reason": "; ".join(record.problems)})
+            continue
+        if not recording.launch_counts.get(record.hash) and recording.bench_counts.get(record.hash):
+            say(f"not exported: {where}: an autotuning candidate ({_config_summary(record)}) "
+                f"only launched by the autotuner's benchmark, never chosen")
+            not_exported.append({"function": f"{record.module}.{record.qualname}",
+                                 "hash": record.hash, "reason": "autotuning candidate, not chosen"})
+            continue
+        exportable.append(record)
+    if not exportable:
+        raise ValueError("kpack record: nothing to export: no Triton kernel compiled by the "
+                         "program could be exported" + (" (see the lines above)" if lines else ""))
+
+    functions: Dict[Tuple, List[CompileRecord]] = {}
+    for record in exportable:
+        functions.setdefault(record.function_id, []).append(record)
+    first = {fid: records[0] for fid, records in functions.items()}
+    base_names = _function_names(list(functions), first)
+    for short in {r.function for r in first.values()}:
+        clashing = [fid for fid in functions if first[fid].function == short]
+        if len(clashing) > 1:
+            say(f"name collision: {len(clashing)} different functions are called '{short}'; "
+                f"exported as " + ", ".join(f"'{base_names[f]}' ({f[0]}.{f[1]})" for f in clashing))
+
+    kernels, kernel_of = [], {}  # kernel_of: hash -> (kernel, variant)
+    for fid, records in functions.items():
+        groups: Dict[str, List[CompileRecord]] = {}
+        for record in records:
+            groups.setdefault(_config_key(record), []).append(record)
+        if len(groups) > 1:
+            say(f"'{base_names[fid]}': {len(groups)} configurations compiled for the same "
+                f"function; kpack cannot choose between configurations by argument values, so "
+                f"each becomes its own kernel:")
+        for k, group in enumerate(groups.values(), start=1):
+            name = base_names[fid] if len(groups) == 1 else f"{base_names[fid]}__cfg{k}"
+            if len(groups) > 1:
+                say(f"  '{name}': {_config_summary(group[0])}")
+            kernels.append(_export_kernel(name, group, recording, kernel_of, say, not_exported))
+
+    generator = f"kpack_tools.record (triton {triton.__version__})"
+    manifest = write_pack(out, kernels, generator=generator)
+    record_json = {
+        "format": RECORD_FORMAT, "generator": generator,
+        "triton_version": recording.triton_version,
+        "kernels": [{"kernel": hk[0], "variant": hk[1], "hash": h,
+                     "function": f"{recording.compiles[h].module}."
+                                 f"{recording.compiles[h].qualname}",
+                     "launches": recording.launch_counts.get(h, 0),
+                     "launches_summarized": sum(1 for x in recording.launches if x.hash == h),
+                     "benchmark_launches": recording.bench_counts.get(h, 0),
+                     "launches_with_pre_hooks": recording.pre_hooks.get(h, 0)}
+                    for h, hk in kernel_of.items()],
+        "launches": [{"kernel": kernel_of[x.hash][0], "variant": kernel_of[x.hash][1],
+                      "grid": x.grid, "args": x.args, "pre_hook": x.pre_hook}
+                     for x in sorted(recording.launches, key=lambda x: x.seq)
+                     if x.hash in kernel_of],
+        "not_exported": not_exported,
+    }
+    (out / RECORD_FILE).write_text(json.dumps(record_json, indent=1) + "\n", encoding="utf-8")
+    variants = sum(len(k.variants) for k in kernels)
+    say(f"wrote {out}: {len(kernels)} kernels, {variants} variants, "
+        f"{len(record_json['launches'])} launches in {RECORD_FILE}"
+        + (f"; {len(not_exported)} compilations not exported" if not_exported else ""))
+    return ExportReport(manifest=manifest, record=record_json, lines=lines)
+
+
+def _config_summary(record: CompileRecord) -> str:
+    constexprs = {n: record.constants.get(n) for i, n in enumerate(record.arg_names)
+                  if _param_role(record, i, n)[0] == "constexpr"}
+    opts = {k: record.options[k] for k in ("num_warps", "num_stages", "num_ctas", "maxnreg")
+            if record.options.get(k) is not None}
+    types = {n: record.signature[n] for i, n in enumerate(record.arg_names)
+             if _param_role(record, i, n)[0] == "type"}
+    return f"constexprs {constexprs}, options {opts}, types {types}"
+
+
+def _export_kernel(name, group, recording, kernel_of, say, not_exported) -> Kernel:
+    """One pack kernel from the compiles of one (function, config)."""
+    specs = []
+    for record in group:
+        assumptions, types = _spec(record)
+        key = (json.dumps(assumptions, sort_keys=True), json.dumps(types, sort_keys=True))
+        if any(key == s[0] for s in specs):
+            other = next(s[1] for s in specs if s[0] == key)
+            say(f"not exported: '{name}' compile {record.hash[:12]}: same specialization and "
+                f"configuration as compile {other.hash[:12]} (they differ only in "
+                f"environment-dependent compile settings); the earlier one is kept")
+            not_exported.append({"function": f"{record.module}.{record.qualname}",
+                                 "hash": record.hash, "reason": "duplicate specialization"})
+            continue
+        specs.append((key, record, assumptions, types))
+    rep = specs[0][1]
+    base_types = {}
+    for i, pname in enumerate(rep.arg_names):
+        seen = [s[3][pname] for s in specs if pname in s[3]]
+        if seen:
+            base_types[pname] = min(seen, key=_int_rank)
+    params = []
+    for i, pname in enumerate(rep.arg_names):
+        role = _param_role(rep, i, pname)
+        if role[0] == "constexpr":
+            params.append((pname, "constexpr"))
+        elif role[0] in ("int", "eq1"):
+            # An int that was 1 in every compile has no observed type: i32, the
+            # type Triton's JIT gives small ints.
+            params.append((pname, base_types.get(pname, "i32")))
+        else:
+            params.append((pname, role[1]))
+    constexpr_names = [p for p, t in params if t == "constexpr"]
+    variants = []
+    for _, record, assumptions, types in specs:
+        retyped = {p: t for p, t in types.items() if t != base_types[p]}
+        vname = _variant_name(record.arg_names, assumptions, retyped)
+        if len(vname) > _MAX_VARIANT_NAME:
+            vname = f"v{len(variants)}"
+        variants.append(Variant(
+            name=vname, cubin=recording.cubins[record.cubin_sha256], metadata=record.metadata,
+            constexprs={p: record.constants.get(p) for p in constexpr_names},
+            assumptions=assumptions or None, types=retyped or None))
+        kernel_of[record.hash] = (name, vname)
+        say(f"kernel '{name}' variant '{vname}': {_summarize_spec(assumptions, retyped)}; "
+            f"num_warps {record.metadata.get('num_warps')}, shared {record.metadata.get('shared')}"
+            f"; {recording.launch_counts.get(record.hash, 0)} launches")
+        if recording.pre_hooks.get(record.hash):
+            say(f"WARNING: kernel '{name}' variant '{vname}': "
+                f"{recording.pre_hooks[record.hash]} launches ran Python pre-hooks "
+                f"(Config.pre_hook or add_pre_run_hook) that kpack does not run; a C++ caller "
+                f"must do what they did (e.g. zero an output) before launching")
+    if not any(not v.assumptions for v in variants):
+        say(f"note: kernel '{name}' has no generic variant (no compile without "
+            f"specialization was seen): C++ calls that satisfy none of its variants' "
+            f"assumptions are refused with INVALID_ARGUMENT")
+    return Kernel(name=name, params=params, variants=variants)
+
+
+# ---------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------
+
+
+def _exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it (128 + signal for a signal)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kpack_tools.record",
+        description="Run a Triton program unmodified and export every kernel it compiled "
+                    "into a kpack pack (docs/record.md).",
+        usage="%(prog)s --out PACK [--force] [--max-launches N] -- COMMAND [ARGS...]")
+    parser.add_argument("--out", required=True, help="pack directory to write")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out")
+    parser.add_argument("--max-launches", type=int, default=DEFAULT_MAX_LAUNCHES,
+                        help=f"launches summarized in {RECORD_FILE} per compiled kernel "
+                             f"(default {DEFAULT_MAX_LAUNCHES}; all are counted)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program to run")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given: put the program after --")
+    try:
+        _check_out(Path(args.out), args.force)
+    except FileExistsError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+    with tempfile.TemporaryDirectory(prefix="kpack-record-") as dump_dir:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(BOOT_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env[ENV_DIR] = dump_dir
+        env[ENV_TOOLS] = str(Path(__file__).resolve().parents[1])
+        env[ENV_MAX_LAUNCHES] = str(args.max_launches)
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as err:
+            print(f"kpack record: cannot run {command[0]!r}: {err}", file=sys.stderr)
+            return 127
+        # Ctrl-C reaches the program (same process group); we wait for it and export.
+        # (Ignored only after the start: an ignored SIGINT would be inherited.)
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            returncode = child.wait()
+        finally:
+            signal.signal(signal.SIGINT, old)
+        status = _exit_status(returncode)
+        recording, errors = load_dumps(dump_dir)
+        for error in errors:
+            print(error, file=sys.stderr)
+        if errors:
+            print("kpack record: the recorder failed in the program (above); no pack written",
+                  file=sys.stderr)
+            return status or 1
+        if status != 0:
+            print(f"kpack record: the program exited with status {status}; exporting what "
+                  f"was recorded before that", file=sys.stderr)
+        if recording is None or not recording.compiles:
+            print("kpack record: nothing recorded: the program compiled no Triton kernel "
+                  "(or ran no Python with Triton); no pack written", file=sys.stderr)
+            return status or 1
+        try:
+            export(recording, args.out, force=args.force)
+        except (ValueError, FileExistsError) as err:
+            print(err, file=sys.stderr)
+            return status or 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
