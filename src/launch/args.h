@@ -65,7 +65,7 @@ inline void Store(std::byte* dst, T value) {
 }
 
 // Whether an integer Arg fits a parameter of `bits` bits, signed or not.
-inline bool FitsInteger(const Arg& a, int bits, bool is_signed) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool FitsInteger(const Arg& a, int bits, bool is_signed) {
   if (a.kind() == Arg::Kind::kSigned) {
     int64_t v = static_cast<int64_t>(a.bits());
     if (!is_signed) return v >= 0 && (bits == 64 || static_cast<uint64_t>(v) >> bits == 0);
@@ -92,7 +92,8 @@ inline bool ToInt64(const Arg& a, int64_t* out) {
   return true;
 }
 
-inline bool StoreInteger(const Arg& a, std::byte* dst, int bits, bool is_signed) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool StoreInteger(const Arg& a, std::byte* dst, int bits,
+                                                      bool is_signed) {
   if (!IsInteger(a) || !FitsInteger(a, bits, is_signed)) return false;
   uint64_t v = a.bits();
   switch (bits) {
@@ -128,7 +129,7 @@ inline bool IsFloat(const Arg& a, double* out) {
 
 // Writes `arg` into `dst` as a value of `type`. Returns false, writing nothing useful,
 // when the Arg's kind cannot go to that type or an integer does not fit.
-inline bool PackArg(ParamType type, const Arg& a, std::byte* dst) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, std::byte* dst) {
   using args_detail::Store;
   using args_detail::StoreInteger;
   double d;

@@ -345,8 +345,8 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   return function;
 }
 
-absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> args,
-                                   std::byte* buf) const {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgsInline(
+    const VariantData& v, std::span<const Arg> args, std::byte* buf) const {
   if (ABSL_PREDICT_FALSE(args.size() != v.arg_slots.size())) {
     return ArgCountError(*v.kernel, args.size());
   }
@@ -361,8 +361,8 @@ absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> ar
   return absl::OkStatus();
 }
 
-absl::Status RuntimeImpl::Select(const KernelData& k, std::span<const Arg> args,
-                                 DispatchTable::Choice* choice) const {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::SelectInline(
+    const KernelData& k, std::span<const Arg> args, DispatchTable::Choice* choice) const {
   if (ABSL_PREDICT_FALSE(args.size() != k.num_args)) return ArgCountError(k, args.size());
   *choice = k.dispatch.Select(args);
   if (ABSL_PREDICT_FALSE(choice->variant < 0)) return k.dispatch.NoVariantError(*k.spec, args);
@@ -387,8 +387,9 @@ absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const
   return Grid{dims[0], dims[1], dims[2]};
 }
 
-absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstream stream,
-                                  std::byte* buf, PreparedLaunch* p) const {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PrepareInline(
+    const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
+    PreparedLaunch* p) const {
   const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
   if (programs == 0) {  // Triton skips empty grids too
     p->function = nullptr;
@@ -444,10 +445,23 @@ absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstre
   return absl::OkStatus();
 }
 
+absl::Status RuntimeImpl::Select(const KernelData& k, std::span<const Arg> args,
+                                 DispatchTable::Choice* choice) const {
+  return SelectInline(k, args, choice);
+}
+absl::Status RuntimeImpl::PackArgs(const VariantData& v, std::span<const Arg> args,
+                                   std::byte* buf) const {
+  return PackArgsInline(v, args, buf);
+}
+absl::Status RuntimeImpl::Prepare(const VariantData& v, const Grid& grid, CUstream stream,
+                                  std::byte* buf, PreparedLaunch* p) const {
+  return PrepareInline(v, grid, stream, buf, p);
+}
+
 absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
                                        std::byte* buf, bool fallback) const {
   PreparedLaunch p;
-  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, buf, &p));
+  KPACK_RETURN_IF_ERROR(PrepareInline(v, grid, stream, buf, &p));
   if (p.function == nullptr) return absl::OkStatus();  // empty grid
 
 #if KPACK_ENABLE_NVTX
@@ -476,11 +490,11 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, C
 
 absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
                                      std::span<const Arg> args) const {
-  DispatchTable::Choice choice;
-  KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
+  DispatchTable::Choice choice{};
+  KPACK_RETURN_IF_ERROR(SelectInline(k, args, &choice));
   const VariantData& v = *k.variants[choice.variant];
   alignas(16) std::byte buf[kMaxParamBytes];
-  KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
+  KPACK_RETURN_IF_ERROR(PackArgsInline(v, args, buf));
   if (grid != nullptr) return LaunchPacked(v, *grid, stream, buf, choice.fallback);
   KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));
   return LaunchPacked(v, computed, stream, buf, choice.fallback);
@@ -537,7 +551,7 @@ absl::Status Kernel::LaunchArgs(CUstream stream, std::span<const Arg> args) cons
 
 absl::StatusOr<std::string_view> Kernel::SelectVariant(std::span<const Arg> args) const {
   if (data_ == nullptr) return EmptyKernel();
-  internal::DispatchTable::Choice choice;
+  internal::DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(data_->runtime->Select(*data_, args, &choice));
   return std::string_view(data_->variants[choice.variant]->spec->name);
 }
@@ -563,7 +577,7 @@ absl::StatusOr<BoundLaunch> Kernel::BindImpl(const Grid* grid, CUstream stream,
   auto state = std::make_unique<internal::BoundState>();
   state->kernel = data_;
   state->stream = stream;
-  internal::DispatchTable::Choice choice;
+  internal::DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(rt.Select(*data_, args, &choice));
   state->variant = data_->variants[choice.variant].get();
   state->fallback = choice.fallback;

@@ -150,6 +150,14 @@ class RuntimeImpl {
  private:
   RuntimeImpl() = default;
   absl::Status CheckAndPrepare(const VariantData& v, CUkernel kernel) const;
+  // The bodies of Select, PackArgs and Prepare, defined in runtime.cc and always inlined
+  // into the launch path there (LaunchArgs, LaunchPacked); the public functions wrap them.
+  absl::Status SelectInline(const KernelData& k, std::span<const Arg> args,
+                            DispatchTable::Choice* choice) const;
+  absl::Status PackArgsInline(const VariantData& v, std::span<const Arg> args,
+                              std::byte* buf) const;
+  absl::Status PrepareInline(const VariantData& v, const Grid& grid, CUstream stream,
+                             std::byte* buf, PreparedLaunch* p) const;
 
   std::shared_ptr<const Driver> driver_;
   PackContents pack_;

@@ -734,6 +734,12 @@ CUresult FakeCtxGetCurrent(CUcontext* context) {
   if (CUresult r = Enter(Fn::kCtxGetCurrent); r != CUDA_SUCCESS) return r;
   if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
+  // A thread-local read when the thread has a context, as in the real driver: benchmarks
+  // of the launch path must not measure (or contend on) the fake's lock.
+  if (const ThreadContexts& thread = ThisThread(s); thread.depth > 0) {
+    *context = reinterpret_cast<CUcontext>(thread.stack[thread.depth - 1]);
+    return CUDA_SUCCESS;
+  }
   MutexLock lock(&s.mu);
   *context = reinterpret_cast<CUcontext>(CurrentContext(s));
   return CUDA_SUCCESS;
