@@ -1,0 +1,127 @@
+// kpack's own host cost per launch, with no GPU: every launch path of bench_setup.h run
+// against a driver whose launch does nothing (the tests' fake driver with
+// KPACK_FAKE_LAUNCH_NOOP=1), so what is left is kpack's work -- dispatch, argument
+// checks and packing, attribute setup, the context query -- plus a call into the fake.
+// `raw_params` is the same loop calling the fake's cuLaunchKernelEx directly: the floor.
+//
+//   KPACK_FAKE_LAUNCH_NOOP=1 KPACK_CUDA_DRIVER=.../libkpack_fake_cuda.so \
+//     kpack_overhead_bench [--launches N] [--rounds R] [--path NAME]
+//
+// Prints one line per path: `NAME ns_per_launch` (the best of R rounds of N launches:
+// the least disturbed round on a shared machine). Under
+//   valgrind --tool=callgrind --callgrind-out-file=F kpack_overhead_bench --rounds 1
+// the counters are zeroed before each path's first round (CALLGRIND_ZERO_STATS) and dumped
+// after it under the path's name (CALLGRIND_DUMP_STATS_AT), so a dump holds exactly N
+// launches of one path. bench/overhead_check.py runs both and compares them with
+// bench/overhead_baseline.json.
+
+#include <valgrind/callgrind.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench_setup.h"
+
+namespace {
+
+using kpack::bench::ArgsKernel;
+using kpack::bench::BenchSetup;
+
+struct Path {
+  std::string name;
+  std::function<bool()> launch;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long launches = 20000;
+  int rounds = 15;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--launches" && i + 1 < argc) {
+      launches = std::atol(argv[++i]);
+    } else if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::atoi(argv[++i]);
+    } else if (a == "--path" && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--launches N] [--rounds R] [--path NAME]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (launches <= 0 || rounds <= 0) {
+    std::fprintf(stderr, "kpack_overhead_bench: --launches and --rounds must be positive\n");
+    return 2;
+  }
+  const char* noop = std::getenv("KPACK_FAKE_LAUNCH_NOOP");
+  if (noop == nullptr || std::strcmp(noop, "1") != 0) {
+    std::fprintf(stderr,
+                 "kpack_overhead_bench: set KPACK_FAKE_LAUNCH_NOOP=1 and KPACK_CUDA_DRIVER to "
+                 "the tests' fake driver; this benchmark measures kpack without a GPU\n");
+    return 2;
+  }
+  auto setup = BenchSetup::Create(1);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "kpack_overhead_bench: cannot run: %s\n",
+                 std::string(setup.status().message()).c_str());
+    return 1;
+  }
+  BenchSetup& g = **setup;
+  CUstream s = g.stream(0);
+  const ArgsKernel& args4 = g.args_kernel(4);
+  std::vector<Path> paths = {
+      {"raw_params/args4", [&] { return g.RawParams(args4, args4.raw_function, s); }},
+  };
+  for (const ArgsKernel& k : g.kernels()) {
+    paths.push_back({"kpack_by_kernel/" + k.name,
+                     [&g, &k, s] { return g.KpackByKernel(k.kernel, k.inputs, s); }});
+  }
+  paths.push_back({"kpack_by_kernel_no_nvtx/args4",
+                   [&] { return g.KpackByKernel(args4.kernel_no_nvtx, args4.inputs, s); }});
+  paths.push_back({"kpack_by_name/args4", [&] { return g.KpackByName(args4, s); }});
+  auto bound = g.Bind(args4, s);
+  if (!bound.ok()) {
+    std::fprintf(stderr, "kpack_overhead_bench: bind failed: %s\n",
+                 std::string(bound.status().message()).c_str());
+    return 1;
+  }
+  paths.push_back({"kpack_bound/args4", [&] { return bound->Launch().ok(); }});
+  size_t shape = 0;
+  paths.push_back({"kpack_dynamic_shapes", [&] { return g.KpackDynamic(shape++, s); }});
+
+  bool found = only.empty();
+  for (const Path& p : paths) {
+    if (!only.empty() && p.name != only) continue;
+    found = true;
+    for (int i = 0; i < 1000; ++i) p.launch();  // warm caches and branch predictors
+    double best = 1e300;
+    for (int r = 0; r < rounds; ++r) {
+      if (r == 0) CALLGRIND_ZERO_STATS;
+      auto t0 = std::chrono::steady_clock::now();
+      bool ok = true;
+      for (long i = 0; i < launches; ++i) ok &= p.launch();
+      auto t1 = std::chrono::steady_clock::now();
+      if (r == 0) CALLGRIND_DUMP_STATS_AT(p.name.c_str());
+      if (!ok) {
+        std::fprintf(stderr, "kpack_overhead_bench: %s: a launch failed\n", p.name.c_str());
+        return 1;
+      }
+      best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count());
+    }
+    std::printf("%s %.2f\n", p.name.c_str(), best / launches);
+  }
+  if (!found) {
+    std::fprintf(stderr, "kpack_overhead_bench: no path named %s\n", only.c_str());
+    return 2;
+  }
+  return 0;
+}
