@@ -408,3 +408,20 @@ def test_cli_runs_the_sitecustomize_it_shadows(tmp_path):
     assert "other: yes" in result.stdout and "boot on path: False" in result.stdout
     assert "Error in sitecustomize" not in result.stderr, result.stderr
     assert result.returncode == 1  # nothing compiled
+
+
+def test_hooks_removed_after_recording_and_one_recorder_at_a_time(recorded):
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.autotuner import Autotuner
+    before = (knobs.compilation.listener, CompiledKernel.launch_metadata, Autotuner._bench,
+              Autotuner.run)
+    recorder = record.Recorder(log=None).start()
+    try:
+        assert knobs.compilation.listener is not before[0]
+        with pytest.raises(RuntimeError, match="another Recorder is already active"):
+            record.Recorder(log=None).start()
+    finally:
+        recorder.stop()
+    assert (knobs.compilation.listener, CompiledKernel.launch_metadata, Autotuner._bench,
+            Autotuner.run) == before
