@@ -85,6 +85,8 @@ absl::Status BenchSetup::Init(int streams) {
   runtime_no_nvtx_ = std::make_unique<Runtime>(std::move(*quiet));
   auto manifest = ReadFile(std::string(KPACK_BENCH_PACK_DIR) + "/manifest.json");
   if (!manifest.ok()) return manifest.status();
+  // Each kernel's `extra` array points into its own element: no reallocation after this.
+  kernels_.reserve(kArgsKernels.size());
   for (const auto& [name, inputs] : kArgsKernels) {
     if (absl::Status s = InitArgsKernel(name, inputs, *manifest); !s.ok()) return s;
   }

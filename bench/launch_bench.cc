@@ -71,6 +71,54 @@ void RunBatches(benchmark::State& state, CUstream stream, F&& launch) {
   g->driver().StreamSynchronize(stream);
 }
 
+// Seconds for kBatch launches of `launch` after a synchronize; negative if one failed.
+template <typename F>
+double TimeBatch(CUstream stream, F& launch) {
+  g->driver().StreamSynchronize(stream);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kBatch; ++i) {
+    if (!launch()) return -1;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// A kpack path and its raw reference in alternating batches of one benchmark (raw first,
+// then kpack first, ...): each adjacent pair sees the same machine state, so the median
+// of the pairs' ratios cancels the drift between separately run benchmarks. Reports the
+// kpack batches' time and the counter x_raw, the median kpack/raw ratio.
+template <typename Raw, typename Kpack>
+void RunPaired(benchmark::State& state, CUstream stream, Raw raw, Kpack kpack) {
+  g->driver().CtxSetCurrent(g->context());
+  std::vector<double> ratios;
+  bool kpack_first = false;
+  for (auto _ : state) {
+    double t_raw, t_kpack;
+    if (kpack_first) {
+      t_kpack = TimeBatch(stream, kpack);
+      t_raw = TimeBatch(stream, raw);
+    } else {
+      t_raw = TimeBatch(stream, raw);
+      t_kpack = TimeBatch(stream, kpack);
+    }
+    kpack_first = !kpack_first;
+    if (t_raw <= 0 || t_kpack <= 0) {
+      state.SkipWithError("launch failed");
+      return;
+    }
+    ratios.push_back(t_kpack / t_raw);
+    state.SetIterationTime(t_kpack);
+  }
+  g->driver().StreamSynchronize(stream);
+  state.counters["x_raw"] = benchmark::Counter(Median(ratios), benchmark::Counter::kAvgThreads);
+}
+
 CUstream ThreadStream(const benchmark::State& state) { return g->stream(state.thread_index()); }
 
 void BM_RawParams(benchmark::State& state, const ArgsKernel* k) {
@@ -119,6 +167,33 @@ void BM_KpackDynamic(benchmark::State& state) {
   RunBatches(state, g->stream(0), [&] { return g->KpackDynamic(i++, g->stream(0)); });
 }
 
+// Paired: kpack path against raw params on the same kernel (see RunPaired).
+enum class KpackPath { kByName, kByKernel, kBound };
+void BM_Paired(benchmark::State& state, const ArgsKernel* k, KpackPath path) {
+  CUstream s = ThreadStream(state);
+  auto raw = [&] { return g->RawParams(*k, k->raw_function, s); };
+  switch (path) {
+    case KpackPath::kByName:
+      return RunPaired(state, s, raw, [&] { return g->KpackByName(*k, s); });
+    case KpackPath::kByKernel:
+      return RunPaired(state, s, raw, [&] { return g->KpackByKernel(k->kernel, k->inputs, s); });
+    case KpackPath::kBound: {
+      auto bound = g->Bind(*k, s);
+      if (!bound.ok()) {
+        state.SkipWithError("bind failed");
+        return;
+      }
+      return RunPaired(state, s, raw, [&] { return bound->Launch().ok(); });
+    }
+  }
+}
+void BM_PairedDynamic(benchmark::State& state) {
+  size_t i = 0, j = 0;
+  CUstream s = g->stream(0);
+  RunPaired(
+      state, s, [&] { return g->RawDynamic(i++, s); }, [&] { return g->KpackDynamic(j++, s); });
+}
+
 // The dispatch step alone (argument count, bucket, property mask, table lookup): no
 // packing, no driver call. Timed per call, not per batch.
 void BM_DispatchOnly(benchmark::State& state) {
@@ -146,9 +221,19 @@ class RatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& r : runs) {
+      if (r.error_occurred) {
+        std::fprintf(stderr, "kpack_launch_bench: %s failed: %s\n", r.benchmark_name().c_str(),
+                     r.error_message.c_str());
+        failed_ = true;
+      }
       if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
       std::string name = r.run_name.function_name;
       if (!r.run_name.threads.empty()) absl::StrAppend(&name, "/", r.run_name.threads);
+      if (absl::StartsWith(name, "paired/")) {
+        auto ratio = r.counters.find("x_raw");
+        if (ratio != r.counters.end()) paired_[name].push_back(ratio->second.value);
+        continue;
+      }
       if (name == "dispatch_only") {
         dispatch_ns_.push_back(r.GetAdjustedRealTime());
       } else {
@@ -172,18 +257,27 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::printf(
         "(x raw: each row over raw_params with the same kernel and thread count; the dynamic "
         "rows over raw_dynamic_shapes. Thread rows: aggregate time per launch.)\n");
+    if (!paired_.empty()) {
+      std::printf("\n%-40s %10s %10s %10s\n", "paired with raw (kpack / raw)", "median",
+                  "min", "max");
+      for (const auto& [name, v] : paired_) {
+        std::printf("%-40s %10.3f %10.3f %10.3f\n", name.c_str(), Median(v),
+                    *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+      }
+      std::printf(
+          "(each repetition's median ratio of alternating kpack and raw batches; statistics "
+          "over repetitions. Thread rows: every thread alternates on its own stream.)\n");
+    }
     if (!dispatch_ns_.empty()) {
       std::printf("dispatch_only: %.1f ns per SelectVariant (median)\n", Median(dispatch_ns_));
     }
   }
+  bool failed() const { return failed_; }
 
  private:
-  static double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  }
   std::map<std::string, std::vector<double>> times_;
+  std::map<std::string, std::vector<double>> paired_;
+  bool failed_ = false;
   std::vector<double> dispatch_ns_;
 };
 
@@ -228,6 +322,28 @@ int main(int argc, char** argv) {
           ->Threads(threads);
     }
   }
+  const std::pair<const char*, KpackPath> paired[] = {{"kpack_by_name", KpackPath::kByName},
+                                                      {"kpack_by_kernel", KpackPath::kByKernel},
+                                                      {"kpack_bound", KpackPath::kBound}};
+  for (const auto& [name, path] : paired) {
+    for (const ArgsKernel& k : g->kernels()) {
+      benchmark::RegisterBenchmark(absl::StrCat("paired/", name, "/", k.name).c_str(), BM_Paired,
+                                   &k, path)
+          ->UseManualTime()
+          ->Unit(benchmark::kNanosecond);
+    }
+    if (path == KpackPath::kByName) continue;
+    for (int threads : {1, 2, 4, 8}) {
+      benchmark::RegisterBenchmark(absl::StrCat("paired/", name, "/args4/mt").c_str(), BM_Paired,
+                                   args4, path)
+          ->UseManualTime()
+          ->Unit(benchmark::kNanosecond)
+          ->Threads(threads);
+    }
+  }
+  benchmark::RegisterBenchmark("paired/kpack_dynamic_shapes", BM_PairedDynamic)
+      ->UseManualTime()
+      ->Unit(benchmark::kNanosecond);
   using Fn = void (*)(benchmark::State&);
   const std::pair<const char*, Fn> dynamic[] = {{"raw_dynamic_shapes", BM_RawDynamic},
                                                 {"kpack_dynamic_shapes", BM_KpackDynamic}};
@@ -239,5 +355,5 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   reporter.Summarize();
   benchmark::Shutdown();
-  return 0;
+  return reporter.failed() ? 1 : 0;
 }
