@@ -134,6 +134,34 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
   return absl::OkStatus();
 }
 
+// A call argument's slot type, and the Arg kind PackArgs may copy into it without
+// PackArg's conversions (the kind a C++ caller passes for it most often).
+void SetArgType(ParamType type, ArgSlot* slot) {
+  slot->type = type;
+  switch (type) {
+    case ParamType::kPointer:  // CUdeviceptr; typed host pointers take PackArg
+      slot->fast_kind = Arg::Kind::kDevicePtr;
+      slot->fast_size = 8;
+      break;
+    case ParamType::kI32:
+      slot->fast_kind = Arg::Kind::kSigned;
+      slot->fast_size = 4;
+      slot->fast_check_i32 = true;
+      break;
+    case ParamType::kI64:
+      slot->fast_kind = Arg::Kind::kSigned;
+      slot->fast_size = 8;
+      break;
+    case ParamType::kFp32:
+      slot->fast_kind = Arg::Kind::kFloat32;
+      slot->fast_size = 4;
+      break;
+    default:
+      slot->fast_size = 0;
+      break;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
@@ -156,6 +184,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
     k->num_args = ks.args.size();
 #if KPACK_ENABLE_NVTX
     if (rt->nvtx_domain_ != nullptr) {
+      k->nvtx_domain = rt->nvtx_domain_;
       k->nvtx_message = nvtxDomainRegisterStringA(static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_),
                                                   ks.name.c_str());
     }
@@ -172,7 +201,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->spec = &vs;
       v->kernel = k.get();
       v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
-      for (size_t a = 0; a < ks.args.size(); ++a) v->arg_slots[a].type = vs.arg_types[a];
+      for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
       KPACK_RETURN_IF_ERROR(CompileGrid(ks, vs, where, v->grid));
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
@@ -187,6 +216,9 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
             break;
         }
       }
+      for (ArgSlot& a : v->arg_slots) {
+        if (a.offset == ArgSlot::kDropped) a.fast_size = 0;  // nothing to write
+      }
       v->param_bytes = vs.param_bytes;
       v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);
       v->num_ctas = static_cast<uint32_t>(vs.num_ctas);
@@ -197,6 +229,12 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       BuildLaunchAttributes(*v);
       v->cubin = std::move(rt->pack_.cubins[ki][vi]);
       k->variants.push_back(std::move(v));
+    }
+    if (k->variants.size() == 1 && k->dispatch.num_properties() == 0 &&
+        k->dispatch.num_buckets() == 1) {
+      // Nothing to dispatch on: Select reads no argument and finds the one variant.
+      const DispatchTable::Choice only = k->dispatch.Select({});
+      if (only.variant == 0 && !only.fallback) k->sole_variant = k->variants[0].get();
     }
     rt->by_name_[ks.name] = k.get();
     rt->kernels_.push_back(std::move(k));
@@ -353,9 +391,23 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgsInline(
   std::memset(buf, 0, v.param_bytes);
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgSlot& slot = v.arg_slots[i];
+    const Arg& a = args[i];
+    if (ABSL_PREDICT_TRUE(a.kind() == slot.fast_kind)) {
+      const uint64_t bits = a.bits();
+      if (slot.fast_size == 8) {
+        std::memcpy(buf + slot.offset, &bits, 8);
+        continue;
+      }
+      if (slot.fast_size == 4 &&
+          (!slot.fast_check_i32 || static_cast<int64_t>(bits) == static_cast<int32_t>(bits))) {
+        const uint32_t low = static_cast<uint32_t>(bits);
+        std::memcpy(buf + slot.offset, &low, 4);
+        continue;
+      }
+    }
     if (slot.offset == ArgSlot::kDropped) continue;  // eq1: dispatch checked it is 1
-    if (ABSL_PREDICT_FALSE(!PackArg(slot.type, args[i], buf + slot.offset))) {
-      return BadArg(v, i, args[i]);
+    if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) {
+      return BadArg(v, i, a);
     }
   }
   return absl::OkStatus();
@@ -364,6 +416,10 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgsInline(
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::SelectInline(
     const KernelData& k, std::span<const Arg> args, DispatchTable::Choice* choice) const {
   if (ABSL_PREDICT_FALSE(args.size() != k.num_args)) return ArgCountError(k, args.size());
+  if (k.sole_variant != nullptr) {
+    *choice = {0, false};
+    return absl::OkStatus();
+  }
   *choice = k.dispatch.Select(args);
   if (ABSL_PREDICT_FALSE(choice->variant < 0)) return k.dispatch.NoVariantError(*k.spec, args);
   return absl::OkStatus();
@@ -466,7 +522,7 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, C
 
 #if KPACK_ENABLE_NVTX
   const KernelData& k = *v.kernel;
-  auto domain = static_cast<nvtxDomainHandle_t>(k.runtime->nvtx_domain_);
+  auto domain = static_cast<nvtxDomainHandle_t>(k.nvtx_domain);
   if (domain != nullptr) {
     nvtxEventAttributes_t attrs = {};
     attrs.version = NVTX_VERSION;
@@ -492,7 +548,8 @@ absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUst
                                      std::span<const Arg> args) const {
   DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(SelectInline(k, args, &choice));
-  const VariantData& v = *k.variants[choice.variant];
+  // The sole variant, when there is one, without reading the variants vector.
+  const VariantData& v = k.sole_variant != nullptr ? *k.sole_variant : *k.variants[choice.variant];
   alignas(16) std::byte buf[kMaxParamBytes];
   KPACK_RETURN_IF_ERROR(PackArgsInline(v, args, buf));
   if (grid != nullptr) return LaunchPacked(v, *grid, stream, buf, choice.fallback);

@@ -35,6 +35,12 @@ struct ArgSlot {
   static constexpr uint32_t kDropped = UINT32_MAX;  // eq1: compiled away, not passed
   uint32_t offset;
   ParamType type;
+  // The common case packed without PackArg's conversions: an Arg of kind `fast_kind`
+  // goes as its low `fast_size` bytes (0: no fast path), a 4-byte signed slot only when
+  // the value fits (`fast_check_i32`). Anything else takes PackArg, which decides.
+  Arg::Kind fast_kind = Arg::Kind::kUnsigned;
+  uint8_t fast_size = 0;
+  bool fast_check_i32 = false;
 };
 
 // Launch counters, sharded so that threads launching the same variant do not contend
@@ -53,30 +59,12 @@ inline size_t ThreadShard() {
 }
 
 // The launch-time view of a variant. The fields copied from VariantSpec are copied on
-// purpose: a launch reads only this struct, which keeps the hot path on few cache lines.
-struct VariantData {
-  const VariantSpec* spec = nullptr;
+// purpose: a launch reads only this struct. A real driver's launch evicts the launcher's
+// data from L1 between launches, so what every launch reads is packed into the first
+// two cache lines; the grid expressions, counters and load state follow.
+struct alignas(64) VariantData {
+  // ---- read by every launch
   const KernelData* kernel = nullptr;
-
-  std::vector<ArgSlot> arg_slots;      // indexed by call-argument index
-  int32_t global_scratch_offset = -1;  // slot offset, -1 if the layout has none
-  int32_t profile_scratch_offset = -1;
-  uint32_t param_bytes = 0;
-  uint32_t block_x = 0;
-  uint32_t num_ctas = 1;
-  uint32_t shared = 0;
-  // Bytes per program of each scratch kind, and where profile scratch starts in the
-  // arena relative to the end of global scratch (its alignment).
-  uint64_t global_scratch_size = 0;
-  uint64_t profile_scratch_size = 0;
-  uint64_t profile_scratch_align = 1;
-  std::array<CUlaunchAttribute, 4> attrs{};
-  unsigned num_attrs = 0;
-  // The kernel's grid expressions compiled with this variant's constexprs (x, y, z).
-  std::array<GridExpr, 3> grid;
-
-  mutable std::array<CounterShard, kCounterShards> counters;
-
   // Load state. `function` is the CUkernel (cast to CUfunction, as cuLaunchKernelEx
   // accepts), published with release order once every load-time check has passed; the
   // home_* fields are written before it and immutable after. A CUkernel launch makes the
@@ -85,19 +73,49 @@ struct VariantData {
   mutable std::atomic<CUfunction> function{nullptr};
   mutable CUcontext home_context = nullptr;
   mutable CUfunction home_function = nullptr;
+  std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
+  uint32_t param_bytes = 0;
+  uint32_t block_x = 0;
+  uint32_t num_ctas = 1;
+  uint32_t shared = 0;
+  unsigned num_attrs = 0;
+  int32_t global_scratch_offset = -1;  // slot offset, -1 if the layout has none
+  int32_t profile_scratch_offset = -1;
+  // Bytes per program of each scratch kind, and where profile scratch starts in the
+  // arena relative to the end of global scratch (its alignment).
+  uint64_t global_scratch_size = 0;
+  uint64_t profile_scratch_size = 0;
+  uint64_t profile_scratch_align = 1;
+
+  // ---- read by launches with attributes or grid expressions; the driver reads attrs
+  std::array<CUlaunchAttribute, 4> attrs{};
+  // The kernel's grid expressions compiled with this variant's constexprs (x, y, z).
+  std::array<GridExpr, 3> grid;
+  mutable std::array<CounterShard, kCounterShards> counters;
+
+  // ---- load time and errors
+  const VariantSpec* spec = nullptr;
   mutable std::mutex load_mu;
   mutable CUlibrary library = nullptr;   // guarded by load_mu
   mutable std::vector<std::byte> cubin;  // guarded by load_mu; freed once loaded
 };
 
-struct KernelData {
-  const KernelSpec* spec = nullptr;
+struct alignas(64) KernelData {
+  // ---- read by every launch: one cache line
   RuntimeImpl* runtime = nullptr;
-  std::vector<std::unique_ptr<VariantData>> variants;
-  DispatchTable dispatch;
+  // The variant every call gets when the kernel has one variant and no dispatch (no
+  // buckets, no assumptions): launches then skip the dispatch table. Else null.
+  const VariantData* sole_variant = nullptr;
   size_t num_args = 0;
-  // The NVTX registered string for this kernel's name (nullptr when NVTX is off).
+  // The runtime's NVTX domain and the registered string for this kernel's name (both
+  // null when NVTX is off), here so that a launch's range reads no other line.
+  void* nvtx_domain = nullptr;
   void* nvtx_message = nullptr;
+
+  // ---- dispatch and the rest
+  DispatchTable dispatch;
+  std::vector<std::unique_ptr<VariantData>> variants;
+  const KernelSpec* spec = nullptr;
 };
 
 class RuntimeImpl {
