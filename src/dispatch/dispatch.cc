@@ -64,6 +64,11 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
         return i < 32 ? uint32_t{1} << i : 0u;
       }
     }
+    if (p.kind == Property::kFits) {
+      p.fit_bits = static_cast<uint8_t>(8 * SlotSize(p.type));
+      p.fit_signed = p.type == ParamType::kI8 || p.type == ParamType::kI16 ||
+                     p.type == ParamType::kI32 || p.type == ParamType::kI64;
+    }
     t.properties_.push_back(p);
     return t.properties_.size() <= 32 ? uint32_t{1} << (t.properties_.size() - 1) : 0u;
   };

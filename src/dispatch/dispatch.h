@@ -78,7 +78,11 @@ class DispatchTable {
   struct Property {
     enum Kind : uint8_t { kDiv16, kEq1, kFits } kind;
     int arg;
-    ParamType type;  // kFits: the type the value must fit
+    ParamType type;  // kFits: the integer type the value must fit
+    // kFits: that type's width and signedness (set by Build), so Holds needs no
+    // conversion table.
+    uint8_t fit_bits = 0;
+    bool fit_signed = false;
   };
   struct Entry {
     int16_t variant = kNoVariant;
@@ -106,17 +110,15 @@ class DispatchTable {
     *bucket = index;
     return true;
   }
-  static bool Holds(const Property& p, const Arg& a) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE static bool Holds(const Property& p, const Arg& a) {
     bool integer = args_detail::IsInteger(a);
     switch (p.kind) {
       case Property::kDiv16:
         return (integer || a.kind() == Arg::Kind::kHostTypedPointer) && (a.bits() & 15) == 0;
       case Property::kEq1:
         return integer && a.bits() == 1;
-      case Property::kFits: {
-        alignas(8) std::byte scratch[8];
-        return PackArg(p.type, a, scratch);
-      }
+      case Property::kFits:  // what PackArg accepts for an integer type
+        return integer && args_detail::FitsInteger(a, p.fit_bits, p.fit_signed);
     }
     return false;
   }

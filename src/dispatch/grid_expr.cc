@@ -235,7 +235,7 @@ std::optional<int64_t> GridExpr::constant() const {
   return std::nullopt;
 }
 
-bool GridExpr::Evaluate(std::span<const Arg> args, int64_t* result) const {
+bool GridExpr::Run(std::span<const Arg> args, int64_t* result) const {
   int64_t stack[kMaxStack];
   int top = 0;
   for (int i = 0; i < size_; ++i) {

@@ -48,7 +48,13 @@ class GridExpr {
   // Evaluates with the call arguments `args` (integer kinds where the expression reads
   // them, which the launch has already checked). False on overflow, division by zero, a
   // non-integer or out-of-range argument: the caller reports it.
-  bool Evaluate(std::span<const Arg> args, int64_t* result) const;
+  bool Evaluate(std::span<const Arg> args, int64_t* result) const {
+    if (size_ == 1 && code_[0].op == Op::kConst) {  // a folded constant: most y and z axes
+      *result = code_[0].operand;
+      return true;
+    }
+    return Run(args, result);
+  }
 
   // The folded constant, if the expression does not read any argument.
   std::optional<int64_t> constant() const;
@@ -60,6 +66,7 @@ class GridExpr {
     int64_t operand;
   };
   friend class GridExprParser;
+  bool Run(std::span<const Arg> args, int64_t* result) const;
   std::array<Instr, kMaxOps> code_{};
   int size_ = 0;
 };
