@@ -3,3 +3,8 @@
 Nothing here needs a GPU: Triton compiles cubins for any target without one, and
 the cubin reader is pure Python.
 """
+
+# The Triton versions whose specialization rules, kernel ABI and compile/launch internals
+# the builder (kpack_tools.build) and the recorder (kpack_tools.record) reproduce; both
+# refuse any other (../shared/TRITON_ABI.md).
+SUPPORTED_TRITON_VERSIONS = ("3.6.0",)

@@ -21,14 +21,13 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from kpack_tools.pack import Kernel, Variant, write_pack
+from kpack_tools import SUPPORTED_TRITON_VERSIONS
+from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
 from kpack_tools.spec import GENERIC, Config, KernelSpec, SpecError, Specialization, \
     describe_bucket, load_specs
 
-SUPPORTED_TRITON_VERSIONS = ("3.6.0",)
 TUNING_FILE = "tuning.json"
 TUNING_FORMAT = "kpack-tuning/1"
 
@@ -189,7 +188,7 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
                                if any(kind in k for k in v.get("assumptions", {}).values()))
             log(f"{kernel['name']:12} {v['name']:16} {result['chosen']:22} {v['num_warps']:5} "
                 f"{v.get('num_stages', '-'):>6} {v['shared']:6} {assumed or '-'}")
-    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    total = pack_bytes(out_dir)
     count = sum(len(k["variants"]) for k in manifest["kernels"])
     log(f"wrote {out_dir}: {len(manifest['kernels'])} kernels, {count} variants, {total} bytes, "
         f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")

@@ -9,14 +9,13 @@ nothing. Compiling needs no GPU::
     python3 -m kpack_tools.build_arch_pack --out kernels/archpack
 """
 
-from pathlib import Path
 from typing import Callable
 
 import triton
 
 from kpack_tools.build_test_pack import TEST_KERNELS, VARIANT, compile_test_kernel
 from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
 
 GENERATOR = f"kpack_tools.build_arch_pack (triton {triton.__version__})"
 ARCHS = (80, 100)
@@ -32,7 +31,7 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
         variant = Variant.from_compiled(VARIANT, compiled, add.constexprs)
         kernels.append(Kernel(name=f"add_sm{arch}", params=add.params, variants=[variant]))
     manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    total = pack_bytes(out_dir)
     log(f"wrote {out_dir}: {len(kernels)} kernels ({', '.join(k.name for k in kernels)}), "
         f"{total} bytes")
     return manifest

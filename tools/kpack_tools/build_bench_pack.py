@@ -15,7 +15,6 @@ Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
     python3 -m kpack_tools.build_bench_pack --out kernels/benchpack [--target 90]
 """
 
-from pathlib import Path
 from typing import Callable
 
 import triton
@@ -23,7 +22,7 @@ import triton.language as tl
 
 from kpack_tools.build_test_pack import TestKernel, compile_test_kernel
 from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
 
 GENERATOR = f"kpack_tools.build_bench_pack (triton {triton.__version__})"
 VARIANT = "default"
@@ -100,7 +99,7 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
                                                               spec.constexprs)],
                               grid=("cdiv(n, BLOCK)",)))
     manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    total = pack_bytes(out_dir)
     log(f"wrote {out_dir}: {len(kernels)} kernels, {total} bytes")
     return manifest
 

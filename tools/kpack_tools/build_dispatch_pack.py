@@ -15,7 +15,6 @@ Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping, Optional, Tuple
 
 import triton
@@ -26,7 +25,7 @@ from triton.compiler import ASTSource
 from kpack_tools.build_test_pack import _line_info_disabled
 from kpack_tools.cubin import parse_cubin
 from kpack_tools.cli import run_build
-from kpack_tools.pack import HIDDEN_PARAMS, Kernel, Variant, slot_size, write_pack
+from kpack_tools.pack import HIDDEN_PARAMS, Kernel, Variant, pack_bytes, slot_size, write_pack
 
 GENERATOR = f"kpack_tools.build_dispatch_pack (triton {triton.__version__})"
 KERNEL = "axpy"
@@ -212,7 +211,7 @@ def build(out_dir, target: int = 90, log: Optional[Callable[[str], None]] = prin
         log(f"{entry['name']:15} {str(entry['bucket']):>6} {entry['constexprs']['BLOCK']:5} "
             f"{entry['num_warps']:5} {entry['shared']:6}  "
             f"{_format_assumptions(entry.get('assumptions')):41} {types:7} {layout}")
-    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    total = pack_bytes(out_dir)
     log(f"wrote {out_dir}: kernel '{KERNEL}', {len(variants)} variants, {total} bytes")
     return manifest
 

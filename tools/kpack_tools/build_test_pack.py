@@ -16,7 +16,6 @@ Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Tuple
 
 import triton
@@ -25,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
 
 GENERATOR = f"kpack_tools.build_test_pack (triton {triton.__version__})"
 VARIANT = "default"
@@ -246,7 +245,7 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
         variant = Variant.from_compiled(VARIANT, compiled, spec.constexprs)
         kernels.append(Kernel(name=spec.name, params=spec.params, variants=[variant]))
     manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    total = sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+    total = pack_bytes(out_dir)
     log(f"wrote {out_dir}: {len(kernels)} kernels, {total} bytes")
     return manifest
 

@@ -122,6 +122,11 @@ def slot_size(param_type: str) -> Optional[int]:
     raise ValueError(f"unknown parameter type '{param_type}'")
 
 
+def pack_bytes(out_dir) -> int:
+    """Total size in bytes of the files of the pack in ``out_dir`` (for build logs)."""
+    return sum(p.stat().st_size for p in Path(out_dir).rglob("*") if p.is_file())
+
+
 def write_pack(out_dir, kernels: Sequence[Kernel],
                generator: Optional[str] = None,
                extra_files: Optional[Mapping[str, bytes]] = None) -> Mapping[str, Any]:

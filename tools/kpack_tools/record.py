@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from kpack_tools import SUPPORTED_TRITON_VERSIONS
 from kpack_tools.pack import INTEGER_TYPES, Kernel, Variant, write_pack
 
-SUPPORTED_TRITON_VERSIONS = ("3.6.0",)
 RECORD_FILE = "record.json"
 RECORD_FORMAT = "kpack-record/1"
 DEFAULT_MAX_LAUNCHES = 64
