@@ -1,5 +1,7 @@
 #include "bench_setup.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -40,7 +42,8 @@ const ArgsKernel& BenchSetup::args_kernel(int arity) const {
   for (const ArgsKernel& k : kernels_) {
     if (k.arity == arity) return k;
   }
-  return kernels_.front();
+  std::fprintf(stderr, "kpack bench: the bench pack has no %d-argument kernel\n", arity);
+  std::abort();
 }
 
 absl::Status BenchSetup::Init(int streams) {

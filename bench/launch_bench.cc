@@ -51,26 +51,6 @@ constexpr int kMaxThreads = 8;
 
 BenchSetup* g = nullptr;
 
-// Times `launch` kBatch times per iteration, `stream` synchronized before each batch.
-// Threads other than the main one make the bench context current first.
-template <typename F>
-void RunBatches(benchmark::State& state, CUstream stream, F&& launch) {
-  g->driver().CtxSetCurrent(g->context());
-  for (auto _ : state) {
-    g->driver().StreamSynchronize(stream);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      if (!launch()) {
-        state.SkipWithError("launch failed");
-        return;
-      }
-    }
-    auto t1 = std::chrono::steady_clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
-  }
-  g->driver().StreamSynchronize(stream);
-}
-
 // Seconds for kBatch launches of `launch` after a synchronize; negative if one failed.
 template <typename F>
 double TimeBatch(CUstream stream, F& launch) {
@@ -80,6 +60,22 @@ double TimeBatch(CUstream stream, F& launch) {
     if (!launch()) return -1;
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Times `launch` kBatch times per iteration (TimeBatch). Threads other than the main one
+// make the bench context current first.
+template <typename F>
+void RunBatches(benchmark::State& state, CUstream stream, F&& launch) {
+  g->driver().CtxSetCurrent(g->context());
+  for (auto _ : state) {
+    const double seconds = TimeBatch(stream, launch);
+    if (seconds < 0) {
+      state.SkipWithError("launch failed");
+      return;
+    }
+    state.SetIterationTime(seconds);
+  }
+  g->driver().StreamSynchronize(stream);
 }
 
 double Median(std::vector<double> v) {
@@ -258,8 +254,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
         "(x raw: each row over raw_params with the same kernel and thread count; the dynamic "
         "rows over raw_dynamic_shapes. Thread rows: aggregate time per launch.)\n");
     if (!paired_.empty()) {
-      std::printf("\n%-40s %10s %10s %10s\n", "paired with raw (kpack / raw)", "median",
-                  "min", "max");
+      std::printf("\n%-40s %10s %10s %10s\n", "paired with raw (kpack / raw)", "median", "min",
+                  "max");
       for (const auto& [name, v] : paired_) {
         std::printf("%-40s %10.3f %10.3f %10.3f\n", name.c_str(), Median(v),
                     *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
