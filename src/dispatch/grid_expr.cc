@@ -230,11 +230,6 @@ absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolve
   return expr;
 }
 
-std::optional<int64_t> GridExpr::constant() const {
-  if (size_ == 1 && code_[0].op == Op::kConst) return code_[0].operand;
-  return std::nullopt;
-}
-
 bool GridExpr::Run(std::span<const Arg> args, int64_t* result) const {
   int64_t stack[kMaxStack];
   int top = 0;

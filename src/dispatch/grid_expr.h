@@ -49,15 +49,18 @@ class GridExpr {
   // them, which the launch has already checked). False on overflow, division by zero, a
   // non-integer or out-of-range argument: the caller reports it.
   bool Evaluate(std::span<const Arg> args, int64_t* result) const {
-    if (size_ == 1 && code_[0].op == Op::kConst) {  // a folded constant: most y and z axes
-      *result = code_[0].operand;
+    if (std::optional<int64_t> c = constant()) {  // most y and z axes: no interpreter
+      *result = *c;
       return true;
     }
     return Run(args, result);
   }
 
   // The folded constant, if the expression does not read any argument.
-  std::optional<int64_t> constant() const;
+  std::optional<int64_t> constant() const {
+    if (size_ == 1 && code_[0].op == Op::kConst) return code_[0].operand;
+    return std::nullopt;
+  }
 
  private:
   enum class Op : uint8_t { kConst, kArg, kAdd, kSub, kMul, kDiv, kNeg, kCdiv, kMin, kMax };

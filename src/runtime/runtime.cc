@@ -135,9 +135,11 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
 }
 
 // A call argument's slot type, and the Arg kind PackArgs may copy into it without
-// PackArg's conversions (the kind a C++ caller passes for it most often).
+// PackArg's conversions (the kind a C++ caller passes for it most often). After the
+// slot's offset is set: a dropped (eq1) slot has nothing to write and no fast path.
 void SetArgType(ParamType type, ArgSlot* slot) {
   slot->type = type;
+  if (slot->offset == ArgSlot::kDropped) return;
   switch (type) {
     case ParamType::kPointer:  // CUdeviceptr; typed host pointers take PackArg
       slot->fast_kind = Arg::Kind::kDevicePtr;
@@ -201,7 +203,6 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->spec = &vs;
       v->kernel = k.get();
       v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
-      for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
       KPACK_RETURN_IF_ERROR(CompileGrid(ks, vs, where, v->grid));
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
@@ -216,9 +217,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
             break;
         }
       }
-      for (ArgSlot& a : v->arg_slots) {
-        if (a.offset == ArgSlot::kDropped) a.fast_size = 0;  // nothing to write
-      }
+      for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
       v->param_bytes = vs.param_bytes;
       v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);
       v->num_ctas = static_cast<uint32_t>(vs.num_ctas);
