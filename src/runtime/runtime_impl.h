@@ -139,8 +139,9 @@ class RuntimeImpl {
   // `grid` null: the grid from the kernel's grid expressions.
   absl::Status LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
                           std::span<const Arg> args) const;
-  // The variant these arguments select; checks the count. Errors name the kernel, the
-  // argument and the assumption that failed.
+  // The launch path's steps, defined inline in runtime/launch.h (include it to call
+  // them). Select: the variant these arguments select; checks the count. Errors name
+  // the kernel, the argument and the assumption that failed.
   absl::Status Select(const KernelData& k, std::span<const Arg> args,
                       DispatchTable::Choice* choice) const;
   // Packs `args` into `buf`, zeroing the variant's whole buffer first.
@@ -168,14 +169,6 @@ class RuntimeImpl {
  private:
   RuntimeImpl() = default;
   absl::Status CheckAndPrepare(const VariantData& v, CUkernel kernel) const;
-  // The bodies of Select, PackArgs and Prepare, defined in runtime.cc and always inlined
-  // into the launch path there (LaunchArgs, LaunchPacked); the public functions wrap them.
-  absl::Status SelectInline(const KernelData& k, std::span<const Arg> args,
-                            DispatchTable::Choice* choice) const;
-  absl::Status PackArgsInline(const VariantData& v, std::span<const Arg> args,
-                              std::byte* buf) const;
-  absl::Status PrepareInline(const VariantData& v, const Grid& grid, CUstream stream,
-                             std::byte* buf, PreparedLaunch* p) const;
 
   std::shared_ptr<const Driver> driver_;
   PackContents pack_;
@@ -185,6 +178,14 @@ class RuntimeImpl {
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
 };
+
+// "kernel 'K' variant 'V'", the prefix of every per-variant error message.
+std::string Describe(const VariantData& v);
+
+// The public API speaks std::string_view; Debian's abseil has its own string_view type.
+inline absl::string_view AbslView(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
 
 struct KernelAccess {
   static const KernelData* Get(const Kernel& k) { return k.data_; }

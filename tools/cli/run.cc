@@ -19,6 +19,7 @@
 #include "driver/driver.h"
 #include "kpack/kpack.h"
 #include "npy.h"
+#include "runtime/launch.h"
 #include "runtime/runtime_impl.h"
 #include "util/status_macros.h"
 

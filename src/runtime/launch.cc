@@ -1,0 +1,114 @@
+// The launch path's out-of-line half: the launch entry points that send a packed buffer,
+// grid evaluation, and the error builders. The inline steps are in launch.h.
+
+#include "runtime/launch.h"
+
+#include <cuda.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#if KPACK_ENABLE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace kpack::internal {
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got) {
+  std::vector<std::string> expected;
+  for (int a : k.spec->args) {
+    const ParamSpec& p = k.spec->params[a];
+    expected.push_back(absl::StrCat(p.name, ": ", p.type_name));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("kernel '", k.spec->name, "' takes ", k.num_args,
+                                                 " arguments (", absl::StrJoin(expected, ", "),
+                                                 "), got ", got));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a) {
+  const ParamSpec& p = v.kernel->spec->params[v.kernel->spec->args[i]];
+  return ArgError(v.kernel->spec->name, i, p.name, p.type_name, a);
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
+                   v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Describe(v), ": grid[", axis, "] = '", v.kernel->spec->grid[axis],
+                   "' overflows, divides by zero, or falls outside [0, 2^32) for these arguments"));
+}
+
+ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
+                                                 CUresult r) {
+  return d.Error(r, absl::StrCat("cuLaunchKernelEx for ", Describe(v)));
+}
+
+
+absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const Arg> args) const {
+  const KernelSpec& k = *v.kernel->spec;
+  if (ABSL_PREDICT_FALSE(k.grid.empty())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kernel '", k.name, "' has no grid expression in its manifest; pass a grid"));
+  }
+  uint32_t dims[3];
+  for (int axis = 0; axis < 3; ++axis) {
+    int64_t value;
+    if (ABSL_PREDICT_FALSE(!v.grid[axis].Evaluate(args, &value) || value < 0 ||
+                           value > int64_t{UINT32_MAX})) {
+      return GridValueError(v, axis);
+    }
+    dims[axis] = static_cast<uint32_t>(value);
+  }
+  return Grid{dims[0], dims[1], dims[2]};
+}
+
+absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
+                                       std::byte* buf, bool fallback) const {
+  PreparedLaunch p;
+  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, buf, &p));
+  if (p.function == nullptr) return absl::OkStatus();  // empty grid
+
+#if KPACK_ENABLE_NVTX
+  const KernelData& k = *v.kernel;
+  auto domain = static_cast<nvtxDomainHandle_t>(k.nvtx_domain);
+  if (domain != nullptr) {
+    nvtxEventAttributes_t attrs = {};
+    attrs.version = NVTX_VERSION;
+    attrs.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    attrs.messageType = NVTX_MESSAGE_TYPE_REGISTERED;
+    attrs.message.registered = static_cast<nvtxStringHandle_t>(k.nvtx_message);
+    nvtxDomainRangePushEx(domain, &attrs);
+  }
+#endif
+  CUresult r = driver_->LaunchKernelEx(&p.config, p.function, nullptr,
+                                       p.param_bytes != 0 ? p.extra : nullptr);
+#if KPACK_ENABLE_NVTX
+  if (domain != nullptr) nvtxDomainRangePop(domain);
+#endif
+  if (ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) return LaunchError(*driver_, v, r);
+  CounterShard& counters = v.counters[ThreadShard()];
+  counters.launches.fetch_add(1, std::memory_order_relaxed);
+  if (fallback) counters.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
+                                     std::span<const Arg> args) const {
+  DispatchTable::Choice choice{};
+  KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
+  // The sole variant, when there is one, without reading the variants vector.
+  const VariantData& v = k.sole_variant != nullptr ? *k.sole_variant : *k.variants[choice.variant];
+  alignas(16) std::byte buf[kMaxParamBytes];
+  KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
+  if (grid != nullptr) return LaunchPacked(v, *grid, stream, buf, choice.fallback);
+  KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));
+  return LaunchPacked(v, computed, stream, buf, choice.fallback);
+}
+}  // namespace kpack::internal

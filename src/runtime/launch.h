@@ -1,0 +1,147 @@
+// The launch path. Every launch, by name, by Kernel or by BoundLaunch, runs these three
+// steps and then one cuLaunchKernelEx (RuntimeImpl::LaunchPacked, launch.cc):
+//
+//   Select    the variant: bucket from the bucket arguments, then the property mask
+//             (div16 / eq1 / integer fit) looked up in the kernel's DispatchTable;
+//   PackArgs  the arguments into the variant's parameter buffer at the manifest's
+//             offsets, checked against each slot's Triton type;
+//   Prepare   the variant's CUfunction (loading it on first use), the scratch pointers,
+//             and the CUlaunchConfig.
+//
+// They are defined here, inline and always inlined, so that the launch functions in
+// launch.cc compile into one straight-line body, while Bind and BoundLaunch::Set (and
+// kpack's own tools) call the same code. Rules for everything in this file: no heap
+// allocation, no lock, no string formatting, no logging on success; the error builders
+// below are out of line and run only on failure.
+
+#ifndef KPACK_SRC_RUNTIME_LAUNCH_H_
+#define KPACK_SRC_RUNTIME_LAUNCH_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+
+#include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
+#include "absl/status/status.h"
+#include "kpack/arg.h"
+#include "launch/args.h"
+#include "runtime/runtime_impl.h"
+#include "util/status_macros.h"
+
+namespace kpack::internal {
+
+// Failure halves of the launch path (launch.cc): they format the message.
+ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got);
+ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a);
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid);
+ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis);
+ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
+                                                 CUresult r);
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
+    const VariantData& v, std::span<const Arg> args, std::byte* buf) const {
+  if (ABSL_PREDICT_FALSE(args.size() != v.arg_slots.size())) {
+    return ArgCountError(*v.kernel, args.size());
+  }
+  std::memset(buf, 0, v.param_bytes);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSlot& slot = v.arg_slots[i];
+    const Arg& a = args[i];
+    if (ABSL_PREDICT_TRUE(a.kind() == slot.fast_kind)) {
+      const uint64_t bits = a.bits();
+      if (slot.fast_size == 8) {
+        std::memcpy(buf + slot.offset, &bits, 8);
+        continue;
+      }
+      if (slot.fast_size == 4 &&
+          (!slot.fast_check_i32 || static_cast<int64_t>(bits) == static_cast<int32_t>(bits))) {
+        const uint32_t low = static_cast<uint32_t>(bits);
+        std::memcpy(buf + slot.offset, &low, 4);
+        continue;
+      }
+    }
+    if (slot.offset == ArgSlot::kDropped) continue;  // eq1: dispatch checked it is 1
+    if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) {
+      return BadArg(v, i, a);
+    }
+  }
+  return absl::OkStatus();
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Select(
+    const KernelData& k, std::span<const Arg> args, DispatchTable::Choice* choice) const {
+  if (ABSL_PREDICT_FALSE(args.size() != k.num_args)) return ArgCountError(k, args.size());
+  if (k.sole_variant != nullptr) {
+    *choice = {0, false};
+    return absl::OkStatus();
+  }
+  *choice = k.dispatch.Select(args);
+  if (ABSL_PREDICT_FALSE(choice->variant < 0)) return k.dispatch.NoVariantError(*k.spec, args);
+  return absl::OkStatus();
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Prepare(
+    const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
+    PreparedLaunch* p) const {
+  const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
+  if (programs == 0) {  // Triton skips empty grids too
+    p->function = nullptr;
+    return absl::OkStatus();
+  }
+  const uint64_t grid_x = uint64_t{grid.x} * v.num_ctas;
+  if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max())) {
+    return GridError(v, grid);
+  }
+  CUfunction function = v.function.load(std::memory_order_acquire);
+  if (ABSL_PREDICT_FALSE(function == nullptr)) {
+    KPACK_ASSIGN_OR_RETURN(function, Load(v));
+  }
+  CUcontext context = nullptr;
+  driver_->CtxGetCurrent(&context);  // a thread-local read in the driver
+  if (ABSL_PREDICT_TRUE(context == v.home_context)) function = v.home_function;
+  p->function = function;
+
+  if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
+    const uint64_t blocks = programs * v.num_ctas;
+    const uint64_t global_bytes = blocks * v.global_scratch_size;
+    const uint64_t profile_start = (global_bytes + v.profile_scratch_align - 1) /
+                                   v.profile_scratch_align * v.profile_scratch_align;
+    KPACK_ASSIGN_OR_RETURN(CUdeviceptr base,
+                           scratch_->Get(stream, profile_start + blocks * v.profile_scratch_size));
+    if (v.global_scratch_size != 0) {
+      std::memcpy(buf + v.global_scratch_offset, &base, sizeof(base));
+    }
+    if (v.profile_scratch_size != 0) {
+      CUdeviceptr profile = base + profile_start;
+      std::memcpy(buf + v.profile_scratch_offset, &profile, sizeof(profile));
+    }
+  }
+
+  CUlaunchConfig& config = p->config;
+  config.gridDimX = static_cast<unsigned>(grid_x);
+  config.gridDimY = grid.y;
+  config.gridDimZ = grid.z;
+  config.blockDimX = v.block_x;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = v.shared;
+  config.hStream = stream;
+  // The driver reads the attributes and does not keep or modify them.
+  config.attrs = const_cast<CUlaunchAttribute*>(v.attrs.data());
+  config.numAttrs = v.num_attrs;
+  p->param_bytes = v.param_bytes;
+  p->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+  p->extra[1] = buf;
+  p->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+  p->extra[3] = &p->param_bytes;
+  p->extra[4] = CU_LAUNCH_PARAM_END;
+  return absl::OkStatus();
+}
+}  // namespace kpack::internal
+
+#endif  // KPACK_SRC_RUNTIME_LAUNCH_H_

@@ -1,0 +1,169 @@
+// Loading a variant into the driver (lazily at its first launch, or by Preload) and the
+// checks against the devices that only a loaded kernel can answer.
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/runtime_impl.h"
+#include "util/log.h"
+#include "util/status_macros.h"
+
+namespace kpack::internal {
+namespace {
+
+constexpr uint32_t kDefaultSharedLimit = 48 * 1024;
+
+// Triton's arch-specific targets (90 -> sm_90a, 100 -> sm_100a) run only on exactly that
+// compute capability; older targets run on any later minor version of the same major.
+bool ArchRunsOn(int arch, int cc) {
+  if (arch >= 90) return arch == cc;
+  return arch / 10 == cc / 10 && arch % 10 <= cc % 10;
+}
+
+// major*10+minor of `device`.
+absl::StatusOr<int> ComputeCapability(const Driver& d, CUdevice device) {
+  int major = 0, minor = 0;
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+              "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)"));
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device),
+              "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)"));
+  return major * 10 + minor;
+}
+
+}  // namespace
+
+std::string Describe(const VariantData& v) {
+  return absl::StrCat("kernel '", v.kernel->spec->name, "' variant '", v.spec->name, "'");
+}
+
+absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel) const {
+  const Driver& d = *driver_;
+  const VariantSpec& s = *v.spec;
+  const std::string what = Describe(v);
+
+  // The manifest's parameter layout must be the cubin's, slot for slot: packing by a
+  // wrong layout would launch with garbage arguments.
+  for (size_t i = 0; i < s.layout.size(); ++i) {
+    size_t offset = 0, size = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(d.KernelGetParamInfo(kernel, i, &offset, &size),
+                                  absl::StrCat("cuKernelGetParamInfo(", i, ") for ", what)));
+    const SlotSpec& slot = s.layout[i];
+    if (offset != slot.offset || size != slot.size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": parameter ", i, " ('", SlotName(*v.kernel->spec, slot),
+                       "') is at offset ", slot.offset, " size ", slot.size,
+                       " in the manifest but at offset ", offset, " size ", size, " in the cubin"));
+    }
+  }
+  size_t extra_offset = 0, extra_size = 0;
+  if (d.KernelGetParamInfo(kernel, s.layout.size(), &extra_offset, &extra_size) == CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the cubin's entry '", s.entry,
+                                                   "' has more than the ", s.layout.size(),
+                                                   " parameters the manifest's layout lists"));
+  }
+
+  int count = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGetCount(&count), "cuDeviceGetCount"));
+  for (CUdevice dev = 0; dev < count; ++dev) {
+    KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, dev));
+    // Load checked the current device; GPUs of another kind never run this variant.
+    if (!ArchRunsOn(s.arch, cc)) continue;
+    int optin = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
+        "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"));
+    int static_shared = 0, max_threads = 0;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.KernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, dev),
+        absl::StrCat("cuKernelGetAttribute(SHARED_SIZE_BYTES) for ", what)));
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.KernelGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, dev),
+        absl::StrCat("cuKernelGetAttribute(MAX_THREADS_PER_BLOCK) for ", what)));
+    if (static_cast<int64_t>(s.shared) + static_shared > optin) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": needs ", s.shared, " bytes of dynamic shared memory (plus ", static_shared,
+          " static), but device ", dev, " allows at most ", optin, " per block"));
+    }
+    if (v.block_x > static_cast<uint32_t>(max_threads)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": num_warps ", s.num_warps, " needs ", v.block_x,
+          " threads per block, but the kernel can run at most ", max_threads, " on device ", dev));
+    }
+    if (s.shared > kDefaultSharedLimit) {
+      // Without this opt-in a launch asking for more than 48 KiB fails with
+      // CUDA_ERROR_INVALID_VALUE. Set once per device; it applies to all its contexts.
+      KPACK_RETURN_IF_ERROR(
+          d.Check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                       optin - static_shared, kernel, dev),
+                  absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
+    }
+    if (s.num_ctas > 8) {
+      KPACK_RETURN_IF_ERROR(d.Check(
+          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, dev),
+          absl::StrCat("cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for ", what)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
+  std::lock_guard<std::mutex> lock(v.load_mu);
+  if (CUfunction f = v.function.load(std::memory_order_acquire)) return f;
+  const Driver& d = *driver_;
+  const VariantSpec& s = *v.spec;
+  const std::string what = Describe(v);
+
+  CUcontext ctx = nullptr;
+  KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent"));
+  if (ctx == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "loading ", what,
+        ": no CUDA context is current on this thread; make one current "
+        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  }
+  CUdevice device = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetDevice(&device), "cuCtxGetDevice"));
+  KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, device));
+  if (!ArchRunsOn(s.arch, cc)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch, s.arch >= 90 ? "a" : "",
+        "), but the current device ", device, " has compute capability ", cc / 10, ".", cc % 10));
+  }
+
+  CUlibrary library = nullptr;
+  KPACK_RETURN_IF_ERROR(
+      d.Check(d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+              absl::StrCat("cuLibraryLoadData for ", what)));
+  CUkernel kernel = nullptr;
+  absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
+                                absl::StrCat("cuLibraryGetKernel('", s.entry, "') for ", what));
+  if (status.ok()) status = CheckAndPrepare(v, kernel);
+  CUfunction home_function = nullptr;
+  if (status.ok()) {
+    status = d.Check(d.KernelGetFunction(&home_function, kernel),
+                     absl::StrCat("cuKernelGetFunction for ", what));
+  }
+  if (!status.ok()) {
+    d.LibraryUnload(library);
+    return status;
+  }
+  v.home_context = ctx;
+  v.home_function = home_function;
+  v.library = library;
+  std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
+  libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
+  Log().info("loaded {} (entry '{}', {} warps, {} ctas, {} B shared)", what, s.entry, s.num_warps,
+             s.num_ctas, s.shared);
+  auto function = reinterpret_cast<CUfunction>(kernel);
+  v.function.store(function, std::memory_order_release);
+  return function;
+}
+}  // namespace kpack::internal

@@ -1,0 +1,197 @@
+// Opening a pack: read and validate it, load the driver, and build the immutable
+// launch-time state (KernelData, VariantData, dispatch tables, compiled grids).
+
+#include <cuda.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/runtime_impl.h"
+#include "util/log.h"
+#include "util/status_macros.h"
+
+#if KPACK_ENABLE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+namespace kpack::internal {
+namespace {
+
+bool NvtxRequested(const Options& options) {
+#if KPACK_ENABLE_NVTX
+  const char* env = std::getenv("KPACK_NVTX");
+  return options.nvtx && !(env != nullptr && std::string_view(env) == "0");
+#else
+  (void)options;
+  return false;
+#endif
+}
+
+void BuildLaunchAttributes(VariantData& v) {
+  const VariantSpec& s = *v.spec;
+  if (s.num_ctas != 1) {
+    CUlaunchAttribute& cluster = v.attrs[v.num_attrs++];
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = static_cast<unsigned>(s.num_ctas);
+    cluster.value.clusterDim.y = 1;
+    cluster.value.clusterDim.z = 1;
+    CUlaunchAttribute& policy = v.attrs[v.num_attrs++];
+    policy.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    policy.value.clusterSchedulingPolicyPreference = CU_CLUSTER_SCHEDULING_POLICY_SPREAD;
+  }
+  if (s.launch_pdl) {
+    CUlaunchAttribute& pdl = v.attrs[v.num_attrs++];
+    pdl.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    pdl.value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (s.launch_cooperative_grid) {
+    CUlaunchAttribute& coop = v.attrs[v.num_attrs++];
+    coop.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    coop.value.cooperative = 1;
+  }
+}
+
+// Compiles the kernel's grid expressions against one variant (see VariantGridResolver).
+absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string_view where,
+                         std::array<GridExpr, 3>& grid) {
+  const GridExpr::Resolver resolve = VariantGridResolver(k, v);
+  for (size_t axis = 0; axis < k.grid.size(); ++axis) {
+    absl::StatusOr<GridExpr> expr = GridExpr::Compile(k.grid[axis], resolve);
+    if (!expr.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": variant '", v.name, "': field 'grid[", axis, "]': ", expr.status().message()));
+    }
+    grid[axis] = *std::move(expr);
+  }
+  return absl::OkStatus();
+}
+
+// A call argument's slot type, and the Arg kind PackArgs may copy into it without
+// PackArg's conversions (the kind a C++ caller passes for it most often). After the
+// slot's offset is set: a dropped (eq1) slot has nothing to write and no fast path.
+void SetArgType(ParamType type, ArgSlot* slot) {
+  slot->type = type;
+  if (slot->offset == ArgSlot::kDropped) return;
+  switch (type) {
+    case ParamType::kPointer:  // CUdeviceptr; typed host pointers take PackArg
+      slot->fast_kind = Arg::Kind::kDevicePtr;
+      slot->fast_size = 8;
+      break;
+    case ParamType::kI32:
+      slot->fast_kind = Arg::Kind::kSigned;
+      slot->fast_size = 4;
+      slot->fast_check_i32 = true;
+      break;
+    case ParamType::kI64:
+      slot->fast_kind = Arg::Kind::kSigned;
+      slot->fast_size = 8;
+      break;
+    case ParamType::kFp32:
+      slot->fast_kind = Arg::Kind::kFloat32;
+      slot->fast_size = 4;
+      break;
+    default:
+      slot->fast_size = 0;
+      break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
+                                                                 const Options& options) {
+  std::unique_ptr<RuntimeImpl> rt(new RuntimeImpl());
+  KPACK_ASSIGN_OR_RETURN(rt->pack_, ReadPack(dir));
+  KPACK_ASSIGN_OR_RETURN(rt->driver_, Driver::Load(options.driver_path));
+  rt->scratch_ = std::make_unique<ScratchArenas>(*rt->driver_);
+
+#if KPACK_ENABLE_NVTX
+  if (NvtxRequested(options)) rt->nvtx_domain_ = nvtxDomainCreateA("kpack");
+#endif
+
+  const ManifestSpec& manifest = rt->pack_.manifest;
+  for (size_t ki = 0; ki < manifest.kernels.size(); ++ki) {
+    const KernelSpec& ks = manifest.kernels[ki];
+    auto k = std::make_unique<KernelData>();
+    k->spec = &ks;
+    k->runtime = rt.get();
+    k->num_args = ks.args.size();
+#if KPACK_ENABLE_NVTX
+    if (rt->nvtx_domain_ != nullptr) {
+      k->nvtx_domain = rt->nvtx_domain_;
+      k->nvtx_message = nvtxDomainRegisterStringA(static_cast<nvtxDomainHandle_t>(rt->nvtx_domain_),
+                                                  ks.name.c_str());
+    }
+#endif
+    const std::string where = absl::StrCat(rt->pack_.dir, "/manifest.json: kernel '", ks.name, "'");
+    absl::StatusOr<DispatchTable> dispatch = DispatchTable::Build(ks);
+    if (!dispatch.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", dispatch.status().message()));
+    }
+    k->dispatch = *std::move(dispatch);
+    for (size_t vi = 0; vi < ks.variants.size(); ++vi) {
+      const VariantSpec& vs = ks.variants[vi];
+      auto v = std::make_unique<VariantData>();
+      v->spec = &vs;
+      v->kernel = k.get();
+      v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
+      KPACK_RETURN_IF_ERROR(CompileGrid(ks, vs, where, v->grid));
+      for (const SlotSpec& slot : vs.layout) {
+        switch (slot.kind) {
+          case SlotKind::kArg:
+            v->arg_slots[slot.arg].offset = slot.offset;
+            break;
+          case SlotKind::kGlobalScratch:
+            v->global_scratch_offset = static_cast<int32_t>(slot.offset);
+            break;
+          case SlotKind::kProfileScratch:
+            v->profile_scratch_offset = static_cast<int32_t>(slot.offset);
+            break;
+        }
+      }
+      for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
+      v->param_bytes = vs.param_bytes;
+      v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);
+      v->num_ctas = static_cast<uint32_t>(vs.num_ctas);
+      v->shared = vs.shared;
+      v->global_scratch_size = vs.global_scratch_size;
+      v->profile_scratch_size = vs.profile_scratch_size;
+      v->profile_scratch_align = vs.profile_scratch_align;
+      BuildLaunchAttributes(*v);
+      v->cubin = std::move(rt->pack_.cubins[ki][vi]);
+      k->variants.push_back(std::move(v));
+    }
+    if (k->variants.size() == 1 && k->dispatch.num_properties() == 0 &&
+        k->dispatch.num_buckets() == 1) {
+      // Nothing to dispatch on: Select reads no argument and finds the one variant.
+      const DispatchTable::Choice only = k->dispatch.Select({});
+      if (only.variant == 0 && !only.fallback) k->sole_variant = k->variants[0].get();
+    }
+    rt->by_name_[ks.name] = k.get();
+    rt->kernels_.push_back(std::move(k));
+  }
+  rt->pack_.cubins.clear();
+  Log().info("opened pack '{}': {} kernels, driver '{}'", rt->pack_.dir, rt->kernels_.size(),
+             rt->driver_->path);
+  return rt;
+}
+
+RuntimeImpl::~RuntimeImpl() {
+  scratch_.reset();
+  for (const auto& k : kernels_) {
+    for (const auto& v : k->variants) {
+      std::lock_guard<std::mutex> lock(v->load_mu);
+      if (v->library != nullptr) driver_->LibraryUnload(v->library);
+    }
+  }
+#if KPACK_ENABLE_NVTX
+  if (nvtx_domain_ != nullptr) {
+    nvtxDomainDestroy(static_cast<nvtxDomainHandle_t>(nvtx_domain_));
+  }
+#endif
+}
+}  // namespace kpack::internal
