@@ -12,10 +12,14 @@ no-op (KPACK_FAKE_LAUNCH_NOOP=1) and prints, per launch path:
   (every call from outside the fake driver into it, with what it calls), and kpack's
   own instructions: the loop's instructions outside the driver minus the raw loop's.
 
-It fails when a path's own cost is more than ``--factor`` (default 2) times the
-committed baseline (``bench/overhead_baseline.json``): only a gross regression, since
-CI machines are noisy; the figures are printed on every run. ``--write-baseline``
-records the current figures instead.
+It fails when a path's own instructions are more than ``--factor`` (default 1.25) times
+the committed baseline (``bench/overhead_baseline.json``). Instruction counts are exact
+for a given binary, so the gate is tight and does not depend on the machine. Nanoseconds
+are printed beside the baseline's but not gated while instructions are counted: they
+move by 2x between CI machines of the same kind (the same commit measured 31 and 63 ns
+for ``kpack_by_kernel/args14``). Without valgrind the ns figures are gated instead, at
+``--ns-factor`` (default 2.5) times the baseline: only a gross regression.
+``--write-baseline`` records the current figures instead.
 
     python3 bench/overhead_check.py --bench build/bench/kpack_overhead_bench \\
         --fake-driver build/tests/fake_driver/libkpack_fake_cuda.so
@@ -120,7 +124,10 @@ def main(argv=None) -> int:
     parser.add_argument("--fake-driver", required=True, help="libkpack_fake_cuda.so")
     parser.add_argument("--baseline", default=str(Path(__file__).with_name(
         "overhead_baseline.json")))
-    parser.add_argument("--factor", type=float, default=2.0)
+    parser.add_argument("--factor", type=float, default=1.25,
+                        help="limit on own instructions, times the baseline")
+    parser.add_argument("--ns-factor", type=float, default=2.5,
+                        help="limit on own ns, times the baseline, when valgrind is missing")
     parser.add_argument("--launches", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--callgrind-launches", type=int, default=2000)
@@ -172,24 +179,25 @@ def main(argv=None) -> int:
 
     baseline = json.loads(Path(args.baseline).read_text())
     failures = []
-    for metric, current in (("own_ns", own_ns), ("own_instructions", own_ir)):
-        for path, base in baseline[metric].items():
-            if path not in current:
-                if metric == "own_instructions" and instructions is None:
-                    continue
-                failures.append(f"{path}: no {metric} measured")
-                continue
-            # The ns gate has a 10 ns floor, so a path costing a few ns cannot fail on
-            # timer noise.
-            limit = args.factor * max(base, 10.0 if metric == "own_ns" else base)
-            if current[path] > limit:
-                failures.append(f"{path}: {metric} {current[path]:.1f} > {args.factor:g} x "
-                                f"baseline {base:g}")
+    if instructions is not None:
+        metric, current, factor = "own_instructions", own_ir, args.factor
+    else:
+        metric, current, factor = "own_ns", own_ns, args.ns_factor
+    for path, base in baseline[metric].items():
+        if path not in current:
+            failures.append(f"{path}: no {metric} measured")
+            continue
+        # The ns gate has a 10 ns floor, so a path costing a few ns cannot fail on
+        # timer noise.
+        limit = factor * max(base, 10.0 if metric == "own_ns" else base)
+        if current[path] > limit:
+            failures.append(f"{path}: {metric} {current[path]:.1f} > {factor:g} x "
+                            f"baseline {base:g}")
     for f in failures:
         print("REGRESSION:", f)
     if failures:
         return 1
-    print(f"no path above {args.factor:g}x its baseline ({args.baseline})")
+    print(f"no path's {metric} above {factor:g}x its baseline ({args.baseline})")
     return 0
 
 
