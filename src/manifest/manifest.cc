@@ -20,17 +20,31 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr absl::string_view kFormat = "kpack/1";
+// The formats this reader understands. kpack/2 is kpack/1 plus optional fields (each
+// documented in docs/pack-format.md with the version that introduced it); a kpack/1
+// manifest that uses a kpack/2 field is refused, so a pack written for this reader
+// never half-works under an older one, which refuses "kpack/2" by name.
+constexpr int kMinFormat = 1;
+constexpr int kMaxFormat = 2;
 
-// Where in the manifest we are, for messages: "manifest.json: kernel 'add': variant 'v'".
+// Where in the manifest we are, for messages: "manifest.json: kernel 'add': variant 'v'",
+// and the manifest's format version, for fields that a later version introduced.
 class Where {
  public:
-  explicit Where(std::string prefix) : prefix_(std::move(prefix)) {}
+  explicit Where(std::string prefix, int version = kMaxFormat)
+      : prefix_(std::move(prefix)), version_(version) {}
   Where Kernel(absl::string_view name) const {
-    return Where(absl::StrCat(prefix_, ": kernel '", name, "'"));
+    return Where(absl::StrCat(prefix_, ": kernel '", name, "'"), version_);
   }
   Where Variant(absl::string_view name) const {
-    return Where(absl::StrCat(prefix_, ": variant '", name, "'"));
+    return Where(absl::StrCat(prefix_, ": variant '", name, "'"), version_);
+  }
+  int version() const { return version_; }
+  // INVALID_ARGUMENT unless the manifest's format is at least kpack/`version`.
+  absl::Status RequireFormat(int version, absl::string_view field) const {
+    if (version_ >= version) return absl::OkStatus();
+    return Error(field, absl::StrCat("needs format 'kpack/", version, "' or later; the manifest says 'kpack/",
+                                     version_, "'"));
   }
   absl::Status Error(absl::string_view field, absl::string_view problem) const {
     return absl::InvalidArgumentError(absl::StrCat(prefix_, ": field '", field, "': ", problem));
@@ -41,6 +55,7 @@ class Where {
 
  private:
   std::string prefix_;
+  int version_;
 };
 
 std::string TypeOf(const json& j) { return j.type_name(); }
@@ -677,7 +692,6 @@ uint32_t SlotSize(ParamType type) {
 }
 
 absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file) {
-  Where top{std::string(file)};
   json doc;
   try {
     doc = json::parse(text.begin(), text.end());
@@ -688,13 +702,21 @@ absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": expected a JSON object at the top level, got ", TypeOf(doc)));
   }
+  Where top{std::string(file)};
   KPACK_ASSIGN_OR_RETURN(std::string format, GetString(doc, "format", top));
-  if (format != kFormat) {
-    return top.Error("format", absl::StrCat("unsupported pack format '", format,
-                                            "'; this runtime reads '", kFormat, "'"));
+  int version = 0;
+  for (int v = kMinFormat; v <= kMaxFormat; ++v) {
+    if (format == absl::StrCat("kpack/", v)) version = v;
   }
+  if (version == 0) {
+    return top.Error("format", absl::StrCat("unsupported pack format '", format,
+                                            "'; this runtime reads 'kpack/", kMinFormat,
+                                            "' to 'kpack/", kMaxFormat, "'"));
+  }
+  top = Where(std::string(file), version);
   KPACK_RETURN_IF_ERROR(CheckKeys(doc, top, "the manifest", {"format", "generator", "kernels"}));
   ManifestSpec manifest;
+  manifest.format_version = version;
   KPACK_ASSIGN_OR_RETURN(manifest.generator, GetString(doc, "generator", top, /*required=*/false));
   KPACK_ASSIGN_OR_RETURN(const json* kernels, Field(doc, "kernels", top));
   if (!kernels->is_array()) {

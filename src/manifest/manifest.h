@@ -111,6 +111,7 @@ struct KernelSpec {
 };
 
 struct ManifestSpec {
+  int format_version = 1;  // N of "kpack/N"
   std::string generator;
   std::vector<KernelSpec> kernels;
 };

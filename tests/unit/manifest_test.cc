@@ -126,8 +126,8 @@ TEST(ManifestTest, ParsesDispatchFields) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ManifestErrorTest,
     ::testing::Values(
-        BadCase{"unknown_format", [](json& m) { m["format"] = "kpack/2"; }, kInvalid,
-                {"'format'", "kpack/2"}},
+        BadCase{"unknown_format", [](json& m) { m["format"] = "kpack/3"; }, kInvalid,
+                {"'format'", "kpack/3", "kpack/1' to 'kpack/2"}},
         BadCase{"format_not_string", [](json& m) { m["format"] = 1; }, kInvalid,
                 {"'format'", "expected a string"}},
         BadCase{"no_kernels", [](json& m) { m["kernels"] = json::array(); }, kInvalid,
