@@ -186,7 +186,9 @@ class Runtime {
   // Opens the pack in `dir`. Errors: UNAVAILABLE when no CUDA driver can be loaded or
   // initialized (the message says what was tried); INVALID_ARGUMENT for anything wrong in
   // the pack (the message names the file, kernel, variant and field); NOT_FOUND when the
-  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks.
+  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks;
+  // INVALID_ARGUMENT too when KPACK_LOG_LEVEL is set to something other than trace, debug,
+  // info, warn, error, critical or off (the level of kpack's spdlog logger "kpack").
   static absl::StatusOr<Runtime> Open(std::string_view dir, const Options& options = {});
 
   Runtime(Runtime&&) noexcept;
