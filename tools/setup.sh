@@ -67,11 +67,17 @@ probe_tools() {
     fi
   fi
   if command -v ninja >/dev/null 2>&1; then found+=(ninja); else need ninja ninja-build; fi
-  local cxx="${CXX:-c++}"
-  if command -v "$cxx" >/dev/null 2>&1; then
+  # $CXX if set, else what CMake would pick first (whether it compiles C++20 is probed).
+  local cxx="${CXX:-}" c
+  if [ -z "$cxx" ]; then
+    for c in c++ g++ clang++; do
+      if command -v "$c" >/dev/null 2>&1; then cxx="$c"; break; fi
+    done
+  fi
+  if [ -n "$cxx" ] && command -v "$cxx" >/dev/null 2>&1; then
     found+=("$cxx")
   else
-    need "a C++20 compiler ($cxx)" g++
+    need "a C++ compiler (${CXX:-c++, g++ or clang++})" g++
   fi
   [ "$profile" = test ] || return 0
   if [ "$cxx" != g++ ]; then
@@ -131,7 +137,7 @@ probe_packages() {
         name="${line#-- kpack-probe: missing }"
         local what="$name"
         case "$name" in
-          cxx20) what="a C++20 compiler (${CXX:-c++} cannot compile C++20)" ;;
+          cxx20) what="a C++20 compiler (${CXX:-the default C++ compiler} cannot compile C++20)" ;;
           CUDAToolkit)
             what="the CUDA toolkit headers (cuda.h, cudaTypedefs.h; looked in $cuda: set CUDA_HOME)"
             ;;

@@ -163,6 +163,13 @@ class SetupTest(unittest.TestCase):
                              "apt-get does not provide")
         self.assertEqual(self.apt_calls(), [])
 
+    def test_without_a_compiler_packages_are_not_probed_and_it_says_so(self):
+        r = self.run_setup("--check", path=self.path(hide={"c++", "g++", "clang++"}))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("missing: a C++ compiler (c++, g++ or clang++)", r.stdout)
+        self.assertIn("CMake packages not probed", r.stdout)
+        self.assertIn("would install (apt-get): g++", r.stdout)
+
     def test_test_profile_needs_clang_14_and_its_runtimes(self):
         r = self.run_setup("--for", "test", "--check", path=self.path(hide={"clang++-14"}))
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
