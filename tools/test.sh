@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The tests: set up and build, install the Python tools' pinned packages into a venv,
 # then run
-#   1. the CPU test tier (ctest label `cpu`) and the Python tools' tests;
+#   1. the CPU test tier (ctest label `cpu`: it includes building examples/ against the
+#      installed package with g++ and clang++-14), the Python tools' tests, and the main
+#      job (tools/run.sh);
 #   2. the CPU tier again under AddressSanitizer + UndefinedBehaviorSanitizer (clang) and
 #      under ThreadSanitizer (gcc);
 #   3. every libFuzzer target for $KPACK_FUZZ_SECONDS (default 30) seconds, plus the saved
@@ -12,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
-bash tools/setup.sh
+bash tools/setup.sh --for test
 
 venv=build/venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -25,6 +27,8 @@ echo "== CPU tier"
 ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
 echo "== Python tools"
 PYTHONPATH=tools "$venv/bin/python" -m pytest -q -p no:cacheprovider tools/tests
+echo "== the main job (tools/run.sh), as the README gives it"
+bash tools/run.sh
 [ "$quick" = 1 ] && exit 0
 
 jobs="$(nproc)"

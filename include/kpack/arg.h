@@ -4,7 +4,8 @@
 // checks it against the parameter's Triton type at launch and converts it into the slot
 // (a double passed for an `fp32` parameter goes as a 4-byte float; a float passed for a
 // `bf16` parameter goes as its rounded 16-bit pattern). A mismatch is an error that names
-// the parameter, never a silent bad launch.
+// the parameter, never a silent bad launch. C++ types and the parameters they fit (a table,
+// not compiled):
 //
 //   Pointers        T*, void*, CUdeviceptr          -> pointer params (`*fp32`, ...)
 //   Integers        any integral type but bool      -> iN/uN params, range-checked

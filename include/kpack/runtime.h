@@ -7,11 +7,14 @@
 // every device and context: lazily at their first launch, or all at once by `Preload()`
 // (required before CUDA graph capture, which forbids loading).
 //
-//   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open("/opt/packs/mypack");
-//   if (!rt.ok()) return rt.status();
-//   absl::StatusOr<kpack::Kernel> add = rt->Find("add");     // resolve the name once
+//   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open(dir);
+//   if (!rt.ok()) return rt.status();                     // UNAVAILABLE without a driver, ...
+//   absl::StatusOr<kpack::Kernel> add = rt->Find("add");  // resolve the name once
 //   ...
-//   absl::Status s = add->Launch(kpack::Grid{blocks}, stream, x, y, out, n);
+//   const kpack::Grid grid{static_cast<uint32_t>((n + 1023) / 1024)};
+//   return add->Launch(grid, stream, x, y, out, n);
+//
+// (examples/add_vectors.cc has the whole function; CI compiles it.)
 //
 // Arguments are the kernel's non-constexpr parameters in declaration order (see
 // kpack/arg.h for the accepted C++ types). Each is checked against the parameter's Triton
@@ -186,7 +189,9 @@ class Runtime {
   // Opens the pack in `dir`. Errors: UNAVAILABLE when no CUDA driver can be loaded or
   // initialized (the message says what was tried); INVALID_ARGUMENT for anything wrong in
   // the pack (the message names the file, kernel, variant and field); NOT_FOUND when the
-  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks.
+  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks;
+  // INVALID_ARGUMENT too when KPACK_LOG_LEVEL is set to something other than trace, debug,
+  // info, warn, error, critical or off (the level of kpack's spdlog logger "kpack").
   static absl::StatusOr<Runtime> Open(std::string_view dir, const Options& options = {});
 
   Runtime(Runtime&&) noexcept;

@@ -13,10 +13,35 @@ namespace {
 using GetProcAddressFn = CUresult(CUDAAPI*)(const char*, void**, int, cuuint64_t,
                                             CUdriverProcAddressQueryResult*);
 
-std::string DefaultDriverPath() {
+// Where the driver path came from decides the advice when it cannot be loaded: only a
+// user who chose nothing is told about KPACK_CUDA_DRIVER.
+enum class PathOrigin { kExplicit, kEnvironment, kDefault };
+
+PathOrigin ResolvePath(std::string& path) {
+  if (!path.empty()) return PathOrigin::kExplicit;
   const char* env = std::getenv("KPACK_CUDA_DRIVER");
-  if (env != nullptr && env[0] != '\0') return env;
-  return "libcuda.so.1";
+  if (env != nullptr && env[0] != '\0') {
+    path = env;
+    return PathOrigin::kEnvironment;
+  }
+  path = "libcuda.so.1";
+  return PathOrigin::kDefault;
+}
+
+std::string Advice(PathOrigin origin) {
+  switch (origin) {
+    case PathOrigin::kExplicit:
+      return "the path was given explicitly (Options::driver_path or --driver): point it at "
+             "the CUDA driver library, or leave it empty for KPACK_CUDA_DRIVER or the "
+             "system's libcuda.so.1";
+    case PathOrigin::kEnvironment:
+      return "the path came from KPACK_CUDA_DRIVER: point it at the CUDA driver library, or "
+             "unset it for the system's libcuda.so.1";
+    case PathOrigin::kDefault:
+      break;
+  }
+  return "install the NVIDIA driver, or set KPACK_CUDA_DRIVER or Options::driver_path to the "
+         "driver library";
 }
 
 }  // namespace
@@ -59,7 +84,7 @@ absl::Status Driver::Error(CUresult result, absl::string_view what) const {
 }
 
 absl::StatusOr<std::shared_ptr<const Driver>> Driver::Load(std::string path) {
-  if (path.empty()) path = DefaultDriverPath();
+  const PathOrigin origin = ResolvePath(path);
   auto driver = std::make_shared<Driver>();
   driver->path = path;
 
@@ -68,14 +93,14 @@ absl::StatusOr<std::shared_ptr<const Driver>> Driver::Load(std::string path) {
     const char* why = dlerror();
     return absl::UnavailableError(absl::StrCat(
         "no CUDA driver: dlopen(\"", path, "\") failed (", why != nullptr ? why : "unknown",
-        "); install the NVIDIA driver, or set KPACK_CUDA_DRIVER or Options::driver_path "
-        "to the driver library"));
+        "); ", Advice(origin)));
   }
   auto get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(driver->handle, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("CUDA driver '", path,
-                     "' has no cuGetProcAddress_v2: kpack needs a CUDA 12.4 or newer driver"));
+                     "' has no cuGetProcAddress_v2: kpack needs a CUDA 12.4 or newer driver",
+                     origin == PathOrigin::kDefault ? "" : absl::StrCat("; ", Advice(origin))));
   }
 
 #define KPACK_DRIVER_SYMBOL(name, version)                                                      \

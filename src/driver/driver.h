@@ -36,7 +36,8 @@ struct Driver {
   void* handle = nullptr;
 
   // Loads `path`; empty means $KPACK_CUDA_DRIVER, else "libcuda.so.1". Then calls cuInit.
-  // UNAVAILABLE, with a sentence naming what was tried, when the library is missing, has
+  // UNAVAILABLE, with a sentence naming what was tried (and advice that fits where the
+  // path came from: explicit, KPACK_CUDA_DRIVER or the default), when the library is missing, has
   // no cuGetProcAddress, lacks one of the functions, or cuInit fails (no device, driver
   // too old...). Never crashes on a machine with no GPU.
   static absl::StatusOr<std::shared_ptr<const Driver>> Load(std::string path);

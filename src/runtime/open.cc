@@ -104,6 +104,9 @@ void SetArgType(ParamType type, ArgSlot* slot) {
 
 absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
                                                                  const Options& options) {
+  // A KPACK_LOG_LEVEL that names no level is refused here, where the user sees it, rather
+  // than turning logging off.
+  KPACK_RETURN_IF_ERROR(LogLevelFromEnvironment().status());
   std::unique_ptr<RuntimeImpl> rt(new RuntimeImpl());
   KPACK_ASSIGN_OR_RETURN(rt->pack_, ReadPack(dir));
   KPACK_ASSIGN_OR_RETURN(rt->driver_, Driver::Load(options.driver_path));

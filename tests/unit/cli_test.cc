@@ -281,14 +281,70 @@ TEST_F(CliTest, BenchReportsKpackAndRawSideBySide) {
 
 TEST_F(CliTest, Doctor) {
   Result r = Cli({"doctor", "--driver", kFake});
-  EXPECT_EQ(r.code, kOk);
+  EXPECT_EQ(r.code, kOk) << r.out;
   EXPECT_THAT(r.out,
-              AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("CUDA 13.0"), HasSubstr("devices: 1"),
-                    HasSubstr("device 0: Fake H200, compute capability 9.0")));
-  r = Cli({"doctor", "--driver", kNoDriver});
-  EXPECT_EQ(r.code, kOk);
+              AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("log level: warn (KPACK_LOG_LEVEL unset)"),
+                    HasSubstr("CUDA 13.0"), HasSubstr("devices: 1"),
+                    HasSubstr("device 0: Fake H200, compute capability 9.0"),
+                    Not(HasSubstr("nothing can launch"))));
+}
+
+// Nothing can launch: doctor says why and exits non-zero, so scripts can rely on it.
+TEST_F(CliTest, DoctorFailsWithoutADriverAndAdvisesByWhereThePathCameFrom) {
+  Result r = Cli({"doctor", "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.out, AllOf(HasSubstr("driver: not available"), HasSubstr(kNoDriver),
+                           HasSubstr("the path was given explicitly"),
+                           Not(HasSubstr("set KPACK_CUDA_DRIVER")),
                            HasSubstr("nothing can launch on this machine")));
+
+  setenv("KPACK_CUDA_DRIVER", "/nonexistent/from-env.so", 1);
+  r = Cli({"doctor"});
+  unsetenv("KPACK_CUDA_DRIVER");
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("/nonexistent/from-env.so"),
+                           HasSubstr("the path came from KPACK_CUDA_DRIVER"),
+                           Not(HasSubstr("set KPACK_CUDA_DRIVER"))));
+
+  // A library that loads but has no usable GPU.
+  fake::SetInitError(CUDA_ERROR_NO_DEVICE);
+  r = Cli({"doctor", "--driver", kFake});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("CUDA_ERROR_NO_DEVICE"), HasSubstr("no usable GPU"),
+                           HasSubstr("nothing can launch")));
+}
+
+TEST_F(CliTest, DoctorFailsOnAnInvalidLogLevel) {
+  setenv("KPACK_LOG_LEVEL", "bogus", 1);
+  Result bad = Cli({"doctor", "--driver", kFake});
+  setenv("KPACK_LOG_LEVEL", "debug", 1);
+  Result good = Cli({"doctor", "--driver", kFake});
+  unsetenv("KPACK_LOG_LEVEL");
+  EXPECT_EQ(bad.code, kFailed);
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("KPACK_LOG_LEVEL='bogus' is not a log level"),
+                             HasSubstr("trace, debug, info, warn, error, critical or off"),
+                             HasSubstr("nothing can launch: fix KPACK_LOG_LEVEL")));
+  EXPECT_EQ(good.code, kOk) << good.out;
+  EXPECT_THAT(good.out, HasSubstr("log level: debug (KPACK_LOG_LEVEL)"));
+}
+
+// `kpack run` opens the pack, so it is refused there too, naming the accepted levels.
+TEST_F(CliTest, RunRefusesAnInvalidLogLevel) {
+  setenv("KPACK_LOG_LEVEL", "verbose", 1);
+  Result r = Cli({"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=zeros:float32:16", "--arg",
+                  "y_ptr=zeros:float32:16", "--arg", "out_ptr=zeros:float32:16", "--arg", "n=16",
+                  "--driver", kFake});
+  unsetenv("KPACK_LOG_LEVEL");
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("KPACK_LOG_LEVEL='verbose' is not a log level"),
+                           HasSubstr("trace, debug, info, warn, error, critical or off")));
+  EXPECT_EQ(fake::LaunchCount(), 0);
+}
+
+TEST_F(CliTest, Version) {
+  Result r = Cli({"--version"});
+  EXPECT_EQ(r.code, kOk) << r.err;
+  EXPECT_EQ(r.out, "kpack " KPACK_VERSION "\n");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ using ::kpack::testing::OpenFake;
 using ::kpack::testing::TempPack;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
@@ -64,8 +65,10 @@ TEST_F(RuntimeTest, NoDriverLibraryIsUnavailableAndSaysWhatWasTried) {
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR, o);
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.status().code(), absl::StatusCode::kUnavailable);
+  // The user chose this path: the advice is about that path, not about KPACK_CUDA_DRIVER.
   EXPECT_THAT(Msg(rt.status()), AllOf(HasSubstr("dlopen(\"/nonexistent/libcuda.so.1\")"),
-                                      HasSubstr("KPACK_CUDA_DRIVER")));
+                                      HasSubstr("the path was given explicitly"),
+                                      Not(HasSubstr("set KPACK_CUDA_DRIVER"))));
 }
 
 TEST_F(RuntimeTest, DriverPathFromEnvironment) {
@@ -75,8 +78,37 @@ TEST_F(RuntimeTest, DriverPathFromEnvironment) {
   auto fake = Runtime::Open(KPACK_TEST_PACK_DIR);
   unsetenv("KPACK_CUDA_DRIVER");
   ASSERT_FALSE(missing.ok());
-  EXPECT_THAT(Msg(missing.status()), HasSubstr("/nonexistent/from-env.so"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(Msg(missing.status()), AllOf(HasSubstr("/nonexistent/from-env.so"),
+                                           HasSubstr("the path came from KPACK_CUDA_DRIVER"),
+                                           Not(HasSubstr("set KPACK_CUDA_DRIVER"))));
   EXPECT_TRUE(fake.ok()) << fake.status();
+}
+
+// Only a user who named no driver at all is told about KPACK_CUDA_DRIVER.
+TEST_F(RuntimeTest, DefaultDriverPathAdvisesKpackCudaDriver) {
+  absl::StatusOr<std::shared_ptr<const internal::Driver>> d = internal::Driver::Load("");
+  if (d.ok()) GTEST_SKIP() << "a CUDA driver is installed here: the default path loads";
+  EXPECT_THAT(Msg(d.status()), AllOf(HasSubstr("dlopen(\"libcuda.so.1\")"),
+                                     HasSubstr("install the NVIDIA driver, or set "
+                                               "KPACK_CUDA_DRIVER")));
+}
+
+TEST_F(RuntimeTest, InvalidLogLevelIsRefusedByOpen) {
+  setenv("KPACK_LOG_LEVEL", "bogus", 1);
+  auto bad = OpenFake();
+  setenv("KPACK_LOG_LEVEL", "", 1);  // empty: as unset
+  auto empty = OpenFake();
+  setenv("KPACK_LOG_LEVEL", "error", 1);
+  auto good = OpenFake();
+  unsetenv("KPACK_LOG_LEVEL");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(bad.status()),
+              AllOf(HasSubstr("KPACK_LOG_LEVEL='bogus' is not a log level"),
+                    HasSubstr("trace, debug, info, warn, error, critical or off")));
+  EXPECT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(good.ok()) << good.status();
 }
 
 TEST_F(RuntimeTest, DriverWithoutDevicesIsUnavailable) {

@@ -10,6 +10,7 @@ namespace kpack::cli {
 int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   CLI::App app{"kpack: inspect, verify, run and benchmark kernel packs"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kpack ") + KPACK_VERSION);
 
   InspectOptions inspect;
   CLI::App* inspect_cmd = app.add_subcommand("inspect", "show what a pack contains");
@@ -46,8 +47,9 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   bench_cmd->add_option("--repetitions", run.repetitions, "timed batches (default 20)");
 
   DoctorOptions doctor;
-  CLI::App* doctor_cmd =
-      app.add_subcommand("doctor", "driver, CUDA version, devices and NVTX state");
+  CLI::App* doctor_cmd = app.add_subcommand(
+      "doctor",
+      "driver, CUDA version, devices, NVTX and log level; exit 1 when nothing can launch");
   doctor_cmd->add_option("--driver", doctor.driver, "CUDA driver library to load");
 
   try {

@@ -1,4 +1,6 @@
-// kpack doctor: can kpack launch here, and if not, why.
+// kpack doctor: can kpack launch here, and if not, why. Exit 0 only when a Runtime could
+// open a pack and launch: a driver loads, has at least one device, and KPACK_LOG_LEVEL
+// (which Open checks) is valid.
 
 #include <cstdlib>
 #include <ostream>
@@ -6,6 +8,7 @@
 
 #include "commands.h"
 #include "driver/driver.h"
+#include "util/log.h"
 
 namespace kpack::cli {
 
@@ -22,12 +25,23 @@ int Doctor(const DoctorOptions& o, std::ostream& out, std::ostream& err) {
 #else
   out << "NVTX: compiled out (-DKPACK_ENABLE_NVTX=OFF)\n";
 #endif
+  std::string blocker;  // why nothing can launch although a driver loads
+  const char* level = std::getenv("KPACK_LOG_LEVEL");
+  if (auto parsed = internal::LogLevelFromEnvironment(); parsed.ok()) {
+    out << "log level: "
+        << (level != nullptr && level[0] != '\0' ? std::string(level) + " (KPACK_LOG_LEVEL)"
+                                                  : std::string("warn (KPACK_LOG_LEVEL unset)"))
+        << "\n";
+  } else {
+    out << "log level: " << parsed.status().message() << " (Runtime::Open refuses it)\n";
+    blocker = "fix KPACK_LOG_LEVEL";
+  }
   auto loaded = internal::Driver::Load(o.driver);
   if (!loaded.ok()) {
     out << "driver: not available: " << loaded.status().message() << "\n";
     out << "nothing can launch on this machine; packs can still be inspected and verified "
            "offline\n";
-    return kOk;
+    return kFailed;
   }
   const internal::Driver& d = **loaded;
   int version = 0, count = 0;
@@ -39,6 +53,7 @@ int Doctor(const DoctorOptions& o, std::ostream& out, std::ostream& err) {
     return kFailed;
   }
   out << "devices: " << count << "\n";
+  if (count == 0) blocker = blocker.empty() ? "no device" : "no device; " + blocker;
   for (int i = 0; i < count; ++i) {
     CUdevice dev;
     char name[256] = {};
@@ -52,6 +67,10 @@ int Doctor(const DoctorOptions& o, std::ostream& out, std::ostream& err) {
     out << "  device " << i << ": " << name << ", compute capability " << major << "." << minor
         << " (runs sm_" << major << minor << (major >= 9 ? "a" : "") << " cubins), " << sms
         << " SMs, " << optin << " B shared memory per block (opt-in)\n";
+  }
+  if (!blocker.empty()) {
+    out << "nothing can launch: " << blocker << "\n";
+    return kFailed;
   }
   return kOk;
 }

@@ -1,0 +1,16 @@
+// The README's examples, one function each (add_vectors.cc, matmul.cc).
+
+#ifndef KPACK_EXAMPLES_EXAMPLES_H_
+#define KPACK_EXAMPLES_EXAMPLES_H_
+
+#include <string_view>
+
+#include <kpack/kpack.h>
+
+absl::Status AddVectors(std::string_view dir, CUstream stream, CUdeviceptr x, CUdeviceptr y,
+                        CUdeviceptr out, int n);
+absl::Status Matmul(const kpack::Kernel& mm, CUstream stream, CUdeviceptr a, CUdeviceptr b,
+                    CUdeviceptr c, int M, int N, int K);
+void PrintVariantStats(const kpack::Kernel& mm);
+
+#endif  // KPACK_EXAMPLES_EXAMPLES_H_
