@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, evaluate_grid_expression,
-                              parse_grid_expression, slot_size)
+from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, describe_bucket_index,
+                              evaluate_grid_expression, parse_grid_expression, slot_size)
 
 GENERIC = "generic"
 
@@ -215,7 +215,7 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
         got = spec.bucket_of(shape)
         if got != index:
             _fail(where, f"representatives[{number}] {dict(shape)} is in bucket {list(got)}, "
-                         f"not in bucket {list(index)} ({_describe_bucket(spec, index)})")
+                         f"not in bucket {list(index)} ({describe_bucket(spec, index)})")
 
     # The default config(s).
     if isinstance(spec.default, str):
@@ -268,19 +268,9 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
         _fail(where, "make_inputs must be callable")
 
 
-def _describe_bucket(spec: KernelSpec, index: Sequence[int]) -> str:
-    parts = []
-    for bucket, i in zip(spec.buckets, index):
-        lo = None if i == 0 else bucket.edges[i - 1] + 1
-        hi = None if i == len(bucket.edges) else bucket.edges[i]
-        parts.append(f"{bucket.param} <= {hi}" if lo is None else
-                     f"{bucket.param} >= {lo}" if hi is None else f"{lo} <= {bucket.param} <= {hi}")
-    return ", ".join(parts) or "the only bucket"
-
-
 def describe_bucket(spec: KernelSpec, index: Sequence[int]) -> str:
     """``17 <= M <= 64`` style text for a bucket."""
-    return _describe_bucket(spec, index)
+    return describe_bucket_index([(b.param, list(b.edges)) for b in spec.buckets], index)
 
 
 def load_specs(path) -> List[KernelSpec]:
