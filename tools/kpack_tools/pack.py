@@ -310,6 +310,19 @@ def _check_autotune_key(key, names, where):
     return list(key)
 
 
+def check_variant(kernel: Kernel, variant: Variant) -> None:
+    """Validate one variant of ``kernel`` the way ``build_manifest`` does (metadata,
+    cubin, layout, dispatch fields, grid); raises ValueError naming what is wrong."""
+    where = f"kernel '{kernel.name}'"
+    param_types = dict(kernel.params)
+    buckets = _check_buckets(kernel.buckets, param_types, where)
+    entry, _ = _variant_entry(kernel, variant, f"cubins/{kernel.name}/{variant.name}.cubin",
+                              buckets)
+    for axis, expr in enumerate(_check_grid_shape(kernel.grid, where) or ()):
+        check_grid_expression(expr, param_types, entry["constexprs"],
+                              f"{where}: variant '{variant.name}': grid[{axis}]")
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

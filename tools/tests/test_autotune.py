@@ -20,23 +20,18 @@ from kpack_tools.autotune import compare, jit_launcher
 from kpack_tools.spec import load_specs
 from pack_validator import validate_manifest
 
+REPO = Path(__file__).resolve().parents[2]
+
 # A single-pass RMS norm in the style of public kernels: BLOCK_SIZE must cover the row,
 # a smaller one silently skips the columns past it. Buckets on the row length.
+# The kernel is the GPU check's (tests/gpu/tune_check_spec.py); the inputs are numpy.
 SPEC = textwrap.dedent('''
+    import sys
     import numpy as np
-    import triton
-    import triton.language as tl
+    sys.path.insert(0, "GPU_DIR")
+    from tune_check_spec import rms_norm_kernel
+    sys.path.pop(0)
     from kpack_tools.spec import Bucket, Config, KernelSpec
-
-    @triton.jit
-    def rms_norm_kernel(X, Y, W, stride, N, eps, BLOCK_SIZE: tl.constexpr):
-        row = tl.program_id(0)
-        cols = tl.arange(0, BLOCK_SIZE)
-        mask = cols < N
-        x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
-        rstd = 1 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-        w = tl.load(W + cols, mask=mask)
-        tl.store(Y + row * stride + cols, x * rstd * w, mask=mask)
 
     def make_inputs(shape, device):
         rng = np.random.default_rng(shape["N"])
@@ -72,7 +67,8 @@ SPEC = textwrap.dedent('''
 def write_spec(tmp_path, name="rms_spec", default='["b128", "b256", "b512"]', rep2=400,
                reference="reference=reference,", extra=""):
     path = tmp_path / f"{name}.py"
-    path.write_text(SPEC.replace("DEFAULT", default).replace("REP2", str(rep2))
+    path.write_text(SPEC.replace("GPU_DIR", str(REPO / "tests" / "gpu"))
+                    .replace("DEFAULT", default).replace("REP2", str(rep2))
                     .replace("REFERENCE", reference).replace("EXTRA", extra))
     return path
 
@@ -304,7 +300,7 @@ def test_readonly_and_source_are_written(tmp_path):
     assert [p["name"] for p in kernel["params"] if p.get("readonly")] == ["X", "W"]
     spec = load_specs(path)[0]
     import hashlib
-    assert kernel["source"] == {"qualname": "rms_spec.rms_norm_kernel",
+    assert kernel["source"] == {"qualname": "tune_check_spec.rms_norm_kernel",
                                 "sha256": hashlib.sha256(spec.fn.src.encode()).hexdigest()}
     assert spec.fn.src.startswith("def rms_norm_kernel(")
     bad = tmp_path / "bad.py"
