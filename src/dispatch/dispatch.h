@@ -16,12 +16,15 @@
 // every property, which capped kernels at 12 properties, while Triton specializes every
 // pointer and integer parameter (a layer-norm backward easily has 15). Per launch the
 // list costs the mask (one test per property, as the table did) plus one AND-NOT per
-// candidate word until the first match; with the most specialized variant valid that is
-// the first candidate. Measured with bench/overhead_check.py on the dispatch pack (7
-// properties, 1-4 candidates per bucket) and on a 64-property kernel: see the commit that
-// introduced it. A hash map keyed by (bucket, mask) was not taken: hashing a mask costs
-// more than scanning the few candidates a bucket has, and its size grows with the number
-// of masks seen, not with the number of variants.
+// candidate until the first match; with the most specialized variant valid that is the
+// first candidate. Measured with bench/overhead_check.py (callgrind, kpack's own
+// instructions per launch, kpack_dynamic_shapes: the dispatch pack's axpy, 7 properties):
+// the flat table 826.8; this list 824.8 once the first 64 properties' mask stays in a
+// register (an array-indexed mask cost 926.8, a words_ test with an out-of-line call
+// 844.8, hence the per-candidate `wide` flag and the stored property count). The
+// 13-property layer_norm_bwd of the example pack (kpack_many_properties, which the table
+// refused) costs 1164.1 for 14 arguments. A hash map keyed by (bucket, mask) was not
+// taken: hashing the mask costs more than scanning the few candidates a bucket has.
 //
 // Thread safety: immutable after Build.
 
