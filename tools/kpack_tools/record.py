@@ -818,7 +818,9 @@ def export(recording: Recording, out, force: bool = False,
             continue
         variant = exported.launch_variant[x.hash]
         if isinstance(variant, Mapping):  # autotuned: the exact bucket of its key
-            variant = variant[_key_text(exported.key_params, x.autotune_key)]
+            variant = variant.get(_key_text(exported.key_params, x.autotune_key))
+            if variant is None:  # that variant was refused
+                continue
         launches.append({"kernel": exported.kernel.name, "variant": variant, "grid": x.grid,
                          "args": x.args, "pre_hook": x.pre_hook,
                          **({"autotune_key": x.autotune_key} if x.autotune_key else {})})
