@@ -13,7 +13,11 @@ ints equal to 1 compiled away -> ``eq1``, i32/i64/u64 int typing -> per-variant
 ``types``) and launch metadata, and every launch with its grid and a summary of
 its arguments.  At export, one Python function + one configuration (constexpr
 values, ``None`` arguments, non-integer argument types, compile options) is one
-pack kernel, and the specializations seen are its variants.
+pack kernel, and the specializations seen are its variants, plus the generic
+build the recorder compiles when recording stops.  A function under
+``triton.autotune`` is one kernel whose buckets over the key reproduce the
+autotuner's choices (``record_autotune``).  What the pack writer refuses is
+refused per variant or kernel, never for the whole export.
 
 Hook points (all of Triton 3.6, checked against its source):
 
@@ -26,7 +30,8 @@ Hook points (all of Triton 3.6, checked against its source):
   (``knobs.runtime.launch_enter_hook`` receives neither the grid nor the
   arguments in 3.6).
 - ``Autotuner._bench`` and ``Autotuner.run``: wrapped to tell autotuning
-  benchmark launches from real ones and to notice ``Config.pre_hook``.
+  benchmark launches from real ones, to note each real launch's key values and
+  to notice ``Config.pre_hook``.
 
 Anything that depends on these is refused on another Triton version.
 """
@@ -733,10 +738,12 @@ def export(recording: Recording, out, force: bool = False,
     """Write ``recording`` as a pack (plus ``record.json``) to ``out``.
 
     Policy (docs/record.md): compiles only benchmarked by the autotuner are not
-    exported; one kernel per (function, config); several configs of a
-    function become ``<name>__cfg<k>``; compiles kpack/1 cannot express are
-    refused by name.  Every decision is logged.  Raises ValueError when
-    nothing is exportable.
+    exported; one kernel per (function, config), except that an autotuned
+    function is one kernel bucketed on its key; several configs of a function
+    that no autotuner chose between become ``<name>__cfg<k>``; compiles the
+    format cannot express, and variants or kernels the pack writer refuses,
+    are refused by name while the rest is written.  Every decision is logged.
+    Raises ValueError when nothing is exportable.
     """
     import triton
     log = log or (lambda line: None)
