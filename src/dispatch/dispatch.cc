@@ -159,7 +159,7 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
     t.bucket_begin_.push_back(static_cast<uint32_t>(t.candidates_.size()));
     for (int v : order) {
       if (t.bucket_of_[v] >= 0 && t.bucket_of_[v] != b) continue;
-      const uint64_t* required = &t.required_[size_t{static_cast<size_t>(v)} * t.words_];
+      const uint64_t* required = &t.required_[static_cast<size_t>(v) * t.words_];
       const bool wide = std::any_of(required + 1, required + t.words_,
                                     [](uint64_t w) { return w != 0; });
       t.candidates_.push_back(
