@@ -107,6 +107,28 @@ int main(int argc, char** argv) {
   paths.push_back({"kpack_bound/args4", [&] { return bound->Launch().ok(); }});
   size_t shape = 0;
   paths.push_back({"kpack_dynamic_shapes", [&] { return g.KpackDynamic(shape++, s); }});
+  // Many properties: the example pack's layer_norm_bwd, whose contig variants assume div16
+  // on 13 arguments (8 pointers, 4 row strides, N), with N cycling through its 3 buckets.
+  // The launch never touches memory (no-op fake), so the buffers are made-up aligned
+  // addresses.
+  auto example = kpack::Runtime::Open(KPACK_EXAMPLE_PACK_DIR, {.preload = true});
+  if (!example.ok()) {
+    std::fprintf(stderr, "kpack_overhead_bench: %s\n",
+                 std::string(example.status().message()).c_str());
+    return 1;
+  }
+  const kpack::Kernel ln_bwd = *example->Find("layer_norm_bwd");
+  const CUdeviceptr base = g.input(0);
+  const int32_t widths[] = {512, 2048, 8192};
+  size_t width = 0;
+  paths.push_back({"kpack_many_properties", [&] {
+                     const int32_t n = widths[width++ % 3];
+                     return ln_bwd
+                         .Launch(s, base, base + 0x1000, base + 0x2000, base + 0x3000,
+                                 base + 0x4000, base + 0x5000, base + 0x6000, base + 0x7000, n,
+                                 n, n, n, int32_t{64}, n)
+                         .ok();
+                   }});
 
   // --evict-kb: between launches, write K KiB of memory, as a real driver's launch does
   // (its work evicts the launcher's data from L1/L2); the time of the eviction is in

@@ -42,6 +42,24 @@ std::string DispatchTable::Describe(const Property& p, const KernelSpec& kernel)
   return "";
 }
 
+std::string DispatchTable::DescribeBucket(const KernelSpec& kernel, uint32_t bucket) const {
+  std::vector<std::string> parts;
+  for (const Dim& d : dims_) {
+    const uint32_t n = static_cast<uint32_t>(d.edges.size()) + 1;
+    const uint32_t i = bucket % n;
+    bucket /= n;
+    const std::string& name = kernel.arg(d.arg).name;
+    if (i == 0) {
+      parts.push_back(absl::StrCat(name, " <= ", d.edges[0]));
+    } else if (i == n - 1) {
+      parts.push_back(absl::StrCat(name, " > ", d.edges[i - 1]));
+    } else {
+      parts.push_back(absl::StrCat(d.edges[i - 1], " < ", name, " <= ", d.edges[i]));
+    }
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
 absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
   DispatchTable t;
   for (const BucketSpec& b : kernel.buckets) {
@@ -54,15 +72,13 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
     t.num_buckets_ = static_cast<uint32_t>(n);
   }
   const size_t nv = kernel.variants.size();
-  if (nv > 32767) return absl::InvalidArgumentError("field 'variants': more than 32767");
 
-  auto bit = [&t](Property p) {
+  // Property numbering; each variant's required properties as indices first, as masks
+  // once their number (and so the mask width) is known.
+  auto index_of = [&t](Property p) {
     for (size_t i = 0; i < t.properties_.size(); ++i) {
       const Property& q = t.properties_[i];
-      // Past 32 properties there is no bit; Build refuses such kernels below anyway.
-      if (q.kind == p.kind && q.arg == p.arg && q.type == p.type) {
-        return i < 32 ? uint32_t{1} << i : 0u;
-      }
+      if (q.kind == p.kind && q.arg == p.arg && q.type == p.type) return i;
     }
     if (p.kind == Property::kFits) {
       p.fit_bits = static_cast<uint8_t>(8 * SlotSize(p.type));
@@ -70,13 +86,14 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
                      p.type == ParamType::kI32 || p.type == ParamType::kI64;
     }
     t.properties_.push_back(p);
-    return t.properties_.size() <= 32 ? uint32_t{1} << (t.properties_.size() - 1) : 0u;
+    return t.properties_.size() - 1;
   };
-  t.required_.assign(nv, 0);
+  std::vector<std::vector<size_t>> needs(nv);
   for (size_t v = 0; v < nv; ++v) {
     for (const Assumption& a : kernel.variants[v].assumptions) {
-      t.required_[v] |= bit({a.kind == Assumption::kDiv16 ? Property::kDiv16 : Property::kEq1,
-                             a.arg, ParamType::kConstexpr});
+      needs[v].push_back(index_of(
+          {a.kind == Assumption::kDiv16 ? Property::kDiv16 : Property::kEq1, a.arg,
+           ParamType::kConstexpr}));
     }
   }
   // An integer parameter typed differently across variants: each variant requires the
@@ -87,8 +104,8 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
         [&](const VariantSpec& v) { return v.arg_types[a] != kernel.variants[0].arg_types[a]; });
     if (!varies) continue;
     for (size_t v = 0; v < nv; ++v) {
-      t.required_[v] |=
-          bit({Property::kFits, static_cast<int>(a), kernel.variants[v].arg_types[a]});
+      needs[v].push_back(
+          index_of({Property::kFits, static_cast<int>(a), kernel.variants[v].arg_types[a]}));
     }
   }
   if (t.properties_.size() > static_cast<size_t>(kMaxProperties)) {
@@ -98,11 +115,11 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
         "field 'variants': the variants depend on ", t.properties_.size(), " argument properties (",
         absl::StrJoin(names, ", "), "), more than the ", kMaxProperties, " supported"));
   }
-  const uint32_t masks = uint32_t{1} << t.properties_.size();
-  if (uint64_t{t.num_buckets_} * masks > kMaxEntries) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("field 'variants': ", t.num_buckets_, " buckets x 2^", t.properties_.size(),
-                     " property combinations exceed the ", kMaxEntries, "-entry dispatch table"));
+  t.words_ = std::max<uint32_t>(1, static_cast<uint32_t>((t.properties_.size() + 63) / 64));
+  t.first_word_properties_ = static_cast<uint32_t>(std::min<size_t>(t.properties_.size(), 64));
+  t.required_.assign(nv * t.words_, 0);
+  for (size_t v = 0; v < nv; ++v) {
+    for (size_t p : needs[v]) t.required_[v * t.words_ + p / 64] |= uint64_t{1} << (p % 64);
   }
 
   // Rank: more assumptions, then narrower integer types, then earlier in the manifest.
@@ -124,26 +141,57 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
       t.bucket_of_[v] = index;
     }
   }
+  std::vector<int> order(nv);
+  for (size_t v = 0; v < nv; ++v) order[v] = static_cast<int>(v);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return rank[a] > rank[b]; });
 
-  t.table_.resize(size_t{t.num_buckets_} * masks);
+  uint64_t candidates = 0;
+  for (size_t v = 0; v < nv; ++v) candidates += t.bucket_of_[v] < 0 ? t.num_buckets_ : 1;
+  if (candidates > kMaxCandidates) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field 'variants': ", nv, " variants over ", t.num_buckets_, " buckets make ", candidates,
+        " (bucket, variant) pairs, more than the ", kMaxCandidates, " supported"));
+  }
+  t.bucket_begin_.reserve(t.num_buckets_);
+  t.candidates_.reserve(candidates + t.num_buckets_);
+  t.wide_required_.reserve((candidates + t.num_buckets_) * (t.words_ - 1));
   for (uint32_t b = 0; b < t.num_buckets_; ++b) {
-    for (uint32_t m = 0; m < masks; ++m) {
-      int best = kNoVariant;
-      for (size_t v = 0; v < nv; ++v) {
-        if (t.bucket_of_[v] >= 0 && t.bucket_of_[v] != b) continue;
-        if ((t.required_[v] & ~m) != 0) continue;
-        if (best == kNoVariant || rank[v] > rank[best]) best = static_cast<int>(v);
-      }
-      bool fallback = false;
-      for (size_t v = 0; v < nv && best != kNoVariant; ++v) {
-        if (t.bucket_of_[v] >= 0 && t.bucket_of_[v] != b) continue;
-        if ((t.required_[v] & ~m) != 0 && rank[v] > rank[best]) fallback = true;
-      }
-      t.table_[(size_t{b} << t.properties_.size()) | m] = {static_cast<int16_t>(best),
-                                                           static_cast<uint8_t>(fallback)};
+    t.bucket_begin_.push_back(static_cast<uint32_t>(t.candidates_.size()));
+    for (int v : order) {
+      if (t.bucket_of_[v] >= 0 && t.bucket_of_[v] != b) continue;
+      const uint64_t* required = &t.required_[static_cast<size_t>(v) * t.words_];
+      const bool wide = std::any_of(required + 1, required + t.words_,
+                                    [](uint64_t w) { return w != 0; });
+      t.candidates_.push_back(
+          {required[0], v, t.candidates_.size() != t.bucket_begin_.back(), wide});
+      t.wide_required_.insert(t.wide_required_.end(), required + 1, required + t.words_);
     }
+    if (t.bucket_begin_.back() == t.candidates_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field 'variants': no variant serves bucket ", b, " (",
+          t.DescribeBucket(kernel, b),
+          "); every bucket needs a variant (one without assumptions serves any arguments)"));
+    }
+    t.candidates_.push_back({0, kNoVariant, false, false});
+    t.wide_required_.insert(t.wide_required_.end(), t.words_ - 1, 0);
   }
   return t;
+}
+
+DispatchTable::Choice DispatchTable::SelectWide(std::span<const Arg> args,
+                                                const Candidate* c) const {
+  uint64_t mask[kMaxWords] = {};
+  for (size_t p = 0; p < properties_.size(); ++p) {
+    mask[p / 64] |= uint64_t{Holds(properties_[p], args[properties_[p].arg])} << (p % 64);
+  }
+  for (;; ++c) {  // the bucket's sentinel requires nothing
+    uint64_t missing = c->required & ~mask[0];
+    if (c->wide) {
+      const uint64_t* rest = &wide_required_[size_t(c - candidates_.data()) * (words_ - 1)];
+      for (uint32_t w = 1; w < words_; ++w) missing |= rest[w - 1] & ~mask[w];
+    }
+    if (missing == 0) return {c->variant, c->fallback};
+  }
 }
 
 bool DispatchTable::DependsOn(int arg) const {
@@ -174,7 +222,7 @@ absl::Status DispatchTable::NoVariantError(const KernelSpec& kernel,
   for (size_t v = 0; v < kernel.variants.size(); ++v) {
     if (bucket_of_[v] >= 0 && bucket_of_[v] != bucket) continue;
     for (size_t p = 0; p < properties_.size(); ++p) {
-      if ((required_[v] >> p & 1) && !Holds(properties_[p], args[properties_[p].arg])) {
+      if (Requires(v, p) && !Holds(properties_[p], args[properties_[p].arg])) {
         const Property& prop = properties_[p];
         reasons.push_back(absl::StrCat("variant '", kernel.variants[v].name, "' assumes ",
                                        Describe(prop, kernel), " but ", kernel.arg(prop.arg).name,
@@ -183,11 +231,8 @@ absl::Status DispatchTable::NoVariantError(const KernelSpec& kernel,
       }
     }
   }
-  if (reasons.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel.name,
-                                                   "' has no variant for this shape bucket", where,
-                                                   "; nothing was launched"));
-  }
+  // Build gave every bucket a variant, so a failed Select had a candidate whose
+  // assumption failed: `reasons` is not empty.
   return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel.name, "': no variant is valid",
                                                  where, ": ", absl::StrJoin(reasons, "; "),
                                                  "; nothing was launched"));

@@ -176,6 +176,24 @@ absl::StatusOr<ParamType> ParseType(absl::string_view t, const Where& where,
 
 bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// kpack/2 `readonly` (optional, pointers only): the kernel never writes through it.
+absl::Status ParseReadonly(const json& p, const Where& where, const std::string& field,
+                           ParamSpec& spec) {
+  auto it = p.find("readonly");
+  if (it == p.end()) return absl::OkStatus();
+  const std::string key = absl::StrCat(field, ".readonly");
+  KPACK_RETURN_IF_ERROR(where.RequireFormat(2, key));
+  if (!it->is_boolean()) {
+    return where.Error(key, absl::StrCat("expected true or false, got ", TypeOf(*it)));
+  }
+  spec.readonly = it->get<bool>();
+  if (spec.readonly && spec.type != ParamType::kPointer) {
+    return where.Error(key, absl::StrCat("'", spec.name, "' is ", spec.type_name,
+                                         "; only a pointer parameter can be readonly"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) {
   KPACK_ASSIGN_OR_RETURN(const json* params, Field(k, "params", where));
   if (!params->is_array()) {
@@ -188,7 +206,7 @@ absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) 
     if (!p.is_object()) {
       return where.Error(field, absl::StrCat("expected an object, got ", TypeOf(p)));
     }
-    KPACK_RETURN_IF_ERROR(CheckKeys(p, where, field, {"name", "type"}));
+    KPACK_RETURN_IF_ERROR(CheckKeys(p, where, field, {"name", "type", "readonly"}));
     ParamSpec spec;
     KPACK_ASSIGN_OR_RETURN(spec.name, GetString(p, "name", where));
     if (!IsIdentifier(spec.name, false)) {
@@ -202,6 +220,7 @@ absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) 
     KPACK_ASSIGN_OR_RETURN(spec.type_name, GetString(p, "type", where));
     KPACK_ASSIGN_OR_RETURN(spec.type,
                            ParseType(spec.type_name, where, absl::StrCat(field, ".type")));
+    KPACK_RETURN_IF_ERROR(ParseReadonly(p, where, field, spec));
     if (spec.type != ParamType::kConstexpr) kernel.args.push_back(static_cast<int>(i));
     kernel.params.push_back(std::move(spec));
   }
@@ -551,6 +570,46 @@ absl::Status ParseBuckets(const json& k, const Where& where, KernelSpec& kernel)
   return absl::OkStatus();
 }
 
+// kpack/2 `source` {"qualname", "sha256"} and `autotune_key` [param names], both optional.
+absl::Status ParseSourceAndAutotuneKey(const json& k, const Where& where, KernelSpec& kernel) {
+  if (auto it = k.find("source"); it != k.end()) {
+    KPACK_RETURN_IF_ERROR(where.RequireFormat(2, "source"));
+    if (!it->is_object()) {
+      return where.Error("source", absl::StrCat("expected an object, got ", TypeOf(*it)));
+    }
+    KPACK_RETURN_IF_ERROR(CheckKeys(*it, where, "source", {"qualname", "sha256"}));
+    KPACK_ASSIGN_OR_RETURN(kernel.source_qualname, GetString(*it, "qualname", where));
+    KPACK_ASSIGN_OR_RETURN(kernel.source_sha256, GetString(*it, "sha256", where));
+    if (kernel.source_qualname.empty()) return where.Error("source.qualname", "empty");
+    if (kernel.source_sha256.size() != 64 ||
+        !std::all_of(kernel.source_sha256.begin(), kernel.source_sha256.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
+      return where.Error("source.sha256", "expected 64 lowercase hex digits");
+    }
+  }
+  if (auto it = k.find("autotune_key"); it != k.end()) {
+    KPACK_RETURN_IF_ERROR(where.RequireFormat(2, "autotune_key"));
+    if (!it->is_array() || it->empty()) {
+      return where.Error("autotune_key", "expected a non-empty array of parameter names");
+    }
+    for (size_t i = 0; i < it->size(); ++i) {
+      const std::string field = absl::StrCat("autotune_key[", i, "]");
+      const json& name = (*it)[i];
+      int param = -1;
+      for (size_t p = 0; name.is_string() && p < kernel.params.size(); ++p) {
+        if (kernel.params[p].name == name.get<std::string>()) param = static_cast<int>(p);
+      }
+      if (param < 0) return where.Error(field, absl::StrCat(name.dump(), " is not a parameter"));
+      if (std::find(kernel.autotune_key.begin(), kernel.autotune_key.end(), param) !=
+          kernel.autotune_key.end()) {
+        return where.Error(field, absl::StrCat(name.dump(), " is listed twice"));
+      }
+      kernel.autotune_key.push_back(param);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, size_t index) {
   if (!k.is_object()) {
     return top.Error(absl::StrCat("kernels[", index, "]"),
@@ -562,9 +621,11 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
                      absl::StrCat("'", kernel.name, "' is not a valid kernel name"));
   }
   Where where = top.Kernel(kernel.name);
-  KPACK_RETURN_IF_ERROR(
-      CheckKeys(k, where, "a kernel", {"name", "params", "buckets", "grid", "variants"}));
+  KPACK_RETURN_IF_ERROR(CheckKeys(k, where, "a kernel",
+                                  {"name", "params", "buckets", "grid", "variants", "source",
+                                   "autotune_key"}));
   KPACK_RETURN_IF_ERROR(ParseParams(k, where, kernel));
+  KPACK_RETURN_IF_ERROR(ParseSourceAndAutotuneKey(k, where, kernel));
   KPACK_RETURN_IF_ERROR(ParseBuckets(k, where, kernel));
   if (auto it = k.find("grid"); it != k.end()) {
     if (!it->is_array() || it->empty() || it->size() > 3) {

@@ -45,6 +45,7 @@ struct ParamSpec {
   std::string name;
   std::string type_name;  // as written in the manifest, e.g. "*fp32"
   ParamType type;
+  bool readonly = false;  // kpack/2 `readonly`: a pointer the kernel never writes through
 };
 
 enum class SlotKind : uint8_t { kArg, kGlobalScratch, kProfileScratch };
@@ -106,6 +107,12 @@ struct KernelSpec {
   std::vector<BucketSpec> buckets;
   std::vector<std::string> grid;  // 0-3 expressions (x, y, z)
   std::vector<VariantSpec> variants;
+  // kpack/2 `source`: the @triton.jit function the kernel was compiled from (both empty
+  // when absent): "module.qualname" and the sha256 (lowercase hex) of its source text.
+  std::string source_qualname;
+  std::string source_sha256;
+  // kpack/2 `autotune_key`: indices into params of the triton.autotune key (empty: none).
+  std::vector<int> autotune_key;
 
   const ParamSpec& arg(int a) const { return params[args[a]]; }
 };

@@ -87,13 +87,18 @@ def manifests():
         profile_scratch_align=8, launch_pdl=True, num_ctas=2, num_stages=3)]))
     put("manifest", "scratch.json", dump(scratch))
 
-    # Passes ParseManifest; fails when Open builds the dispatch table (13 properties).
-    many = [(f"p{i}", "*fp32") for i in range(13)]
-    props = doc(kernel(
-        many,
-        [variant("all", [{"param": f"p{i}", "offset": 8 * i, "size": 8} for i in range(13)],
-                 constexprs={}, assumptions={f"p{i}": ["div16"] for i in range(13)})]))
-    put("manifest", "too_many_properties.json", dump(props))
+    # 70 properties: more than one 64-bit mask word (DispatchTable::SelectWide).
+    def pointers(count, name, div16):
+        return doc(kernel(
+            [(f"p{i}", "*fp32") for i in range(count)],
+            [variant("generic", [{"param": f"p{i}", "offset": 8 * i, "size": 8}
+                                 for i in range(count)], constexprs={}),
+             variant(name, [{"param": f"p{i}", "offset": 8 * i, "size": 8}
+                            for i in range(count)],
+                     constexprs={}, assumptions={f"p{i}": ["div16"] for i in div16})]))
+    put("manifest", "many_properties.json", dump(pointers(70, "all", range(70))))
+    # Passes ParseManifest; fails when Open builds the dispatch table (257 properties).
+    put("manifest", "too_many_properties.json", dump(pointers(257, "all", range(257))))
 
     # 65 x 65 buckets: more than DispatchTable's 4096.
     buckets = copy.deepcopy(minimal)
@@ -101,14 +106,14 @@ def manifests():
                                         {"param": "m", "edges": list(range(64))}]
     put("manifest", "too_many_buckets.json", dump(buckets))
 
-    # Bucket 2 (n > 4096) has no variant: Select finds none and NoVariantError explains.
+    # Bucket 2 (n > 4096) has no variant: DispatchTable::Build refuses it.
     gap = copy.deepcopy(minimal)
     gap["kernels"][0]["buckets"] = [{"param": "n", "edges": [16, 4096]}]
     gap["kernels"][0]["variants"] = [variant("b0", layout, bucket=[0]),
                                      variant("b1", layout, bucket=[1], assumptions={"n": ["div16"]})]
     put("manifest", "bucket_without_variant.json", dump(gap))
 
-    # 65 buckets x 2^10 property masks: more than the 65536-entry table.
+    # 65 buckets x 10 properties (more than the old flat table's 65536 entries).
     big = [(f"p{i}", "*fp32") for i in range(10)] + [("n", "i32")]
     table = doc(kernel(
         big,
@@ -117,6 +122,14 @@ def manifests():
                  constexprs={}, assumptions={f"p{i}": ["div16"] for i in range(10)})],
         buckets=[{"param": "n", "edges": list(range(64))}]))
     put("manifest", "dispatch_table_too_big.json", dump(table))
+
+    # kpack/2: the tools' source, readonly and autotune_key fields.
+    tools = copy.deepcopy(minimal)
+    tools["format"] = "kpack/2"
+    tools["kernels"][0]["source"] = {"qualname": "model.kernels.k", "sha256": "ab" * 32}
+    tools["kernels"][0]["params"][0]["readonly"] = True
+    tools["kernels"][0]["autotune_key"] = ["n", "BLOCK"]
+    put("manifest", "tool_fields_v2.json", dump(tools))
 
     # Grid expressions that fail to compile at Open (the manifest itself is fine).
     grid = copy.deepcopy(minimal)

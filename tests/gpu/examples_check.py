@@ -39,6 +39,10 @@ os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the pack's cubins are built with
 # buffers are always 256-byte aligned, so an odd size is what selects the generic variant).
 SHAPES = {
     "vector_add": [({"n": 1 << 20}, True), ({"n": (1 << 20) + 3}, False), ({"n": 1}, False)],
+    "layer_norm_fwd": [({"n_rows": 512, "N": 4096}, True), ({"n_rows": 300, "N": 1001}, False)],
+    "layer_norm_bwd": [({"M": 500, "N": 512}, True), ({"M": 100, "N": 1000}, False),
+                       ({"M": 1000, "N": 2048}, True), ({"M": 33, "N": 3001}, False),
+                       ({"M": 64, "N": 8192}, True), ({"M": 40, "N": 10001}, False)],
     "softmax": [({"n_rows": 300, "n_cols": 512}, True), ({"n_rows": 300, "n_cols": 999}, False),
                 ({"n_rows": 200, "n_cols": 4096}, True), ({"n_rows": 200, "n_cols": 3001}, False),
                 ({"n_rows": 64, "n_cols": 20000}, True), ({"n_rows": 64, "n_cols": 20001}, False)],
@@ -51,14 +55,8 @@ for _dtype in ("fp16", "bf16"):
         for m in (1, 16, 17, 64, 100, 256, 257, 1000)
         for n, k, aligned in ((512, 512, True), (200, 200, False))]
 
-# Tolerances against the torch references (rtol, atol); see each example's docstring.
-TOLERANCES = {
-    "vector_add": (0.0, 0.0),        # one fp32 add: exact
-    "softmax": (1e-5, 1e-6),         # ex2.approx, online rescaling, fp32 sums
-    "layer_norm": (2e-3, 1e-3),      # fp16 output: within one fp16 ulp of the fp32 result
-    "matmul_fp16": (2e-3, 1e-2),     # fp32 accumulation order + fp16 output rounding
-    "matmul_bf16": (1.6e-2, 5e-2),   # fp32 accumulation order + bf16 output rounding
-}
+# Tolerances against the torch references: each spec's `tolerance` (see each example's
+# docstring), as the tuner uses them.
 
 
 def gpu_missing(binary):
@@ -117,11 +115,14 @@ def bits(t):
     return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
-def run_kpack(binary, pack, kernel, args, outputs, tmp):
-    """Launch through `kpack run`; return (variant name, {output: tensor})."""
+def run_kpack(binary, pack, kernel, args, outputs, tmp, grid=None):
+    """Launch through `kpack run` (with ``grid`` when the manifest has none); return
+    (variant name, {output: tensor})."""
     import numpy as np
     import torch
     cmd = [binary, "run", str(pack), kernel]
+    if grid is not None:
+        cmd += ["--grid", ",".join(str(g) for g in grid)]
     for name, value in args.items():
         if isinstance(value, torch.Tensor):
             if name in outputs:
@@ -163,11 +164,11 @@ def main():
     repo = Path(opts.repo).resolve()
     sys.path.insert(0, str(repo / "tools"))
     from kpack_tools import build as builder
-    from kpack_tools.autotune import jit_launcher
+    from kpack_tools.autotune import jit_launcher, tolerance_for
     from kpack_tools.spec import load_specs
 
     spec_files = [repo / "kernels" / "examples" / f"{n}.py"
-                  for n in ("vector_add", "softmax", "layer_norm", "matmul")]
+                  for n in ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train")]
     specs = {s.name: s for f in spec_files for s in load_specs(f)}
     print(f"triton {triton.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
@@ -194,7 +195,6 @@ def main():
             spec = specs[name]
             kernel = next(k for k in manifest["kernels"] if k["name"] == name)
             variants = {v["name"]: v for v in kernel["variants"]}
-            rtol, atol = TOLERANCES[name]
             for shape, aligned in cases:
                 args = spec.make_inputs(shape, "cuda")
                 for out in spec.outputs:
@@ -206,9 +206,10 @@ def main():
                                     f"selects {special.name}")
                 want = builder.variant_name(spec, index, special)
                 config = spec.config(chosen[(name, index)])
+                grid = None if spec.manifest_grid else spec.grid_for(args, config)
                 variant, line, got = run_kpack(opts.binary, pack, name,
                                                {p: args[p] for p in spec.call_params},
-                                               spec.outputs, tmp)
+                                               spec.outputs, tmp, grid)
                 # Triton's JIT, specialized exactly like the variant.
                 assumed = set(special.div16) | set(special.eq1)
                 jit_fn = triton.JITFunction(
@@ -220,11 +221,12 @@ def main():
                     variants[variant]["sha256"]
                 ref = spec.reference(args)
                 for out in spec.outputs:
+                    rtol, atol = tolerance_for(spec, out, ref[out])
                     bitwise = torch.equal(bits(got[out]), bits(args[out]))
                     err = (got[out].double() - ref[out].double()).abs().max().item()
                     ok_tol = torch.allclose(got[out].double(), ref[out].double(),
                                             rtol=rtol, atol=atol)
-                    print(f"{name:12} {str(shape):38} bucket {list(index)} variant {variant:12} "
+                    print(f"{name:14} {out:4} {str(shape):32} bucket {list(index)} variant {variant:12} "
                           f"config {config.name:20} C++==JIT bitwise: {bitwise}  "
                           f"same cubin: {same_cubin}  max|err| vs torch {err:.3e} "
                           f"(rtol {rtol}, atol {atol}): {'ok' if ok_tol else 'FAIL'}")

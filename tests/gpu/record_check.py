@@ -3,15 +3,21 @@
 recorded launch from C++ (`kpack run`) and require bit-identical outputs.
 
 1. `python -m kpack_tools.record --out PACK -- python record_program.py DATA`
-   (record_program.py: 4 Triton kernels, 5 launches, one kernel in two
-   specializations, one autotuned; it saves every pointer argument before and
-   after each launch).
+   (record_program.py: elementwise, softmax and layer-norm kernels, a training
+   layer norm whose backward Triton specializes on 14 properties, an autotuned
+   ReLU and an autotuned matmul called for several (M, N, K); it saves every
+   pointer argument before and after each launch, and the config each autotuner
+   chose).
 2. `kpack verify PACK` (manifest, sha256, layouts, and loading every variant).
 3. For each launch in PACK/record.json, in order, matched with the program's
    own calls.json: check the recorded scalars and grid against what the program
    passed, run `kpack run PACK KERNEL` on the saved "before" buffers with the
-   recorded scalars and grid, check that kpack chose the variant the JIT used,
-   and compare every buffer afterwards with the program's "after" bytes.
+   recorded scalars and grid, check that kpack chose the variant the JIT used
+   (for an autotuned call: a variant with the config the autotuner chose), and
+   compare every buffer afterwards with the program's "after" bytes.
+4. The pack as a whole: every kernel has a generic variant (compiled by the
+   recorder where the program never made one), the autotuned matmul is one kernel
+   bucketed on its key, and a kernel depends on more than 12 properties.
 
 Usage: record_check.py KPACK_BINARY
 Exits 77 (skipped) when no GPU or no torch is usable, unless KPACK_REQUIRE_GPU=1
@@ -56,6 +62,40 @@ def scalar_text(value):
     return repr(value)
 
 
+def pack_failures(manifest, record, autotuned_checked):
+    """Checks of the pack as a whole (printed as they go)."""
+    failures = []
+    for kernel in manifest["kernels"]:
+        generic = [v["name"] for v in kernel["variants"] if not v.get("assumptions")]
+        most = max(len(v.get("assumptions", {})) for v in kernel["variants"])
+        print(f"kernel {kernel['name']}: {len(kernel['variants'])} variants, generic "
+              f"{generic[:3]}{'...' if len(generic) > 3 else ''}, at most {most} assumptions"
+              + (f", buckets on {[b['param'] for b in kernel['buckets']]}"
+                 if "buckets" in kernel else ""))
+        if not generic:
+            failures.append(f"kernel {kernel['name']} has no generic variant")
+    if not any(len(v.get("assumptions", {})) > 12
+               for k in manifest["kernels"] for v in k["variants"]):
+        failures.append("no variant depends on more than 12 properties (the layer-norm "
+                        "backward should have 14)")
+    matmul = [k for k in manifest["kernels"] if k["name"].startswith("matmul_autotuned_kernel")]
+    if [k["name"] for k in matmul] != ["matmul_autotuned_kernel"]:
+        failures.append(f"the autotuned matmul is not exactly one kernel: "
+                        f"{[k['name'] for k in matmul]}")
+    elif matmul[0].get("autotune_key") != ["M", "N", "K"]:
+        failures.append(f"matmul_autotuned_kernel has autotune_key "
+                        f"{matmul[0].get('autotune_key')}")
+    for entry in record.get("autotuned", []):
+        print(f"autotuned {entry['kernel']}: key {entry['key']}, bucketed on "
+              f"{entry['bucketed']}, {len(entry['recorded_keys'])} recorded keys, "
+              f"{len(entry['buckets'])} buckets")
+    if autotuned_checked < 5:
+        failures.append(f"only {autotuned_checked} autotuned matmul calls checked, expected 5")
+    for line in record.get("not_exported", []):
+        print(f"not exported: {line}")
+    return failures
+
+
 def main():
     binary = sys.argv[1]
     doctor = subprocess.run([binary, "doctor"], capture_output=True, text=True).stdout
@@ -97,7 +137,10 @@ def main():
             failures.append(f"record.json has {len(launches)} launches, the program made "
                             f"{len(calls)} calls")
         params = {k["name"]: k["params"] for k in manifest["kernels"]}
+        variants = {k["name"]: {v["name"]: v for v in k["variants"]}
+                    for k in manifest["kernels"]}
         variants_used = {}
+        autotuned_checked = 0
         for index, (launch, call) in enumerate(zip(launches, calls)):
             kernel, variant = launch["kernel"], launch["variant"]
             what = f"launch {index}: {kernel} [{variant}] grid {launch['grid']}"
@@ -136,6 +179,17 @@ def main():
             if chosen != variant and aligned:
                 failures.append(f"{what}: kpack chose variant {chosen}, the JIT compiled "
                                 f"{variant} for this call")
+            if "config" in call:  # an autotuned call: kpack must use the chosen config
+                v = variants[kernel].get(chosen, {})
+                got = {"constexprs": {k: v.get("constexprs", {}).get(k)
+                                      for k in call["config"]["constexprs"]},
+                       "num_warps": v.get("num_warps"), "num_stages": v.get("num_stages")}
+                print(f"{what}: autotuner chose {call['config']}; kpack's variant {chosen} "
+                      f"has {got}")
+                if got != call["config"]:
+                    failures.append(f"{what}: kpack's variant {chosen} has config {got}, the "
+                                    f"autotuner chose {call['config']}")
+                autotuned_checked += 1
             variants_used.setdefault(kernel, set()).add(variant)
             for name, path in outputs.items():
                 want = np.load(data / call["buffers"][name]["after"])
@@ -158,6 +212,7 @@ def main():
             failures.append(f"only {len(kernels)} different kernels recorded, expected >= 3")
         if not multi:
             failures.append("no kernel was launched in two variants")
+        failures += pack_failures(manifest, record, autotuned_checked)
         for failure in failures:
             print(f"FAIL: {failure}")
         if failures:

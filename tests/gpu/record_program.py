@@ -2,18 +2,25 @@
 """A small PyTorch + Triton program for the record-mode GPU check (record_check.py).
 
 It knows nothing about kpack: record_check.py runs it under
-``python -m kpack_tools.record``.  Four Triton kernels, five launches:
+``python -m kpack_tools.record``.  Its kernels, in the style of public ones:
 
 - ``scale_add_kernel`` (elementwise with an fp32 scalar and an int stride), twice:
   n = 4096, stride 1 (JIT: pointers and n div16, stride_x == 1 compiled away) and
   n = 1000, stride 3 (pointers div16 only): two variants of one kernel;
 - ``softmax_kernel`` (row softmax, 64 x 1000, one program per row);
 - ``layernorm_kernel`` (row layer norm with weight and bias, 32 x 768, eps 1e-5);
-- ``relu_kernel``, autotuned over two configs (only the chosen one is exported).
+- ``relu_kernel``, autotuned over two configs (only the chosen one is exported);
+- the training layer norm of ``kernels/examples/layer_norm_train.py``: forward, then
+  backward (8 pointers, 4 row strides, M and N: Triton specializes 14 properties), for
+  64 x 4096 and for 48 x 1000 (other specializations);
+- the autotuned matmul of ``kernels/examples/matmul_autotuned.py`` (key M, N, K) for
+  four shapes, one of them twice: record mode must export one kernel whose buckets
+  select the config the autotuner chose for each.
 
 For every launch it saves each pointer argument's buffer before and after the
-call (``.npy``, float32) and appends an entry to ``calls.json`` in OUT_DIR, so
-the check can relaunch the same call from C++ and compare bytes.
+call (``.npy``) and appends an entry to ``calls.json`` in OUT_DIR (with the config an
+autotuner chose, if any), so the check can relaunch the same call from C++ and compare
+bytes.
 
 Usage: record_program.py OUT_DIR
 """
@@ -22,10 +29,16 @@ import json
 import os
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "examples"))
+import layer_norm_train  # noqa: E402  (the example kernels, used as a program would)
+import matmul_autotuned  # noqa: E402
 
 
 @triton.jit
@@ -156,7 +169,77 @@ def main():
     calls.launch("relu_kernel", None, {"x_ptr": xr, "out_ptr": relu_out}, {"n": n}, relu)
     calls.calls[-1]["grid"] = [triton.cdiv(n, chosen["BLOCK"]), 1, 1]
     print(f"program: relu autotuner chose BLOCK={chosen['BLOCK']}")
+
+    layer_norm_training(calls, dev)
+    autotuned_matmuls(calls, dev)
     calls.save()
+
+
+def layer_norm_training(calls, dev):
+    """Forward and backward of the example training layer norm, as a model would call
+    them: contiguous fp16 activations, fp32 statistics and weight-gradient partials."""
+    for m, n in ((64, 4096), (48, 1000)):
+        x = (torch.randn(m, n, device=dev) * 2 + 0.5).half()
+        w = torch.randn(n, device=dev).half()
+        b = torch.randn(n, device=dev).half()
+        y = torch.zeros_like(x)
+        mean = torch.zeros(m, device=dev)
+        rstd = torch.zeros(m, device=dev)
+        calls.launch("layer_norm_fwd_kernel", [m, 1, 1],
+                     {"X": x, "Y": y, "W": w, "B": b, "Mean": mean, "Rstd": rstd},
+                     {"stride_x_row": n, "stride_y_row": n, "N": n, "eps": 1e-5},
+                     lambda: layer_norm_train.layer_norm_fwd_kernel[(m,)](
+                         x, y, w, b, mean, rstd, n, n, n, 1e-5, BLOCK_N=1024))
+        ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+        print(f"program: layer_norm_fwd {m}x{n} max abs error vs torch float64 "
+              f"{(y.double() - ref).abs().max().item():.3e}")
+        dy = torch.randn(m, n, device=dev).half()
+        dx = torch.zeros_like(x)
+        programs = triton.cdiv(m, layer_norm_train.BLOCK_M)
+        dw = torch.zeros(programs, n, device=dev)
+        db = torch.zeros(programs, n, device=dev)
+        calls.launch("layer_norm_bwd_kernel", [programs, 1, 1],
+                     {"X": x, "W": w, "DY": dy, "DX": dx, "DW": dw, "DB": db, "Mean": mean,
+                      "Rstd": rstd},
+                     {"stride_x_row": n, "stride_dy_row": n, "stride_dx_row": n,
+                      "stride_dw_row": n, "M": m, "N": n},
+                     lambda: layer_norm_train.layer_norm_bwd_kernel[(programs,)](
+                         x, w, dy, dx, dw, db, mean, rstd, n, n, n, n, m, n,
+                         BLOCK_M=layer_norm_train.BLOCK_M, BLOCK_N=256))
+        xr = x.double().requires_grad_()
+        wr = w.double().requires_grad_()
+        torch.nn.functional.layer_norm(xr, (n,), wr, b.double(), 1e-5).backward(dy.double())
+        print(f"program: layer_norm_bwd {m}x{n} max abs error vs torch autograd: dx "
+              f"{(dx.double() - xr.grad).abs().max().item():.3e}, dw "
+              f"{(dw.double().sum(0) - wr.grad).abs().max().item():.3e}")
+
+
+def autotuned_matmuls(calls, dev):
+    """The example autotuned matmul for several (M, N, K), one twice (the autotuner's
+    cache answers it); each call records the config the autotuner chose."""
+    for m, n, k in ((64, 512, 512), (512, 512, 512), (100, 256, 512), (64, 512, 512),
+                    (1000, 512, 256)):
+        a = torch.randn(m, k, device=dev).half()
+        b = torch.randn(k, n, device=dev).half()
+        c = torch.zeros(m, n, device=dev).half()
+        tuner = matmul_autotuned.matmul_autotuned_kernel
+
+        def run():
+            grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+            tuner[grid](a, b, c, m, n, k, k, 1, n, 1, n, 1)
+
+        calls.launch("matmul_autotuned_kernel", None, {"a_ptr": a, "b_ptr": b, "c_ptr": c},
+                     {"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n,
+                      "stride_bn": 1, "stride_cm": n, "stride_cn": 1}, run)
+        best = tuner.best_config
+        calls.calls[-1]["grid"] = [triton.cdiv(m, best.kwargs["BLOCK_M"]) *
+                                   triton.cdiv(n, best.kwargs["BLOCK_N"]), 1, 1]
+        calls.calls[-1]["config"] = {"constexprs": dict(best.kwargs),
+                                     "num_warps": best.num_warps,
+                                     "num_stages": best.num_stages}
+        err = (c.double() - a.double() @ b.double()).abs().max().item()
+        print(f"program: autotuned matmul {m}x{n}x{k}: chose {best}; max abs error vs "
+              f"float64 {err:.3e}")
 
 
 if __name__ == "__main__":

@@ -166,6 +166,25 @@ TEST_F(DispatchRuntimeTest, NoValidVariantLaunchesNothing) {
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
 }
 
+// A bucket no variant serves would fail every call that lands there: the pack is refused
+// at Open, naming the kernel and the bucket's range, and nothing is loaded.
+TEST_F(DispatchRuntimeTest, BucketWithoutVariantIsRefusedAtOpen) {
+  TempPack pack(kPack);
+  auto& variants = pack.kernel("axpy")["variants"];
+  for (size_t i = variants.size(); i-- > 0;) {
+    if (variants[i]["bucket"] == nlohmann::json::array({1})) variants.erase(i);
+  }
+  pack.Save();
+  fake::Reset();
+  auto rt = OpenFake(pack.dir());
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(rt.status().message()),
+              AllOf(HasSubstr("manifest.json: kernel 'axpy'"),
+                    HasSubstr("no variant serves bucket 1 (4096 < n <= 262144)")));
+  EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
+}
+
 TEST_F(DispatchRuntimeTest, GridExpressionErrors) {
   auto rt = OpenFake(KPACK_TEST_PACK_DIR);
   ASSERT_TRUE(rt.ok());

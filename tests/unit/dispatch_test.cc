@@ -3,6 +3,7 @@
 
 #include "dispatch/dispatch.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -202,12 +203,30 @@ TEST(DispatchTest, NoValidVariantNamesParameterValueAndAssumption) {
                     HasSubstr("nothing was launched")));
 }
 
-TEST(DispatchTest, BucketWithoutVariantsIsAnError) {
-  Fixture f = Make({MakeVariant("b1", {1}, nullptr)}, {{{"param", "n"}, {"edges", {16}}}});
-  EXPECT_EQ(f.Pick(kAligned, 8, 1), "<none>");
-  EXPECT_THAT(
-      std::string(f.Error(kAligned, 8, 1).message()),
-      AllOf(HasSubstr("kernel 'k' has no variant for this shape bucket"), HasSubstr("n=8")));
+TEST(DispatchTest, BucketWithoutVariantsIsABuildError) {
+  // Every call with n <= 16 would fail: the pack is refused when the table is built (at
+  // Open), naming the bucket's range, not at the first call that lands there.
+  KernelSpec spec = Kernel({MakeVariant("b1", {1}, nullptr)}, {{{"param", "n"}, {"edges", {16}}}});
+  auto t = DispatchTable::Build(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(t.status().message()),
+              AllOf(HasSubstr("no variant serves bucket 0 (n <= 16)"),
+                    HasSubstr("every bucket needs a variant")));
+
+  json buckets = {{{"param", "n"}, {"edges", {100}}}, {{"param", "stride"}, {"edges", {1, 8}}}};
+  std::vector<json> variants;
+  for (int s = 0; s < 3; ++s) {
+    for (int n = 0; n < 2; ++n) {
+      if (n == 1 && s == 1) continue;
+      variants.push_back(
+          MakeVariant("n" + std::to_string(n) + "s" + std::to_string(s), {n, s}, nullptr));
+    }
+  }
+  t = DispatchTable::Build(Kernel(variants, buckets));
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              HasSubstr("no variant serves bucket 3 (n > 100, 1 < stride <= 8)"));
 }
 
 TEST(DispatchTest, BucketArgumentMustBeAnInteger) {
@@ -227,23 +246,148 @@ TEST(DispatchTest, DependsOnBucketAndPropertyArgumentsOnly) {
   EXPECT_TRUE(f.table.DependsOn(2));
 }
 
-TEST(DispatchTest, TooManyPropertiesIsALoadError) {
-  // 6 properties (three div16, one eq1, n fitting i32 / i64) x 4096 buckets.
-  json edges = json::array();
-  for (int i = 0; i < 4095; ++i) edges.push_back(i);
-  KernelSpec spec = Kernel({MakeVariant("a", nullptr, {{"x_ptr", {"div16"}}, {"n", {"div16"}}}),
-                            MakeVariant("b", nullptr, {{"stride", {"div16", "eq1"}}}),
-                            MakeVariant("c", nullptr, nullptr, {{"n", "i64"}})},
-                           {{{"param", "n"}, {"edges", edges}}});
+// Kernel w(p0..p{n-1}: *fp32, m: i32, BLOCK: constexpr); each variant assumes div16 on the
+// pointers it names (and on m, when listed as "m").
+json WideVariant(const std::string& name, const std::vector<std::string>& div16, int pointers) {
+  json v = MakeVariant(name, nullptr, nullptr);
+  json layout = json::array();
+  for (int i = 0; i < pointers; ++i) {
+    layout.push_back({{"param", "p" + std::to_string(i)}, {"offset", 8 * i}, {"size", 8}});
+  }
+  layout.push_back({{"param", "m"}, {"offset", 8 * pointers}, {"size", 4}});
+  layout.push_back({{"param", "$global_scratch"}, {"offset", 8 * pointers + 8}, {"size", 8}});
+  layout.push_back({{"param", "$profile_scratch"}, {"offset", 8 * pointers + 16}, {"size", 8}});
+  v["layout"] = layout;
+  v["entry"] = "w";
+  if (!div16.empty()) {
+    json assumptions = json::object();
+    for (const std::string& p : div16) assumptions[p] = {"div16"};
+    v["assumptions"] = assumptions;
+  }
+  return v;
+}
+
+KernelSpec WideKernel(const std::vector<json>& variants, int pointers) {
+  json params = json::array();
+  for (int i = 0; i < pointers; ++i) {
+    params.push_back({{"name", "p" + std::to_string(i)}, {"type", "*fp32"}});
+  }
+  params.push_back({{"name", "m"}, {"type", "i32"}});
+  params.push_back({{"name", "BLOCK"}, {"type", "constexpr"}});
+  json m = {{"format", "kpack/1"},
+            {"kernels", {{{"name", "w"}, {"params", params}, {"variants", json(variants)}}}}};
+  absl::StatusOr<ManifestSpec> parsed = ParseManifest(m.dump(), "m.json");
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+  return parsed->kernels[0];
+}
+
+std::vector<std::string> Names(int from, int to, int step = 1) {
+  std::vector<std::string> names;
+  for (int i = from; i < to; i += step) names.push_back("p" + std::to_string(i));
+  return names;
+}
+
+// Selection over `pointers` pointers, the ones in `misaligned` off by 4 bytes, m = 32.
+std::string PickWide(const KernelSpec& spec, const DispatchTable& table, int pointers,
+                     const std::vector<int>& misaligned, bool* fallback = nullptr) {
+  std::vector<Arg> args;
+  for (int i = 0; i < pointers; ++i) {
+    bool off = std::find(misaligned.begin(), misaligned.end(), i) != misaligned.end();
+    args.push_back(Arg(CUdeviceptr{0x10000u + 0x100u * i + (off ? 4u : 0u)}));
+  }
+  args.push_back(Arg(32));
+  DispatchTable::Choice c = table.Select(args);
+  if (fallback != nullptr) *fallback = c.fallback;
+  return c.variant < 0 ? "<none>" : spec.variants[c.variant].name;
+}
+
+// Triton specializes every pointer and integer parameter; a kernel may depend on far more
+// than the 12 properties of the old flat table. Selection follows the same rules whether
+// the properties fit one 64-bit mask word or need several.
+TEST(DispatchTest, SeventyPropertiesAcrossMaskWords) {
+  constexpr int kPointers = 70;
+  std::vector<std::string> all = Names(0, kPointers), all_m = all;
+  all_m.push_back("m");
+  KernelSpec spec = WideKernel({WideVariant("generic", {}, kPointers),
+                                WideVariant("even", Names(0, kPointers, 2), kPointers),
+                                WideVariant("high", Names(60, kPointers), kPointers),
+                                WideVariant("all", all, kPointers),
+                                WideVariant("all_m", all_m, kPointers)},
+                               kPointers);
+  auto t = DispatchTable::Build(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_properties(), 71u);
+  bool fallback = true;
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {}, &fallback), "all_m");
+  EXPECT_FALSE(fallback);
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {69}, &fallback), "even")
+      << "p69 is past the first mask word; 'all' needs it, 'even' (35 pointers) does not";
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {1}, &fallback), "even");
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {1, 2}), "high") << "even fails on p2";
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {0, 65}), "generic");
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {63}), "even") << "p63 is the first word's last bit";
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {64}), "generic") << "p64 (second word) is even";
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {65}), "even") << "p65 is in the second word";
+}
+
+TEST(DispatchTest, ExactlySixtyFourPropertiesFitOneWord) {
+  constexpr int kPointers = 64;
+  KernelSpec spec = WideKernel({WideVariant("generic", {}, kPointers),
+                                WideVariant("all", Names(0, kPointers), kPointers),
+                                WideVariant("low", Names(0, 32), kPointers)},
+                               kPointers);
+  auto t = DispatchTable::Build(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->num_properties(), 64u);
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {}), "all");
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {63}), "low");
+  EXPECT_EQ(PickWide(spec, *t, kPointers, {31}), "generic");
+}
+
+TEST(DispatchTest, NoValidVariantPastTheFirstWordNamesTheParameter) {
+  constexpr int kPointers = 80;
+  KernelSpec spec = WideKernel({WideVariant("all", Names(0, kPointers), kPointers)}, kPointers);
+  auto t = DispatchTable::Build(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<Arg> args;
+  for (int i = 0; i < kPointers; ++i) args.push_back(Arg(CUdeviceptr{0x1000u + (i == 77 ? 4u : 0u)}));
+  args.push_back(Arg(32));
+  EXPECT_EQ(t->Select(args).variant, DispatchTable::kNoVariant);
+  EXPECT_THAT(std::string(t->NoVariantError(spec, args).message()),
+              AllOf(HasSubstr("variant 'all' assumes p77 divisible by 16"), HasSubstr("p77=0x1004")));
+}
+
+TEST(DispatchTest, TooManyPropertiesOrBucketsIsALoadError) {
+  // 300 pointers, each div16 in some variant: more than kMaxProperties (256).
+  constexpr int kPointers = 300;
+  KernelSpec spec = WideKernel({WideVariant("generic", {}, kPointers),
+                                WideVariant("all", Names(0, kPointers), kPointers)},
+                               kPointers);
   auto t = DispatchTable::Build(spec);
   ASSERT_FALSE(t.ok());
-  EXPECT_THAT(std::string(t.status().message()), HasSubstr("65536-entry dispatch table"));
+  EXPECT_THAT(std::string(t.status().message()),
+              AllOf(HasSubstr("depend on 300 argument properties"), HasSubstr("p299 divisible by 16"),
+                    HasSubstr("more than the 256 supported")));
 
+  json edges = json::array();
+  for (int i = 0; i < 4095; ++i) edges.push_back(i);
   spec = Kernel({MakeVariant("a", nullptr, nullptr)},
                 {{{"param", "n"}, {"edges", {1, 2}}}, {{"param", "stride"}, {"edges", edges}}});
   t = DispatchTable::Build(spec);
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()), HasSubstr("buckets in all"));
+
+  // 4096 buckets x 300 variants that serve every bucket: too many (bucket, variant) pairs.
+  std::vector<json> variants;
+  for (int i = 0; i < 300; ++i) {
+    variants.push_back(MakeVariant("v" + std::to_string(i), nullptr, nullptr,
+                                   i % 2 ? json{{"n", "i64"}} : json(nullptr)));
+  }
+  spec = Kernel(variants, {{{"param", "n"}, {"edges", edges}}});
+  t = DispatchTable::Build(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("(bucket, variant) pairs"));
 }
 
 }  // namespace

@@ -154,6 +154,54 @@ TEST_F(ExamplePackTest, SoftmaxBucketsOnRowLength) {
   }
 }
 
+// layer_norm_bwd: 8 pointers, 4 row strides and N specialized (13 properties, more than
+// the old dispatch table's 12); each one that fails falls back to the bucket's generic.
+TEST_F(ExamplePackTest, LayerNormBackwardDispatchesOnThirteenProperties) {
+  Kernel bwd = *rt_->Find("layer_norm_bwd");
+  auto args = [](int32_t m, int32_t n) {
+    std::vector<Arg> a;
+    for (int i = 0; i < 8; ++i) a.push_back(Arg(CUdeviceptr{0x100000u * (i + 1)}));
+    for (int i = 0; i < 4; ++i) a.push_back(Arg(n));
+    a.push_back(Arg(m));
+    a.push_back(Arg(n));
+    return a;
+  };
+  struct Case {
+    int32_t n;
+    const char* bucket;
+  } cases[] = {{512, "b0"}, {1024, "b0"}, {2048, "b1"}, {4096, "b1"}, {8192, "b2"}};
+  for (const Case& c : cases) {
+    std::vector<Arg> a = args(100, c.n);
+    EXPECT_EQ(Select(bwd, a), std::string(c.bucket) + "_contig") << c.n;
+    KP_ASSERT_OK(bwd.LaunchArgs(nullptr, a));
+    fake::LaunchRecord r = LastLaunch();
+    const nlohmann::json& v = Variant("layer_norm_bwd", std::string(c.bucket) + "_contig");
+    EXPECT_EQ(r.grid[0], 7u) << "cdiv(M, BLOCK_M) = cdiv(100, 16)";
+    EXPECT_EQ(r.block[0], 32u * v["num_warps"].get<unsigned>());
+    EXPECT_EQ(At<int32_t>(r, Offset(v, "N")), c.n);
+    EXPECT_EQ(At<CUdeviceptr>(r, Offset(v, "Rstd")), CUdeviceptr{0x800000});
+    for (size_t i = 0; i < a.size(); ++i) {  // break one specialized argument at a time
+      if (i == 12) continue;                   // M: not specialized
+      std::vector<Arg> broken = a;
+      broken[i] = i < 8 ? Arg(CUdeviceptr{0x100000u * (i + 1) + 8}) : Arg(c.n - 8);
+      EXPECT_EQ(Select(bwd, broken), std::string(c.bucket) + "_generic") << c.n << " arg " << i;
+    }
+  }
+}
+
+// layer_norm_fwd's grid is the row count, which is no parameter: the caller passes it.
+TEST_F(ExamplePackTest, LayerNormForwardNeedsTheCallersGrid) {
+  Kernel fwd = *rt_->Find("layer_norm_fwd");
+  std::vector<Arg> args = {Arg(kA), Arg(kB), Arg(kC), Arg(kD), Arg(kA + 0x10000),
+                           Arg(kB + 0x10000), Arg(4096), Arg(4096), Arg(4096), Arg(1e-5f)};
+  EXPECT_EQ(Select(fwd, args), "contig");
+  absl::Status s = fwd.LaunchArgs(nullptr, args);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(s.message()).find("no grid expression"), std::string::npos) << s;
+  KP_ASSERT_OK(fwd.LaunchArgs(Grid{300}, nullptr, args));
+  EXPECT_EQ(LastLaunch().grid[0], 300u);
+}
+
 TEST_F(ExamplePackTest, VectorAddAlignedAndMisaligned) {
   Kernel add = *rt_->Find("vector_add");
   std::vector<Arg> args = {Arg(kA), Arg(kB), Arg(kC), Arg(int32_t{1 << 20})};

@@ -1,36 +1,69 @@
-"""Per-bucket autotuning for ``kpack_tools.build`` (needs torch and a CUDA GPU).
+"""Per-bucket autotuning for ``kpack_tools.build``: check every candidate, then time it.
 
-For every bucket of a kernel spec, each candidate config runs through Triton's
-JIT on the inputs the spec's ``make_inputs`` builds for the bucket's
-representative shape, with the config's constexprs, ``num_warps``,
-``num_stages`` and ``num_ctas``.  A config's time is the median over ``reps``
-launches, each timed alone with a pair of CUDA events after ``warmup``
-untimed launches (the first of which compiles).  The fastest config wins.  A
-config that fails to compile or launch (e.g. too much shared memory) gets no
-time and its error is recorded; a bucket where every config fails is an error.
+For every bucket of a kernel spec:
+
+1. **Candidates**: the spec's configs that ``config_allowed(representative,
+   config)`` admits (all, without a predicate); the others are recorded as
+   ``excluded``.
+2. **Check**: each candidate runs once through Triton's JIT on a fresh copy of
+   the inputs ``make_inputs`` builds for the bucket's representative shape, and
+   every output (``outputs``) is compared with what it must be:
+
+   - the spec's ``reference(args)``, within ``tolerance`` (rtol, atol) or,
+     without one, ``DEFAULT_TOLERANCE`` for the output's dtype;
+   - without a reference, the bucket's default config's outputs: bit for bit
+     when the spec is ``deterministic``, else within the tolerance.
+
+   A candidate that fails to run or disagrees is excluded and its error or
+   mismatch recorded (``errors``, ``mismatches``).
+3. **Time**: each candidate that passed: the median over ``reps`` launches, each
+   timed alone with a pair of CUDA events after ``warmup`` untimed launches.
+   The fastest wins.  A bucket where no candidate passes is a ``TuningError``:
+   the build refuses it rather than pick a config that computes something else.
 
 The timed kernels are Triton's JIT builds for those inputs; the pack's cubins
 are compiled separately by ``triton.compile`` for the pack's target and
 specializations (``kpack_tools.build``).
+
+Running and timing go through a backend (``CudaBackend``: torch + a CUDA GPU),
+so the selection logic can be exercised without a GPU.
 """
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from kpack_tools.spec import KernelSpec, describe_bucket
+from kpack_tools.spec import Config, KernelSpec, describe_bucket
+
+# (rtol, atol) per output dtype when the spec states no tolerance: what a different
+# summation order or tile shape changes in a correct result, far below what a skipped
+# or misplaced element changes.
+DEFAULT_TOLERANCE = {
+    "float64": (1e-9, 1e-12), "float32": (1e-4, 1e-5), "float16": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 1e-2),
+}
+# Integer and boolean outputs (and any dtype not listed) are compared exactly.
+EXACT = (0.0, 0.0)
+
+
+class TuningError(RuntimeError):
+    """No candidate of a bucket passed the check (or the spec cannot be checked)."""
 
 
 @dataclass
 class BucketResult:
-    """Tuning outcome of one bucket: median microseconds per config (None if
-    the config failed; ``errors`` says why) and the chosen config's name."""
+    """Tuning outcome of one bucket: median microseconds per config (None if the config
+    did not run, disagreed or was excluded; ``errors``, ``mismatches``, ``excluded`` say
+    why), what the outputs were checked against, and the chosen config's name."""
 
     index: Tuple[int, ...]
     representative: Mapping[str, int]
     chosen: str
     times_us: Dict[str, Optional[float]] = field(default_factory=dict)
     errors: Dict[str, str] = field(default_factory=dict)
+    mismatches: Dict[str, str] = field(default_factory=dict)
+    excluded: Dict[str, str] = field(default_factory=dict)
+    checked_against: str = ""
 
 
 def cuda_device() -> Tuple[Optional[str], str]:
@@ -47,10 +80,13 @@ def cuda_device() -> Tuple[Optional[str], str]:
 def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None) -> Callable:
     """A callable that launches ``fn`` (default: the spec's function) through
     Triton's JIT on ``args`` with ``config``; the grid comes from the spec's
-    grid expressions."""
+    grid expressions (launch values included), which it then needs."""
     fn = fn or spec.fn
+    if not spec.grid:
+        raise TuningError(f"kernel '{spec.name}': the spec has no grid, so the builder cannot "
+                          f"launch it; give `grid` (it may use `launch_values`)")
     grid = spec.grid_for(args, config)
-    kwargs = dict(args)
+    kwargs = {name: value for name, value in args.items() if name not in spec.launch_values}
     kwargs.update(spec.constexprs(config))
     kwargs.update(spec.options)
     kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages,
@@ -76,31 +112,185 @@ def time_launch(launch: Callable, reps: int, warmup: int) -> float:
     return statistics.median(samples)
 
 
-def tune_kernel(spec: KernelSpec, reps: int = 25, warmup: int = 3,
+class CudaBackend:
+    """Runs and times candidates through Triton's JIT on the current CUDA device."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def inputs(self, spec: KernelSpec, shape: Mapping[str, int]) -> Dict[str, Any]:
+        return dict(spec.make_inputs(dict(shape), "cuda"))
+
+    def copy(self, args: Mapping[str, Any]) -> Dict[str, Any]:
+        return {k: v.clone() if hasattr(v, "clone") else v for k, v in args.items()}
+
+    def run(self, spec: KernelSpec, config: Config, args: Mapping[str, Any]) -> None:
+        import torch
+        jit_launcher(spec, config, args)()
+        torch.cuda.synchronize()
+
+    def time(self, spec: KernelSpec, config: Config, args: Mapping[str, Any], reps: int,
+             warmup: int) -> float:
+        return time_launch(jit_launcher(spec, config, args), reps, warmup)
+
+
+def cuda_backend() -> Tuple[Optional[CudaBackend], str]:
+    """``(backend, "")`` with a usable CUDA GPU, else ``(None, why not)``."""
+    device, why_not = cuda_device()
+    return (CudaBackend(device), "") if device else (None, why_not)
+
+
+def _dtype_name(value) -> str:
+    return str(value.dtype).replace("torch.", "")
+
+
+def _as_float64(value):
+    """A flat float64 numpy array of a torch tensor or numpy array (bf16 included)."""
+    import numpy as np
+    if hasattr(value, "detach"):  # torch
+        return value.detach().double().cpu().numpy().reshape(-1)
+    return np.asarray(value, dtype=np.float64).reshape(-1)
+
+
+def _bits(value):
+    """The raw bytes of a torch tensor or numpy array, as a flat uint8 numpy array."""
+    import numpy as np
+    if hasattr(value, "detach"):
+        import torch
+        flat = value.detach().contiguous().reshape(-1)
+        return flat.view(torch.uint8).cpu().numpy()
+    return np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+
+
+def tolerance_for(spec: KernelSpec, output: str, value) -> Tuple[float, float]:
+    """The spec's tolerance for ``output``, else ``DEFAULT_TOLERANCE`` for ``value``'s
+    dtype."""
+    tolerance = spec.tolerance
+    if isinstance(tolerance, Mapping):
+        tolerance = tolerance.get(output)
+    if tolerance is not None:
+        return tuple(tolerance)
+    return DEFAULT_TOLERANCE.get(_dtype_name(value), EXACT)
+
+
+def compare(name: str, got, want, tolerance: Optional[Tuple[float, float]]) -> Optional[str]:
+    """None if output ``name`` matches, else a one-line description of the mismatch.
+    ``tolerance`` None: bit for bit; else ``|got - want| <= atol + rtol * |want|``
+    elementwise (NaN matches NaN)."""
+    import numpy as np
+    got_size = int(np.prod(getattr(got, "shape", ()) or (1,)))
+    want_size = int(np.prod(getattr(want, "shape", ()) or (1,)))
+    if got_size != want_size:
+        return f"output '{name}': {got_size} elements, expected {want_size}"
+    if tolerance is None:
+        if _dtype_name(got) != _dtype_name(want):
+            return f"output '{name}': dtype {_dtype_name(got)}, expected {_dtype_name(want)}"
+        a, b = _bits(got), _bits(want)
+        if np.array_equal(a, b):
+            return None
+        item = max(1, a.size // max(got_size, 1))
+        differ = np.nonzero((a != b).reshape(-1, item).any(axis=1))[0]
+        diff = np.abs(_as_float64(got) - _as_float64(want))
+        return (f"output '{name}': {differ.size} of {got_size} elements differ bitwise from "
+                f"the default config's (first at index {int(differ[0])}, max |diff| "
+                f"{np.nanmax(diff):.3g})")
+    rtol, atol = tolerance
+    a, b = _as_float64(got), _as_float64(want)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+        bad = ~((diff <= atol + rtol * np.abs(b)) | (np.isnan(a) & np.isnan(b)))
+    if not bad.any():
+        return None
+    worst = int(np.nanargmax(np.where(bad, diff, -1.0))) if np.isfinite(diff[bad]).any() \
+        else int(np.nonzero(bad)[0][0])
+    return (f"output '{name}': {int(bad.sum())} of {a.size} elements outside rtol {rtol:g}, "
+            f"atol {atol:g} (worst at index {worst}: {a[worst]:.6g}, expected {b[worst]:.6g})")
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def tune_kernel(spec: KernelSpec, backend, reps: int = 25, warmup: int = 3,
                 log: Callable[[str], None] = print) -> List[BucketResult]:
-    """Time every config on every bucket's representative shape."""
+    """Check, then time, every candidate config on every bucket's representative shape.
+    Raises ``TuningError`` for a bucket where no candidate passes."""
+    if not spec.grid:
+        raise TuningError(f"kernel '{spec.name}': the spec has no grid, so the builder cannot "
+                          f"launch it to tune; give `grid` (it may use `launch_values`)")
+    if not spec.outputs:
+        raise TuningError(f"kernel '{spec.name}': the spec names no `outputs`, so the tuner "
+                          f"cannot check what a candidate computes; list the pointer "
+                          f"parameters the kernel writes")
     results = []
-    for index, shape in zip(spec.bucket_indices(), spec.representatives):
-        args = spec.make_inputs(dict(shape), "cuda")
-        missing = [name for name in spec.call_params if name not in args]
+    for number, (index, shape) in enumerate(zip(spec.bucket_indices(), spec.representatives)):
+        where = f"kernel '{spec.name}': bucket {list(index)} ({describe_bucket(spec, index)})"
+        pristine = backend.inputs(spec, shape)
+        missing = [name for name in list(spec.call_params) + list(spec.launch_values)
+                   if name not in pristine]
         if missing:
-            raise ValueError(f"kernel '{spec.name}': make_inputs({dict(shape)}) lacks "
-                             f"call parameter(s) {missing}")
-        times, errors = {}, {}
-        for config in spec.configs:
+            raise TuningError(f"kernel '{spec.name}': make_inputs({dict(shape)}) lacks "
+                              f"{missing}")
+        excluded = {c.name: "config_allowed is False for this bucket's representative shape"
+                    for c in spec.configs if not spec.allowed(shape, c)}
+        candidates = [c for c in spec.configs if c.name not in excluded]
+        errors, mismatches = {}, {}
+
+        # What every candidate's outputs must be.
+        default = spec.default_config(number)
+        if spec.reference is not None:
+            expected = spec.reference(backend.copy(pristine))
+            tolerances = {out: tolerance_for(spec, out, expected[out]) for out in spec.outputs}
+            against = "reference, " + ", ".join(f"{out}: rtol {r:g} atol {a:g}"
+                                                for out, (r, a) in tolerances.items())
+        else:
+            reference_args = backend.copy(pristine)
             try:
-                times[config.name] = time_launch(jit_launcher(spec, config, args), reps, warmup)
-            except Exception as err:  # a config that cannot run is recorded, not fatal
-                times[config.name] = None
-                errors[config.name] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                backend.run(spec, default, reference_args)
+            except Exception as err:  # noqa: BLE001 - nothing to compare against
+                raise TuningError(f"{where}: the default config '{default.name}' (what the "
+                                  f"candidates are checked against: the spec has no "
+                                  f"reference) failed: {_first_line(err)}") from err
+            expected = {out: reference_args[out] for out in spec.outputs}
+            if spec.deterministic:
+                tolerances = {out: None for out in spec.outputs}
+                against = f"default config '{default.name}', bitwise"
+            else:
+                tolerances = {out: tolerance_for(spec, out, expected[out]) for out in spec.outputs}
+                against = f"default config '{default.name}', " + ", ".join(
+                    f"{out}: rtol {r:g} atol {a:g}" for out, (r, a) in tolerances.items())
+
+        times: Dict[str, Optional[float]] = {c.name: None for c in spec.configs}
+        for config in candidates:
+            args = backend.copy(pristine)
+            try:
+                backend.run(spec, config, args)
+            except Exception as err:  # noqa: BLE001 - a config that cannot run is recorded
+                errors[config.name] = _first_line(err)
+                continue
+            problems = [p for p in (compare(out, args[out], expected[out], tolerances[out])
+                                    for out in spec.outputs) if p]
+            if problems:
+                mismatches[config.name] = "; ".join(problems)
+                continue
+            try:
+                times[config.name] = backend.time(spec, config, args, reps, warmup)
+            except Exception as err:  # noqa: BLE001
+                errors[config.name] = _first_line(err)
         ok = {name: t for name, t in times.items() if t is not None}
         if not ok:
-            raise RuntimeError(f"kernel '{spec.name}': bucket {list(index)}: every config "
-                               f"failed: {errors}")
+            reasons = [f"'{name}': {why}" for kind in (excluded, errors, mismatches)
+                       for name, why in kind.items()]
+            raise TuningError(f"{where}, shape {dict(shape)}: no candidate config passed the "
+                              f"check against the {against}: " + "; ".join(reasons))
         chosen = min(ok, key=ok.get)
-        results.append(BucketResult(index, dict(shape), chosen, times, errors))
-        table = "  ".join(f"{name}={'fail' if t is None else f'{t:.1f}us'}"
-                          for name, t in times.items())
-        log(f"tune {spec.name} bucket {list(index)} ({describe_bucket(spec, index)}, "
-            f"shape {dict(shape)}): {table} -> {chosen}")
+        results.append(BucketResult(index, dict(shape), chosen, times, errors, mismatches,
+                                    excluded, against))
+        table = "  ".join(
+            f"{name}={f'{t:.1f}us' if t is not None else 'excluded' if name in excluded else 'WRONG' if name in mismatches else 'fail'}"
+            for name, t in times.items())
+        log(f"tune {where}, shape {dict(shape)}: {table} -> {chosen}")
+        for name, text in mismatches.items():
+            log(f"  excluded '{name}': {text}")
     return results

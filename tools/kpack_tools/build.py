@@ -3,18 +3,20 @@
 ::
 
     python -m kpack_tools.build SPEC.py [SPEC.py ...] --out PACK
-        [--target 90] [--no-tune] [--tune-reps N]
+        [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json]
 
 Each spec file defines ``KPACK_KERNELS`` (``docs/build-spec.md``).  For every
-kernel and bucket the builder picks a config -- the fastest on the bucket's
-representative shape when torch sees a CUDA GPU (``kpack_tools.autotune``),
-else (or with ``--no-tune``) the spec's declared default, recorded as untuned
--- then compiles one variant per (bucket, specialization) with
-``triton.compile`` for ``sm_<target>`` and writes the pack: manifest (layouts
-read back from the cubins), cubins with sha256, and ``tuning.json`` (every
-config's time per bucket, or why no tuning happened).  Compiling needs no
-GPU.  Only Triton 3.6.0 is supported: its JIT's specialization and ABI are
-what the variants reproduce (``../shared/TRITON_ABI.md``).
+kernel and bucket the builder picks a config -- when torch sees a CUDA GPU, the
+fastest of the candidates whose outputs pass the check against the spec's
+reference (``kpack_tools.autotune``); else (or with ``--no-tune``) the spec's
+declared default, recorded as untuned; or, with ``--reuse-tuning``, what an
+earlier ``tuning.json`` chose -- then compiles one variant per (bucket,
+specialization) with ``triton.compile`` for ``sm_<target>`` and writes the
+pack: manifest (layouts read back from the cubins, each kernel's ``source``),
+cubins with sha256, and ``tuning.json`` (every candidate's check and time per
+bucket, or why no tuning happened).  Compiling needs no GPU.  Only Triton
+3.6.0 is supported: its JIT's specialization and ABI are what the variants
+reproduce (``../shared/TRITON_ABI.md``).
 """
 
 import argparse
@@ -24,12 +26,12 @@ import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from kpack_tools import SUPPORTED_TRITON_VERSIONS
-from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes, source_identity, write_pack
 from kpack_tools.spec import GENERIC, Config, KernelSpec, SpecError, Specialization, \
-    describe_bucket, load_specs
+    describe_bucket, load_specs, source_qualname
 
 TUNING_FILE = "tuning.json"
-TUNING_FORMAT = "kpack-tuning/1"
+TUNING_FORMAT = "kpack-tuning/2"
 
 
 class BuildError(RuntimeError):
@@ -93,11 +95,24 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     return compiled
 
 
-def _untuned_results(spec: KernelSpec, reason: str) -> List[Dict[str, Any]]:
+def _untuned_results(spec: KernelSpec) -> List[Dict[str, Any]]:
     return [{"bucket": list(index), "range": describe_bucket(spec, index),
              "representative": dict(shape), "chosen": spec.default_config(i).name,
-             "times_us": None, "errors": {}}
+             "times_us": None, "checked_against": None, "errors": {}, "mismatches": {},
+             "excluded": {}}
             for i, (index, shape) in enumerate(zip(spec.bucket_indices(), spec.representatives))]
+
+
+def _tuned_results(spec: KernelSpec, backend, reps: int, log) -> List[Dict[str, Any]]:
+    from kpack_tools import autotune
+    try:
+        results = autotune.tune_kernel(spec, backend, reps=reps, log=log)
+    except autotune.TuningError as err:
+        raise BuildError(str(err)) from None
+    return [{"bucket": list(r.index), "range": describe_bucket(spec, r.index),
+             "representative": r.representative, "chosen": r.chosen, "times_us": r.times_us,
+             "checked_against": r.checked_against, "errors": r.errors,
+             "mismatches": r.mismatches, "excluded": r.excluded} for r in results]
 
 
 def _config_json(config: Config) -> Mapping[str, Any]:
@@ -106,12 +121,39 @@ def _config_json(config: Config) -> Mapping[str, Any]:
             "num_ctas": config.num_ctas}
 
 
+def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path) -> List[Dict[str, Any]]:
+    """The buckets of a previous tuning.json entry for ``spec``, if they still describe
+    it: same buckets, and every chosen config still in the spec with the same values."""
+    where = f"--reuse-tuning {path}: kernel '{spec.name}'"
+    buckets = old.get("buckets", [])
+    ranges = [describe_bucket(spec, index) for index in spec.bucket_indices()]
+    if [b.get("range") for b in buckets] != ranges:
+        raise BuildError(f"{where}: its buckets {[b.get('range') for b in buckets]} are not the "
+                         f"spec's {ranges}")
+    configs = {c["name"]: c for c in old.get("configs", [])}
+    results = []
+    for bucket in buckets:
+        config = spec.config(bucket["chosen"])
+        if configs.get(config.name) != _config_json(config):
+            raise BuildError(f"{where}: config '{config.name}' is {configs.get(config.name)} "
+                             f"there and {_config_json(config)} in the spec")
+        results.append({key: bucket.get(key) for key in (
+            "bucket", "range", "representative", "chosen", "times_us", "checked_against")})
+        results[-1].update({key: bucket.get(key, {}) for key in ("errors", "mismatches",
+                                                                 "excluded")})
+    return results
+
+
 def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
-          reps: int = 25, log: Optional[Callable[[str], None]] = print):
+          reps: int = 25, log: Optional[Callable[[str], None]] = print, backend=None,
+          reuse_tuning=None):
     """Build a pack from spec files; return ``(manifest, tuning)``.
 
-    ``tune`` asks for tuning; it happens only when torch sees a CUDA GPU,
-    otherwise the defaults are used and ``tuning.json`` says why.
+    ``tune`` asks for tuning; it happens only with a backend (default: torch
+    and a CUDA GPU), otherwise the defaults are used and ``tuning.json`` says
+    why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
+    from there instead.  Raises ``BuildError`` for a bucket where no candidate
+    passes the check.
     """
     import triton
     log = log or (lambda line: None)
@@ -123,11 +165,21 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     for name in names:
         if names.count(name) > 1:
             raise SpecError(f"kernel name '{name}' is defined by more than one spec")
+    reused = {}
+    if reuse_tuning is not None:
+        try:
+            previous = json.loads(open(reuse_tuning, encoding="utf-8").read())
+        except (OSError, ValueError) as err:
+            raise BuildError(f"--reuse-tuning {reuse_tuning}: {err}") from None
+        reused = {k["name"]: (k, k.get("tuned", previous.get("tuned")),
+                              k.get("device", previous.get("device")))
+                  for k in previous.get("kernels", [])}
 
-    device, why_not = None, "--no-tune was given"
-    if tune:
+    why_not = "--no-tune was given"
+    if tune and backend is None:
         from kpack_tools import autotune
-        device, why_not = autotune.cuda_device()
+        backend, why_not = autotune.cuda_backend()
+    device = backend.device if tune and backend is not None else None
     tuning = {"format": TUNING_FORMAT, "tuned": device is not None, "device": device,
               "reason": None if device else f"not tuned: {why_not}; each bucket uses the "
                                             f"spec's default config",
@@ -139,17 +191,22 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     kernels = []
     compiled_cache = {}
     for spec in specs:
-        if device is not None:
-            from kpack_tools import autotune
-            results = [{"bucket": list(r.index), "range": describe_bucket(spec, r.index),
-                        "representative": r.representative, "chosen": r.chosen,
-                        "times_us": r.times_us, "errors": r.errors}
-                       for r in autotune.tune_kernel(spec, reps=reps, log=log)]
+        entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
+        if spec.name in reused:
+            old, was_tuned, was_device = reused[spec.name]
+            results = _reused_results(spec, old, reuse_tuning)
+            entry.update(tuned=bool(was_tuned), device=was_device,
+                         reused_from=str(reuse_tuning))
+            log(f"kernel '{spec.name}': configs from {reuse_tuning} "
+                f"({'tuned on ' + str(was_device) if was_tuned else 'not tuned'})")
+        elif device is not None:
+            results = _tuned_results(spec, backend, reps, log)
+            entry.update(tuned=True, device=device)
         else:
-            results = _untuned_results(spec, why_not)
-        tuning["kernels"].append({"name": spec.name,
-                                  "configs": [_config_json(c) for c in spec.configs],
-                                  "buckets": results})
+            results = _untuned_results(spec)
+            entry.update(tuned=False, device=None)
+        entry["buckets"] = results
+        tuning["kernels"].append(entry)
         variants = []
         for index, result in zip(spec.bucket_indices(), results):
             config = spec.config(result["chosen"])
@@ -167,7 +224,9 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         kernels.append(Kernel(
             name=spec.name, params=list(spec.params), variants=variants,
             buckets=[{"param": b.param, "edges": list(b.edges)} for b in spec.buckets] or None,
-            grid=list(spec.grid)))
+            grid=spec.manifest_grid,
+            source=source_identity(spec.fn, source_qualname(spec.fn)),
+            readonly=list(spec.readonly)))
     generator = f"kpack_tools.build (triton {triton.__version__})"
     tuning_bytes = (json.dumps(tuning, indent=2, allow_nan=False) + "\n").encode()
     manifest = write_pack(out_dir, kernels, generator=generator,
@@ -178,7 +237,7 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
 
 def _log_summary(manifest, tuning, out_dir, log) -> None:
     chosen = {(k["name"], tuple(b["bucket"])): b for k in tuning["kernels"] for b in k["buckets"]}
-    log(f"{'kernel':12} {'variant':16} {'config':22} {'warps':>5} {'stages':>6} {'shared':>6} "
+    log(f"{'kernel':16} {'variant':16} {'config':22} {'warps':>5} {'stages':>6} {'shared':>6} "
         f"assumptions")
     for kernel in manifest["kernels"]:
         for v in kernel["variants"]:
@@ -186,7 +245,7 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
             assumed = " ".join(f"{kind}({','.join(p for p, k in v['assumptions'].items() if kind in k)})"
                                for kind in ("div16", "eq1")
                                if any(kind in k for k in v.get("assumptions", {}).values()))
-            log(f"{kernel['name']:12} {v['name']:16} {result['chosen']:22} {v['num_warps']:5} "
+            log(f"{kernel['name']:16} {v['name']:16} {result['chosen']:22} {v['num_warps']:5} "
                 f"{v.get('num_stages', '-'):>6} {v['shared']:6} {assumed or '-'}")
     total = pack_bytes(out_dir)
     count = sum(len(k["variants"]) for k in manifest["kernels"])
@@ -197,7 +256,7 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kpack_tools.build",
-        description="Compile (and autotune) the kernels of build specs into a kpack/1 pack "
+        description="Compile (and autotune) the kernels of build specs into a kpack pack "
                     "(docs/build-spec.md).")
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s) (Python)")
     parser.add_argument("--out", required=True, help="pack directory to (re)write")
@@ -207,12 +266,15 @@ def main(argv=None) -> int:
                         help="do not autotune: use each spec's default configs")
     parser.add_argument("--tune-reps", type=int, default=25, metavar="N",
                         help="timed launches per config and bucket (median; default 25)")
+    parser.add_argument("--reuse-tuning", metavar="TUNING_JSON",
+                        help="take the configs of every kernel this tuning.json lists from it "
+                             "(e.g. the pack's own, to add a kernel without retuning the rest)")
     args = parser.parse_args(argv)
     if args.tune_reps < 1:
         parser.error("--tune-reps must be at least 1")
     try:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
-              reps=args.tune_reps)
+              reps=args.tune_reps, reuse_tuning=args.reuse_tuning)
     except (SpecError, BuildError, ValueError) as err:
         print(f"kpack_tools.build: error: {err}", file=sys.stderr)
         return 1

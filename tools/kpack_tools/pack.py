@@ -1,4 +1,4 @@
-"""Write ``kpack/1`` pack directories (see ``docs/pack-format.md``).
+"""Write ``kpack/1`` and ``kpack/2`` pack directories (see ``docs/pack-format.md``).
 
 The runtime refuses a pack on any inconsistency, so this writer checks what it
 can at build time and fails loudly instead of writing a pack that would only
@@ -11,11 +11,16 @@ per-variant ``bucket``, ``assumptions`` and ``types``) is checked against the
 rules of the dispatch section of the format: edges strictly increasing, bucket
 indices in range, ``div16`` only on pointer/integer parameters, ``eq1`` only on
 integer parameters and absent from the cubin, ``types`` overrides only between
-integer types, grid expressions parsed and constant-folded per variant, and the
-dispatch table's limits.
+integer types, grid expressions parsed and constant-folded per variant, every
+bucket served by a variant, and the dispatch table's limits.
+
+A manifest is written as ``kpack/2`` when a kernel uses a field that format
+added (``source``, ``autotune_key``, a parameter's ``readonly``), else as
+``kpack/1``, so packs that need none of them stay readable by older runtimes.
 """
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -28,6 +33,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple
 from kpack_tools.cubin import parse_cubin
 
 FORMAT = "kpack/1"
+FORMAT_2 = "kpack/2"
 POINTER_SIZE = 8
 SCALAR_SIZES = {
     "i1": 1, "u1": 1, "i8": 1, "u8": 1,
@@ -43,15 +49,18 @@ INTEGER_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 ASSUMPTIONS = ("div16", "eq1")
 GRID_FUNCTIONS = ("cdiv", "min", "max")
 MAX_GRID_AXES = 3
-MAX_PROPERTIES = 12
+# The runtime's dispatch limits (src/dispatch/dispatch.h): properties per kernel, buckets,
+# and (bucket, variant) pairs, a variant without `bucket` counting once per bucket.
+MAX_PROPERTIES = 256
 MAX_BUCKETS = 4096
-MAX_TABLE_ENTRIES = 65536
+MAX_CANDIDATES = 1 << 20
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Variant names become file names, so they are kept to a path-safe alphabet.
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _POINTER_TYPE = re.compile(r"\*[A-Za-z0-9_]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REQUIRED_METADATA = (
     "name", "target", "num_warps", "num_ctas", "shared",
     "global_scratch_size", "global_scratch_align",
@@ -100,6 +109,12 @@ class Kernel:
 
     ``buckets`` (optional) is a list of ``{"param": name, "edges": [...]}``
     bucket dims; ``grid`` (optional) 1-3 grid expression strings (x, y, z).
+
+    ``kpack/2`` fields, all optional: ``source`` ``{"qualname", "sha256"}``
+    identifies the ``@triton.jit`` function (``source_identity``);
+    ``readonly`` names pointer parameters the kernel never writes through;
+    ``autotune_key`` the parameter names of the ``triton.autotune`` key whose
+    recorded choices the buckets reproduce.
     """
 
     name: str
@@ -107,6 +122,19 @@ class Kernel:
     variants: Sequence[Variant]
     buckets: Optional[Sequence[Mapping[str, Any]]] = None
     grid: Optional[Sequence[str]] = None
+    source: Optional[Mapping[str, str]] = None
+    readonly: Sequence[str] = ()
+    autotune_key: Optional[Sequence[str]] = None
+
+
+def source_identity(fn, qualname: Optional[str] = None) -> Mapping[str, str]:
+    """``{"qualname", "sha256"}`` of a ``@triton.jit`` function (a ``JITFunction``):
+    ``module.qualname`` (or ``qualname`` when given) and the sha256 of its source
+    text as Triton holds it (``JITFunction.src``: the ``def`` without decorators,
+    dedented), which is what ``kpack.install`` matches a Python function by."""
+    if qualname is None:
+        qualname = f"{fn.fn.__module__}.{fn.fn.__qualname__}"
+    return {"qualname": qualname, "sha256": hashlib.sha256(fn.src.encode("utf-8")).hexdigest()}
 
 
 def slot_size(param_type: str) -> Optional[int]:
@@ -177,7 +205,9 @@ def build_manifest(kernels: Sequence[Kernel], generator: Optional[str] = None):
     """Return ``(manifest, {relative cubin path: bytes})`` for ``kernels``."""
     if not kernels:
         raise ValueError("a pack needs at least one kernel")
-    manifest = {"format": FORMAT}
+    version_2 = any(k.source is not None or k.readonly or k.autotune_key is not None
+                    for k in kernels)
+    manifest = {"format": FORMAT_2 if version_2 else FORMAT}
     if generator is not None:
         manifest["generator"] = generator
     manifest["kernels"] = []
@@ -215,8 +245,11 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
 
     variants = []
     dispatch = []  # (variant name, bucket, assumptions, effective types) per variant
+    # Variants with the same cubin (one config serving several buckets) share its file.
+    cubin_paths = {}
     for variant in kernel.variants:
-        relpath = f"cubins/{kernel.name}/{variant.name}.cubin"
+        relpath = cubin_paths.setdefault(hashlib.sha256(variant.cubin).digest(),
+                                         f"cubins/{kernel.name}/{variant.name}.cubin")
         entry, spec = _variant_entry(kernel, variant, relpath, buckets)
         if grid is not None:
             for axis, expr in enumerate(grid):
@@ -227,16 +260,67 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         files[relpath] = bytes(variant.cubin)
     _check_dispatch_table(dispatch, buckets, where)
 
-    result = {
-        "name": kernel.name,
-        "params": [{"name": name, "type": param_type} for name, param_type in kernel.params],
-    }
+    readonly = _check_readonly(kernel, where)
+    result = {"name": kernel.name}
+    if kernel.source is not None:
+        result["source"] = _check_source(kernel.source, where)
+    result["params"] = [{"name": name, "type": param_type, **({"readonly": True}
+                                                               if name in readonly else {})}
+                        for name, param_type in kernel.params]
+    if kernel.autotune_key is not None:
+        result["autotune_key"] = _check_autotune_key(kernel.autotune_key, names, where)
     if buckets is not None:
         result["buckets"] = [{"param": param, "edges": list(edges)} for param, edges in buckets]
     if grid is not None:
         result["grid"] = list(grid)
     result["variants"] = variants
     return result
+
+
+def _check_source(source, where):
+    if not isinstance(source, Mapping) or set(source) != {"qualname", "sha256"}:
+        raise ValueError(f"{where}: source must be {{'qualname', 'sha256'}}, got {source!r}")
+    if not isinstance(source["qualname"], str) or not source["qualname"]:
+        raise ValueError(f"{where}: source.qualname must be a non-empty string")
+    if not isinstance(source["sha256"], str) or not _SHA256.fullmatch(source["sha256"]):
+        raise ValueError(f"{where}: source.sha256 must be 64 lowercase hex digits, got "
+                         f"{source['sha256']!r}")
+    return {"qualname": source["qualname"], "sha256": source["sha256"]}
+
+
+def _check_readonly(kernel: Kernel, where):
+    types = dict(kernel.params)
+    readonly = list(kernel.readonly)
+    for name in readonly:
+        if not _POINTER_TYPE.fullmatch(types.get(name, "")):
+            raise ValueError(f"{where}: readonly: '{name}' is not a pointer parameter")
+        if readonly.count(name) > 1:
+            raise ValueError(f"{where}: readonly: '{name}' listed twice")
+    return set(readonly)
+
+
+def _check_autotune_key(key, names, where):
+    if isinstance(key, (str, bytes)) or not isinstance(key, Sequence) or not key:
+        raise ValueError(f"{where}: autotune_key must be a non-empty list of parameter names")
+    for name in key:
+        if name not in names:
+            raise ValueError(f"{where}: autotune_key: unknown parameter {name!r}")
+        if list(key).count(name) > 1:
+            raise ValueError(f"{where}: autotune_key: '{name}' listed twice")
+    return list(key)
+
+
+def check_variant(kernel: Kernel, variant: Variant) -> None:
+    """Validate one variant of ``kernel`` the way ``build_manifest`` does (metadata,
+    cubin, layout, dispatch fields, grid); raises ValueError naming what is wrong."""
+    where = f"kernel '{kernel.name}'"
+    param_types = dict(kernel.params)
+    buckets = _check_buckets(kernel.buckets, param_types, where)
+    entry, _ = _variant_entry(kernel, variant, f"cubins/{kernel.name}/{variant.name}.cubin",
+                              buckets)
+    for axis, expr in enumerate(_check_grid_shape(kernel.grid, where) or ()):
+        check_grid_expression(expr, param_types, entry["constexprs"],
+                              f"{where}: variant '{variant.name}': grid[{axis}]")
 
 
 def _is_int(value) -> bool:
@@ -474,7 +558,8 @@ def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=N
 
 
 def _check_dispatch_table(dispatch, buckets, where):
-    """Check the table limits and that no variant is a duplicate of another.
+    """Check the table limits, that no variant is a duplicate of another and that
+    every bucket has a variant.
 
     Properties (docs/pack-format.md): one per (parameter, div16) and
     (parameter, eq1) used by any variant, plus one per integer type of a
@@ -494,9 +579,10 @@ def _check_dispatch_table(dispatch, buckets, where):
     if len(properties) > MAX_PROPERTIES:
         raise ValueError(f"{where}: depends on {len(properties)} argument properties, at most "
                          f"{MAX_PROPERTIES} allowed: {sorted(map(str, properties))}")
-    if count << len(properties) > MAX_TABLE_ENTRIES:
-        raise ValueError(f"{where}: dispatch table of {count} buckets * 2^{len(properties)} "
-                         f"properties exceeds {MAX_TABLE_ENTRIES} entries")
+    pairs = sum(count if bucket is None else 1 for _, bucket, _, _ in dispatch)
+    if pairs > MAX_CANDIDATES:
+        raise ValueError(f"{where}: {len(dispatch)} variants over {count} buckets make {pairs} "
+                         f"(bucket, variant) pairs, more than the {MAX_CANDIDATES} allowed")
     seen = {}
     for name, bucket, assumptions, effective in dispatch:
         key = (None if bucket is None else tuple(bucket),
@@ -506,6 +592,25 @@ def _check_dispatch_table(dispatch, buckets, where):
             raise ValueError(f"{where}: variant '{name}' has the same bucket, assumptions and "
                              f"types as variant '{seen[key]}', so it would never be chosen")
         seen[key] = name
+    served = {tuple(bucket) for _, bucket, _, _ in dispatch if bucket is not None}
+    if buckets is not None and not any(bucket is None for _, bucket, _, _ in dispatch):
+        for index in itertools.product(*[range(len(edges) + 1) for _, edges in buckets]):
+            if index not in served:
+                raise ValueError(f"{where}: no variant serves bucket {list(index)} "
+                                 f"({describe_bucket_index(buckets, index)}); every bucket "
+                                 f"needs a variant")
+
+
+def describe_bucket_index(buckets, index) -> str:
+    """``17 <= M <= 64, N > 4096`` style text for a bucket of ``[(param, edges)]``
+    dims (inclusive upper edges, docs/pack-format.md)."""
+    parts = []
+    for (param, edges), i in zip(buckets, index):
+        lo = None if i == 0 else edges[i - 1] + 1
+        hi = None if i == len(edges) else edges[i]
+        parts.append(f"{param} <= {hi}" if lo is None else
+                     f"{param} >= {lo}" if hi is None else f"{lo} <= {param} <= {hi}")
+    return ", ".join(parts) or "the only bucket"
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,11 @@ ints equal to 1 compiled away -> ``eq1``, i32/i64/u64 int typing -> per-variant
 ``types``) and launch metadata, and every launch with its grid and a summary of
 its arguments.  At export, one Python function + one configuration (constexpr
 values, ``None`` arguments, non-integer argument types, compile options) is one
-pack kernel, and the specializations seen are its variants.
+pack kernel, and the specializations seen are its variants, plus the generic
+build the recorder compiles when recording stops.  A function under
+``triton.autotune`` is one kernel whose buckets over the key reproduce the
+autotuner's choices (``record_autotune``).  What the pack writer refuses is
+refused per variant or kernel, never for the whole export.
 
 Hook points (all of Triton 3.6, checked against its source):
 
@@ -26,7 +30,8 @@ Hook points (all of Triton 3.6, checked against its source):
   (``knobs.runtime.launch_enter_hook`` receives neither the grid nor the
   arguments in 3.6).
 - ``Autotuner._bench`` and ``Autotuner.run``: wrapped to tell autotuning
-  benchmark launches from real ones and to notice ``Config.pre_hook``.
+  benchmark launches from real ones, to note each real launch's key values and
+  to notice ``Config.pre_hook``.
 
 Anything that depends on these is refused on another Triton version.
 """
@@ -49,7 +54,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools import SUPPORTED_TRITON_VERSIONS
-from kpack_tools.pack import INTEGER_TYPES, Kernel, Variant, write_pack
+from kpack_tools import record_autotune
+from kpack_tools.pack import (INTEGER_TYPES, MAX_BUCKETS, Kernel, Variant, build_manifest,
+                              check_variant, source_identity, write_pack)
 
 RECORD_FILE = "record.json"
 RECORD_FORMAT = "kpack-record/1"
@@ -103,6 +110,10 @@ class CompileRecord:
     options: Dict[str, Any]            # compile options (part of the config)
     cubin_sha256: str
     problems: List[str] = field(default_factory=list)
+    source_sha256: str = ""            # sha256 of JITFunction.src (the manifest's source)
+    # Set for the generic build the recorder compiled itself (item "Generic variants"):
+    # the hash of the recorded compile it is the generic build of.
+    generated_from: str = ""
 
     @property
     def function_id(self) -> Tuple[str, str, str]:
@@ -119,6 +130,7 @@ class LaunchRecord:
     grid: List[int]
     args: Dict[str, Any]
     pre_hook: bool
+    autotune_key: Optional[Dict[str, Any]] = None  # launched by triton.autotune: its key
 
 
 @dataclass
@@ -134,6 +146,13 @@ class Recording:
     pre_hooks: Dict[str, int] = field(default_factory=dict)       # hash -> launches with a hook
     # Compilations that cannot be recorded at all (e.g. from IR text).
     unrecordable: List[str] = field(default_factory=list)
+    # Per compile launched by a triton.autotune with several configs: the key's parameter
+    # names ("keys"), the parameters and options its configs set ("tuned"), and every
+    # distinct key value it was launched for with a count ("values": [[{param: value},
+    # launches], ...], in first-use order). All launches count, not only summarized ones.
+    autotune: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # What the recorder could not do but recorded anyway (e.g. a generic build failed).
+    notes: List[str] = field(default_factory=list)
 
     def merge(self, other: "Recording") -> None:
         """Add another process's recording (compile hashes identify equal kernels)."""
@@ -151,13 +170,29 @@ class Recording:
             for h, n in getattr(other, name).items():
                 mine[h] = mine.get(h, 0) + n
         self.unrecordable.extend(other.unrecordable)
+        for h, info in other.autotune.items():
+            for key, count in info["values"]:
+                self.note_autotune_key(h, info["keys"], info["tuned"], key, count)
+        self.notes.extend(n for n in other.notes if n not in self.notes)
+
+    def note_autotune_key(self, h: str, keys, tuned, key: Mapping[str, Any],
+                          count: int = 1) -> None:
+        """Count ``count`` launches of compile ``h`` by an autotuner for ``key``."""
+        info = self.autotune.setdefault(h, {"keys": list(keys), "tuned": list(tuned),
+                                            "values": []})
+        for entry in info["values"]:
+            if entry[0] == key:
+                entry[1] += count
+                return
+        info["values"].append([dict(key), count])
 
     def to_json(self) -> Dict[str, Any]:
         return {"triton_version": self.triton_version,
                 "compiles": [dataclasses.asdict(c) for c in self.compiles.values()],
                 "launches": [dataclasses.asdict(x) for x in self.launches],
                 "launch_counts": self.launch_counts, "bench_counts": self.bench_counts,
-                "pre_hooks": self.pre_hooks, "unrecordable": self.unrecordable}
+                "pre_hooks": self.pre_hooks, "unrecordable": self.unrecordable,
+                "autotune": self.autotune, "notes": self.notes}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], cubins: Mapping[str, bytes]) -> "Recording":
@@ -167,7 +202,8 @@ class Recording:
                    launches=[LaunchRecord(**x) for x in data["launches"]],
                    launch_counts=dict(data["launch_counts"]),
                    bench_counts=dict(data["bench_counts"]), pre_hooks=dict(data["pre_hooks"]),
-                   unrecordable=list(data["unrecordable"]))
+                   unrecordable=list(data["unrecordable"]), autotune=dict(data["autotune"]),
+                   notes=list(data["notes"]))
 
 
 def _json_value(value) -> Any:
@@ -257,7 +293,47 @@ def compile_record(src, metadata: Mapping[str, Any], cubin: bytes) -> CompileRec
         source_key=str(fn.cache_key), arg_names=arg_names, declared_constexpr=declared,
         signature=signature, constants=constants,
         div16=[n for n in arg_names if n in div16], metadata=meta, options=options,
-        cubin_sha256=hashlib.sha256(cubin).hexdigest(), problems=problems)
+        cubin_sha256=hashlib.sha256(cubin).hexdigest(), problems=problems,
+        source_sha256=source_identity(fn)["sha256"])
+
+
+# Config fields of triton.autotune's Config that are compile options, beside kwargs.
+_TUNED_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _autotune_key(tuner, args, kwargs) -> Optional[Dict[str, Any]]:
+    """The key values ``Autotuner.run`` chooses a config by (Triton 3.6: the named key
+    arguments); None when the autotuner has one config (then there is no choice)."""
+    if len(getattr(tuner, "configs", ())) < 2:
+        return None
+    named = {**dict(zip(tuner.arg_names, args)), **kwargs}
+    key = {}
+    for name in tuner.keys:
+        if name in named:
+            summary = _arg_summary(named[name])
+            key[name] = summary.get("value", summary.get("dtype", summary.get("repr")))
+    return key
+
+
+def _tuned_names(tuner) -> List[str]:
+    """The parameters and options the autotuner's configs set."""
+    names = {name for config in tuner.configs for name in config.kwargs}
+    return sorted(names) + list(_TUNED_OPTIONS)
+
+
+def _compile_options(metadata: Mapping[str, Any]) -> Dict[str, Any]:
+    """The compile options of a compile, as ``triton.compile`` takes them back (JSON
+    lists from Triton's cache turned into the tuples the options hold)."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+    options = {}
+    for name in (f.name for f in dataclasses.fields(CUDAOptions)):
+        if name not in metadata:
+            continue
+        value = metadata[name]
+        if isinstance(value, list):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        options[name] = value
+    return options
 
 
 def _arg_summary(value) -> Any:
@@ -310,6 +386,8 @@ class Recorder:
         self._saved = {}
         self._seq = 0
         self._unrecordable = set()
+        # hash -> (ASTSource, compile options): what the generic build of it needs.
+        self._sources: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -352,7 +430,7 @@ class Recorder:
 
             def run(tuner, *args, **kwargs):
                 stack = recorder._local.__dict__.setdefault("tuners", [])
-                stack.append(tuner)
+                stack.append((tuner, _autotune_key(tuner, args, kwargs)))
                 try:
                     return original_run(tuner, *args, **kwargs)
                 finally:
@@ -375,6 +453,7 @@ class Recorder:
         from triton.runtime.autotuner import Autotuner
         with _active_lock:
             if _active is self:
+                self._compile_generics()
                 knobs.compilation.listener = self._saved["listener"]
                 CompiledKernel.launch_metadata = self._saved["launch_metadata"]
                 Autotuner._bench = self._saved["bench"]
@@ -416,8 +495,10 @@ class Recorder:
                 return None
             cubin = read_cubin()
             record = compile_record(src, metadata, cubin)
+            record.generated_from = getattr(self._local, "generic_of", "")
             self.recording.compiles[record.hash] = record
             self.recording.cubins[record.cubin_sha256] = cubin
+            self._sources[record.hash] = (src, _compile_options(metadata))
         self.dump()
         return record.hash
 
@@ -443,7 +524,8 @@ class Recorder:
                 rec.bench_counts[h] = rec.bench_counts.get(h, 0) + 1
                 return
             tuners = getattr(self._local, "tuners", [])
-            config = getattr(tuners[-1], "best_config", None) if tuners else None
+            tuner, key = tuners[-1] if tuners else (None, None)
+            config = getattr(tuner, "best_config", None)
             fn = getattr(kernel.src, "fn", None)
             pre_hook = bool((config is not None and config.pre_hook is not None)
                             or getattr(fn, "pre_run_hooks", None))
@@ -451,6 +533,8 @@ class Recorder:
             rec.launch_counts[h] = count + 1
             if pre_hook:
                 rec.pre_hooks[h] = rec.pre_hooks.get(h, 0) + 1
+            if key is not None:
+                rec.note_autotune_key(h, tuner.keys, _tuned_names(tuner), key)
             if count >= self.max_launches:
                 return
             grid = list(grid) + [1] * (3 - len(grid))
@@ -458,8 +542,55 @@ class Recorder:
             rec.launches.append(LaunchRecord(
                 seq=self._seq, hash=h, grid=[int(g) for g in grid[:3]],
                 args={name: _arg_summary(value) for name, value in zip(names, args)},
-                pre_hook=pre_hook))
+                pre_hook=pre_hook, autotune_key=key))
             self._seq += 1
+
+    def _compile_generics(self) -> None:
+        """Compile the generic build (no ``div16``, no ``eq1``) of every recorded kernel
+        and configuration that lacks one, as Triton's JIT would for arguments with no
+        alignment and no value 1, so the pack serves any call the JIT would.  Runs while
+        the hooks are installed: the listener records each build like any compile,
+        marked ``generated_from``.  Autotuning candidates that were never chosen get none
+        (they are not exported)."""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        rec = self.recording
+        have, wanted = set(), {}
+        for h, record in list(rec.compiles.items()):
+            if record.problems or (not rec.launch_counts.get(h) and rec.bench_counts.get(h)):
+                continue
+            assumptions, types = _spec(record)
+            generic_types = {n: t for n, t in types.items()}
+            generic_types.update({n: "i32" for n, kinds in assumptions.items() if "eq1" in kinds})
+            key = (record.function_id, _config_key(record),
+                   json.dumps(generic_types, sort_keys=True))
+            if not assumptions:
+                have.add(key)
+            elif h in self._sources:
+                wanted.setdefault(key, (h, generic_types))
+        for key, (h, generic_types) in wanted.items():
+            if key in have:
+                continue
+            src, options = self._sources[h]
+            record = rec.compiles[h]
+            signature = dict(record.signature)
+            signature.update(generic_types)
+            constexprs = {path: value for path, value in src.constants.items()
+                          if len(path) != 1 or record.arg_names[path[0]] not in generic_types}
+            target = record.metadata.get("target") or {}
+            self._local.generic_of = h
+            try:
+                triton.compile(ASTSource(src.fn, signature, constexprs, attrs={}),
+                               target=GPUTarget("cuda", target.get("arch"),
+                                                target.get("warp_size", 32)),
+                               options=options)
+            except Exception as err:  # noqa: BLE001 - recorded, and said at export
+                rec.notes.append(f"{record.module}.{record.qualname} (compile {h[:12]}): its "
+                                 f"generic build failed: {type(err).__name__}: "
+                                 f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}")
+            finally:
+                self._local.generic_of = ""
 
     def dump(self) -> None:
         """Write the recording to ``dump_dir`` (command-line mode only)."""
@@ -536,13 +667,18 @@ def _param_role(record: CompileRecord, i: int, name: str):
     return ("type", ty)
 
 
-def _config_key(record: CompileRecord) -> str:
+def _config_key(record: CompileRecord, ignore: Sequence[str] = ()) -> str:
+    """What makes a compile's configuration: every parameter's role (constexpr values,
+    non-integer types), the compile options and the arch; without the constexprs and
+    options named in ``ignore`` (what an autotuner's configs set)."""
     roles = []
     for i, name in enumerate(record.arg_names):
         role = _param_role(record, i, name)
-        roles.append(("int",) if role[0] in ("int", "eq1") else role)
+        roles.append(("int",) if role[0] in ("int", "eq1") else
+                     ("tuned",) if role[0] == "constexpr" and name in ignore else role)
+    options = {k: v for k, v in record.options.items() if k not in ignore}
     arch = (record.metadata.get("target") or {}).get("arch")
-    return json.dumps([roles, record.options, arch], sort_keys=True, default=repr)
+    return json.dumps([roles, options, arch], sort_keys=True, default=repr)
 
 
 def _spec(record: CompileRecord):
@@ -602,10 +738,12 @@ def export(recording: Recording, out, force: bool = False,
     """Write ``recording`` as a pack (plus ``record.json``) to ``out``.
 
     Policy (docs/record.md): compiles only benchmarked by the autotuner are not
-    exported; one kernel per (function, config); several configs of a
-    function become ``<name>__cfg<k>``; compiles kpack/1 cannot express are
-    refused by name.  Every decision is logged.  Raises ValueError when
-    nothing is exportable.
+    exported; one kernel per (function, config), except that an autotuned
+    function is one kernel bucketed on its key; several configs of a function
+    that no autotuner chose between become ``<name>__cfg<k>``; compiles the
+    format cannot express, and variants or kernels the pack writer refuses,
+    are refused by name while the rest is written.  Every decision is logged.
+    Raises ValueError when nothing is exportable.
     """
     import triton
     log = log or (lambda line: None)
@@ -659,46 +797,376 @@ def export(recording: Recording, out, force: bool = False,
             say(f"name collision: {len(clashing)} different functions are called '{short}'; "
                 f"exported as " + ", ".join(f"'{base_names[f]}' ({f[0]}.{f[1]})" for f in clashing))
 
-    kernels, kernel_of = [], {}  # kernel_of: hash -> (kernel, variant)
+    exports: List[_Exported] = []
     for fid, records in functions.items():
-        groups: Dict[str, List[CompileRecord]] = {}
-        for record in records:
-            groups.setdefault(_config_key(record), []).append(record)
+        groups = _kernel_groups(records, recording)
         if len(groups) > 1:
             say(f"'{base_names[fid]}': {len(groups)} configurations compiled for the same "
-                f"function; kpack cannot choose between configurations by argument values, so "
-                f"each becomes its own kernel:")
-        for k, group in enumerate(groups.values(), start=1):
+                f"function that no autotuner chose between; kpack cannot choose between "
+                f"configurations by argument values, so each becomes its own kernel:")
+        for k, (group, tuner) in enumerate(groups, start=1):
             name = base_names[fid] if len(groups) == 1 else f"{base_names[fid]}__cfg{k}"
             if len(groups) > 1:
                 say(f"  '{name}': {_config_summary(group[0])}")
-            kernels.append(_export_kernel(name, group, recording, kernel_of, say, not_exported))
+            exports.extend(_export_group(name, group, tuner, recording, say, not_exported))
+    for note in recording.notes:
+        say(f"note: {note}")
+    if not exports:
+        raise ValueError("kpack record: nothing to export: every kernel the program compiled "
+                         "was refused (see the lines above)")
 
     generator = f"kpack_tools.record (triton {triton.__version__})"
-    manifest = write_pack(out, kernels, generator=generator)
+    manifest = write_pack(out, [e.kernel for e in exports], generator=generator)
+    launch_kernel = {h: e for e in exports for h in e.launch_variant}
+    launches = []
+    for x in sorted(recording.launches, key=lambda x: x.seq):
+        exported = launch_kernel.get(x.hash)
+        if exported is None:
+            continue
+        variant = exported.launch_variant[x.hash]
+        if isinstance(variant, Mapping):  # autotuned: the exact bucket of its key
+            variant = variant.get(_key_text(exported.key_params, x.autotune_key))
+            if variant is None:  # that variant was refused
+                continue
+        launches.append({"kernel": exported.kernel.name, "variant": variant, "grid": x.grid,
+                         "args": x.args, "pre_hook": x.pre_hook,
+                         **({"autotune_key": x.autotune_key} if x.autotune_key else {})})
     record_json = {
         "format": RECORD_FORMAT, "generator": generator,
         "triton_version": recording.triton_version,
-        "kernels": [{"kernel": hk[0], "variant": hk[1], "hash": h,
-                     "function": f"{recording.compiles[h].module}."
-                                 f"{recording.compiles[h].qualname}",
-                     "launches": recording.launch_counts.get(h, 0),
-                     "launches_summarized": sum(1 for x in recording.launches if x.hash == h),
-                     "benchmark_launches": recording.bench_counts.get(h, 0),
-                     "launches_with_pre_hooks": recording.pre_hooks.get(h, 0)}
-                    for h, hk in kernel_of.items()],
-        "launches": [{"kernel": kernel_of[x.hash][0], "variant": kernel_of[x.hash][1],
-                      "grid": x.grid, "args": x.args, "pre_hook": x.pre_hook}
-                     for x in sorted(recording.launches, key=lambda x: x.seq)
-                     if x.hash in kernel_of],
+        "kernels": [entry for e in exports for entry in e.entries],
+        "autotuned": [e.autotune for e in exports if e.autotune is not None],
+        "launches": launches,
         "not_exported": not_exported,
     }
     (out / RECORD_FILE).write_text(json.dumps(record_json, indent=1) + "\n", encoding="utf-8")
-    variants = sum(len(k.variants) for k in kernels)
-    say(f"wrote {out}: {len(kernels)} kernels, {variants} variants, "
+    variants = sum(len(e.kernel.variants) for e in exports)
+    say(f"wrote {out}: {len(exports)} kernels, {variants} variants, "
         f"{len(record_json['launches'])} launches in {RECORD_FILE}"
-        + (f"; {len(not_exported)} compilations not exported" if not_exported else ""))
+        + (f"; {len(not_exported)} not exported (listed in {RECORD_FILE})"
+           if not_exported else ""))
     return ExportReport(manifest=manifest, record=record_json, lines=lines)
+
+
+@dataclass
+class _Exported:
+    """One pack kernel from a recording, and what record.json says about it."""
+
+    kernel: Kernel
+    entries: List[Dict[str, Any]]        # record.json "kernels", one per variant
+    # compile hash -> the variant its launches selected; for an autotuned kernel
+    # {key text: variant}, the exact bucket of the launch's key.
+    launch_variant: Dict[str, Any]
+    key_params: Sequence[str] = ()       # autotuned: the bucketed key parameters
+    autotune: Optional[Dict[str, Any]] = None
+
+
+def _autotune_info(record: CompileRecord, recording: Recording) -> Optional[Dict[str, Any]]:
+    """What the autotuner recorded for a compile (for a recorder-compiled generic
+    build, for the compile it is the generic build of)."""
+    return recording.autotune.get(record.generated_from or record.hash)
+
+
+def _kernel_groups(records, recording):
+    """The pack kernels of one function: ``[(records, tuner)]``.  Compiles launched by an
+    autotuner are grouped by their configuration minus what the autotuner's configs set
+    (``tuner`` = ``{"keys", "tuned"}``): one kernel whose buckets reproduce its choices.
+    Other compiles are grouped by their whole configuration (``tuner`` None)."""
+    groups: Dict[str, Tuple[List[CompileRecord], Optional[Dict[str, Any]]]] = {}
+    for record in records:
+        info = _autotune_info(record, recording)
+        if info is None:
+            groups.setdefault("plain" + _config_key(record), ([], None))[0].append(record)
+        else:
+            tuner = {"keys": info["keys"], "tuned": info["tuned"]}
+            groups.setdefault("tuned" + _config_key(record, ignore=info["tuned"]),
+                              ([], tuner))[0].append(record)
+    return list(groups.values())
+
+
+def _export_group(name, group, tuner, recording, say, not_exported) -> List[_Exported]:
+    """The pack kernel(s) of one group of compiles (``_kernel_groups``)."""
+    configs: Dict[str, List[CompileRecord]] = {}
+    for record in group:
+        configs.setdefault(_config_key(record), []).append(record)
+    if tuner is None or len(configs) == 1:
+        exported = _plain_kernel(name, group, recording, say, not_exported,
+                                 tuner["keys"] if tuner else None)
+        return [exported] if exported else []
+    exported, why_not = _autotuned_kernel(name, list(configs.values()), tuner["keys"],
+                                          recording, say, not_exported)
+    if exported is not None:
+        return [exported]
+    if why_not is None:  # refused (said and listed)
+        return []
+    say(f"'{name}': {len(configs)} configurations chosen by the autotuner over key "
+        f"{tuner['keys']}, but {why_not}; each configuration becomes its own kernel:")
+    out = []
+    for k, records in enumerate(configs.values(), start=1):
+        say(f"  '{name}__cfg{k}': {_config_summary(records[0])}")
+        exported = _plain_kernel(f"{name}__cfg{k}", records, recording, say, not_exported,
+                                 tuner["keys"])
+        if exported:
+            out.append(exported)
+    return out
+
+
+def _specializations(name, records, say, not_exported):
+    """``[(record, assumptions, int types)]`` of distinct specializations (a compile that
+    repeats another's is reported and dropped) and the kernel's declared integer type
+    of each integer parameter: the narrowest seen."""
+    specs = []
+    seen = {}
+    for record in records:
+        assumptions, types = _spec(record)
+        key = (_config_key(record), json.dumps(assumptions, sort_keys=True),
+               json.dumps(types, sort_keys=True))
+        if key in seen:
+            say(f"not exported: '{name}' compile {record.hash[:12]}: same specialization and "
+                f"configuration as compile {seen[key].hash[:12]} (they differ only in "
+                f"environment-dependent compile settings); the earlier one is kept")
+            not_exported.append({"function": f"{record.module}.{record.qualname}",
+                                 "hash": record.hash, "reason": "duplicate specialization"})
+            continue
+        seen[key] = record
+        specs.append((record, assumptions, types))
+    base_types = {}
+    for pname in records[0].arg_names:
+        observed = [types[pname] for _, _, types in specs if pname in types]
+        if observed:
+            base_types[pname] = min(observed, key=_int_rank)
+    return specs, base_types
+
+
+def _kernel_params(rep: CompileRecord, base_types) -> List[Tuple[str, str]]:
+    params = []
+    for i, pname in enumerate(rep.arg_names):
+        role = _param_role(rep, i, pname)
+        if role[0] == "constexpr":
+            params.append((pname, "constexpr"))
+        elif role[0] in ("int", "eq1"):
+            # An int that was 1 in every compile has no observed type: i32, the type
+            # Triton's JIT gives small ints.
+            params.append((pname, base_types.get(pname, "i32")))
+        else:
+            params.append((pname, role[1]))
+    return params
+
+
+def _variant_of(record, assumptions, types, base_types, params, recording, vname, bucket=None):
+    retyped = {p: t for p, t in types.items() if t != base_types[p]}
+    constexpr_names = [p for p, t in params if t == "constexpr"]
+    return Variant(
+        name=vname, cubin=recording.cubins[record.cubin_sha256], metadata=record.metadata,
+        constexprs={p: record.constants.get(p) for p in constexpr_names},
+        bucket=bucket, assumptions=assumptions or None, types=retyped or None), retyped
+
+
+def _spec_name(record, assumptions, retyped, taken) -> str:
+    vname = _variant_name(record.arg_names, assumptions, retyped)
+    return f"v{len(taken)}" if len(vname) > _MAX_VARIANT_NAME else vname
+
+
+def _say_variant(say, name, vname, record, assumptions, retyped, recording, what=""):
+    origin = ("; the generic build, compiled by the recorder" if record.generated_from
+              else f"; {recording.launch_counts.get(record.hash, 0)} launches")
+    say(f"kernel '{name}' variant '{vname}'{what}: {_summarize_spec(assumptions, retyped)}; "
+        f"num_warps {record.metadata.get('num_warps')}, shared {record.metadata.get('shared')}"
+        f"{origin}")
+    if recording.pre_hooks.get(record.hash):
+        say(f"WARNING: kernel '{name}' variant '{vname}': "
+            f"{recording.pre_hooks[record.hash]} launches ran Python pre-hooks "
+            f"(Config.pre_hook or add_pre_run_hook) that kpack does not run; a C++ caller "
+            f"must do what they did (e.g. zero an output) before launching")
+
+
+def _entry(name, vname, record, recording, launches=None) -> Dict[str, Any]:
+    return {"kernel": name, "variant": vname, "hash": record.hash,
+            "function": f"{record.module}.{record.qualname}",
+            "launches": recording.launch_counts.get(record.hash, 0) if launches is None
+            else launches,
+            "launches_summarized": sum(1 for x in recording.launches if x.hash == record.hash),
+            "benchmark_launches": recording.bench_counts.get(record.hash, 0),
+            "launches_with_pre_hooks": recording.pre_hooks.get(record.hash, 0),
+            **({"generated": "generic build compiled by the recorder"}
+               if record.generated_from else {})}
+
+
+def _source(record: CompileRecord) -> Optional[Dict[str, str]]:
+    return {"qualname": f"{record.module}.{record.qualname}",
+            "sha256": record.source_sha256} if record.source_sha256 else None
+
+
+def _plain_kernel(name, records, recording, say, not_exported, autotune_key=None):
+    """One pack kernel of one configuration: its specializations are the variants."""
+    specs, base_types = _specializations(name, records, say, not_exported)
+    params = _kernel_params(specs[0][0], base_types)
+    variants, entries, launch_variant = [], [], {}
+    for record, assumptions, types in specs:
+        retyped = {p: t for p, t in types.items() if t != base_types[p]}
+        vname = _spec_name(record, assumptions, retyped, variants)
+        variant, _ = _variant_of(record, assumptions, types, base_types, params, recording,
+                                 vname)
+        variants.append(variant)
+        entries.append(_entry(name, vname, record, recording))
+        launch_variant[record.hash] = vname
+        _say_variant(say, name, vname, record, assumptions, retyped, recording)
+    kernel = Kernel(name=name, params=params, variants=variants, source=_source(records[0]),
+                    autotune_key=list(autotune_key) if autotune_key else None)
+    kernel = _validated(kernel, records, say, not_exported)
+    if kernel is None:
+        return None
+    if not any(not v.assumptions for v in kernel.variants):
+        say(f"note: kernel '{name}' has no generic variant (its generic build could not be "
+            f"compiled): C++ calls that satisfy none of its variants' assumptions are "
+            f"refused with INVALID_ARGUMENT")
+    kept = {v.name for v in kernel.variants}
+    return _Exported(kernel, [e for e in entries if e["variant"] in kept],
+                     {h: v for h, v in launch_variant.items() if v in kept})
+
+
+def _key_text(params, key) -> str:
+    return json.dumps([(key or {}).get(p) for p in params])
+
+
+def _autotuned_kernel(name, configs, keys, recording, say, not_exported):
+    """One pack kernel for an autotuned function whose autotuner chose ``configs`` (lists
+    of compiles, one list per configuration): buckets over the key's integer call
+    parameters (``record_autotune``).  Returns ``(exported, None)``, ``(None, why)`` when
+    the recording cannot be reproduced by buckets, or ``(None, None)`` when refused."""
+    everything = [r for records in configs for r in records]
+    specs, base_types = _specializations(name, everything, say, not_exported)
+    params = _kernel_params(specs[0][0], base_types)
+    integer = {p for p, t in params if t in INTEGER_TYPES}
+    # Every key value the autotuner was launched for, and the configuration it chose.
+    chosen: Dict[str, Tuple[Dict[str, Any], int]] = {}  # key text (all names) -> (key, cfg)
+    for c, records in enumerate(configs):
+        for record in records:
+            info = recording.autotune.get(record.hash)
+            for key, _ in (info["values"] if info else ()):
+                text = json.dumps(key, sort_keys=True)
+                if text in chosen and chosen[text][1] != c:
+                    return None, f"key {key} was run with two configurations"
+                chosen.setdefault(text, (key, c))
+    dims = [k for k in keys if k in integer and all(
+        isinstance(key.get(k), int) and not isinstance(key.get(k), bool)
+        for key, _ in chosen.values())]
+    if not dims:
+        return None, (f"no key parameter is an integer call parameter to bucket on "
+                      f"(key {keys})")
+    recorded: List[Tuple[int, ...]] = []
+    config_of: List[int] = []
+    for key, c in chosen.values():
+        point = tuple(key[d] for d in dims)
+        if point in recorded:
+            if config_of[recorded.index(point)] != c:
+                return None, (f"keys that differ only in {[k for k in keys if k not in dims]} "
+                              f"(not integer call parameters) were run with different "
+                              f"configurations")
+            continue
+        recorded.append(point)
+        config_of.append(c)
+    plan = record_autotune.plan(dims, recorded, MAX_BUCKETS)
+    if plan is None:
+        return None, f"its {len(recorded)} recorded keys would need more than {MAX_BUCKETS} buckets"
+
+    by_config: List[List[Tuple[CompileRecord, Dict, Dict]]] = [[] for _ in configs]
+    index_of = {id(r): c for c, records in enumerate(configs) for r in records}
+    for spec in specs:
+        by_config[index_of[id(spec[0])]].append(spec)
+    say(f"kernel '{name}': autotuned over key {keys}; {len(configs)} configurations chosen "
+        f"for {len(recorded)} recorded key values, dispatched by buckets on {dims} "
+        f"({len(plan.buckets)} buckets; unseen values use the nearest recorded key's "
+        f"configuration, in variants named '..._near<k>_...'):")
+    for n, point in enumerate(recorded):
+        say(f"  key{n} {dict(zip(dims, point))}: {_config_summary(configs[config_of[n]][0])}")
+    variants, entries = [], []
+    launch_variant: Dict[str, Dict[str, str]] = {}
+    names: Dict[int, str] = {}  # id(record) -> specialization part of the variant name
+    for bucket in plan.buckets:
+        prefix = "b" + "_".join(str(i) for i in bucket.index) + \
+            (f"_key{bucket.key}_" if bucket.exact else f"_near{bucket.key}_")
+        for record, assumptions, types in by_config[config_of[bucket.key]]:
+            retyped = {p: t for p, t in types.items() if t != base_types[p]}
+            part = names.setdefault(id(record), _spec_name(record, assumptions, retyped,
+                                                           names))
+            vname = prefix + part
+            variant, _ = _variant_of(record, assumptions, types, base_types, params,
+                                     recording, vname, bucket=list(bucket.index))
+            variants.append(variant)
+            if not bucket.exact:
+                continue
+            key = dict(zip(dims, recorded[bucket.key]))
+            launches = sum(n for k, n in (recording.autotune.get(record.hash) or
+                                          {"values": []})["values"]
+                           if all(k.get(d) == key[d] for d in dims))
+            entries.append(_entry(name, vname, record, recording, launches))
+            launch_variant.setdefault(record.hash, {})[_key_text(dims, key)] = vname
+    for c, specs_c in enumerate(by_config):
+        for record, assumptions, types in specs_c:
+            retyped = {p: t for p, t in types.items() if t != base_types[p]}
+            _say_variant(say, name, f"*_{names[id(record)]}", record, assumptions, retyped,
+                         recording, f" (configuration of key{config_of.index(c)})"
+                         if c in config_of else "")
+    kernel = Kernel(name=name, params=params, variants=variants,
+                    buckets=[{"param": p, "edges": e} for p, e in plan.dims],
+                    source=_source(everything[0]), autotune_key=list(keys))
+    kernel = _validated(kernel, everything, say, not_exported)
+    if kernel is None:
+        return None, None
+    kept = {v.name for v in kernel.variants}
+    autotune = {
+        "kernel": name, "key": list(keys), "bucketed": dims,
+        "policy": "a key value the program used selects the configuration the autotuner "
+                  "chose for it (variants b<i>_key<k>_*); any other selects the nearest "
+                  "recorded key's (b<i>_near<k>_*): per parameter the nearest recorded "
+                  "value (a tie goes to the smaller), then the recorded key with the least "
+                  "total rank distance (a tie goes to the one used first)",
+        "recorded_keys": [{"key": f"key{n}", "values": dict(zip(dims, point)),
+                           "constexprs": {p: configs[config_of[n]][0].constants.get(p)
+                                          for p, t in params if t == "constexpr"},
+                           "options": {o: configs[config_of[n]][0].options.get(o)
+                                       for o in _TUNED_OPTIONS}}
+                          for n, point in enumerate(recorded)],
+        "buckets": [{"bucket": list(b.index), "range": plan.describe(b),
+                     "key": f"key{b.key}", "exact": b.exact} for b in plan.buckets],
+    }
+    return _Exported(kernel, [e for e in entries if e["variant"] in kept],
+                     {h: {k: v for k, v in m.items() if v in kept}
+                      for h, m in launch_variant.items()}, dims, autotune), None
+
+
+def _validated(kernel: Kernel, records, say, not_exported) -> Optional[Kernel]:
+    """``kernel`` if the pack writer accepts it; else without the variants it refuses
+    alone; else None.  Every refusal is said and listed by name: one kernel the pack
+    format cannot hold never costs the others."""
+    try:
+        build_manifest([kernel])
+        return kernel
+    except ValueError as err:
+        problem = str(err)
+    bad = {}
+    for variant in kernel.variants:
+        try:
+            check_variant(kernel, variant)
+        except ValueError as err:
+            bad[variant.name] = str(err)
+    kept = [v for v in kernel.variants if v.name not in bad]
+    for vname, why in bad.items():
+        say(f"REFUSED kernel '{kernel.name}' variant '{vname}': {why}")
+        not_exported.append({"kernel": kernel.name, "variant": vname, "reason": why})
+    if bad and kept:
+        try:
+            smaller = dataclasses.replace(kernel, variants=kept)
+            build_manifest([smaller])
+            return smaller
+        except ValueError as err:
+            problem = str(err)
+    functions = sorted({f"{r.module}.{r.qualname}" for r in records})
+    say(f"REFUSED kernel '{kernel.name}' ({', '.join(functions)}): {problem}")
+    not_exported.append({"kernel": kernel.name, "function": ", ".join(functions),
+                         "hashes": [r.hash for r in records], "reason": problem})
+    return None
 
 
 def _config_summary(record: CompileRecord) -> str:
@@ -709,65 +1177,6 @@ def _config_summary(record: CompileRecord) -> str:
     types = {n: record.signature[n] for i, n in enumerate(record.arg_names)
              if _param_role(record, i, n)[0] == "type"}
     return f"constexprs {constexprs}, options {opts}, types {types}"
-
-
-def _export_kernel(name, group, recording, kernel_of, say, not_exported) -> Kernel:
-    """One pack kernel from the compiles of one (function, config)."""
-    specs = []
-    for record in group:
-        assumptions, types = _spec(record)
-        key = (json.dumps(assumptions, sort_keys=True), json.dumps(types, sort_keys=True))
-        if any(key == s[0] for s in specs):
-            other = next(s[1] for s in specs if s[0] == key)
-            say(f"not exported: '{name}' compile {record.hash[:12]}: same specialization and "
-                f"configuration as compile {other.hash[:12]} (they differ only in "
-                f"environment-dependent compile settings); the earlier one is kept")
-            not_exported.append({"function": f"{record.module}.{record.qualname}",
-                                 "hash": record.hash, "reason": "duplicate specialization"})
-            continue
-        specs.append((key, record, assumptions, types))
-    rep = specs[0][1]
-    base_types = {}
-    for i, pname in enumerate(rep.arg_names):
-        seen = [s[3][pname] for s in specs if pname in s[3]]
-        if seen:
-            base_types[pname] = min(seen, key=_int_rank)
-    params = []
-    for i, pname in enumerate(rep.arg_names):
-        role = _param_role(rep, i, pname)
-        if role[0] == "constexpr":
-            params.append((pname, "constexpr"))
-        elif role[0] in ("int", "eq1"):
-            # An int that was 1 in every compile has no observed type: i32, the
-            # type Triton's JIT gives small ints.
-            params.append((pname, base_types.get(pname, "i32")))
-        else:
-            params.append((pname, role[1]))
-    constexpr_names = [p for p, t in params if t == "constexpr"]
-    variants = []
-    for _, record, assumptions, types in specs:
-        retyped = {p: t for p, t in types.items() if t != base_types[p]}
-        vname = _variant_name(record.arg_names, assumptions, retyped)
-        if len(vname) > _MAX_VARIANT_NAME:
-            vname = f"v{len(variants)}"
-        variants.append(Variant(
-            name=vname, cubin=recording.cubins[record.cubin_sha256], metadata=record.metadata,
-            constexprs={p: record.constants.get(p) for p in constexpr_names},
-            assumptions=assumptions or None, types=retyped or None))
-        kernel_of[record.hash] = (name, vname)
-        say(f"kernel '{name}' variant '{vname}': {_summarize_spec(assumptions, retyped)}; "
-            f"num_warps {record.metadata.get('num_warps')}, shared {record.metadata.get('shared')}"
-            f"; {recording.launch_counts.get(record.hash, 0)} launches")
-        if recording.pre_hooks.get(record.hash):
-            say(f"WARNING: kernel '{name}' variant '{vname}': "
-                f"{recording.pre_hooks[record.hash]} launches ran Python pre-hooks "
-                f"(Config.pre_hook or add_pre_run_hook) that kpack does not run; a C++ caller "
-                f"must do what they did (e.g. zero an output) before launching")
-    if not any(not v.assumptions for v in variants):
-        say(f"note: kernel '{name}' has no generic variant (no compile without "
-            f"specialization was seen): C++ calls that satisfy none of its variants' "
-            f"assumptions are refused with INVALID_ARGUMENT")
-    return Kernel(name=name, params=params, variants=variants)
 
 
 # ---------------------------------------------------------------------------

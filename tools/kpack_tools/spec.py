@@ -18,10 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, evaluate_grid_expression,
-                              parse_grid_expression, slot_size)
+from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, describe_bucket_index,
+                              evaluate_grid_expression, grid_names, parse_grid_expression,
+                              slot_size)
 
 GENERIC = "generic"
+# Spec files are imported under a unique module name; a kernel's source qualname uses
+# the file's stem instead (``source_qualname``).
+SPEC_MODULE_PREFIX = "_kpack_spec_"
+SPEC_MODULE_STEMS = {}
 
 
 class SpecError(ValueError):
@@ -67,9 +72,11 @@ class KernelSpec:
     """One pack kernel.  See ``docs/build-spec.md`` for every field.
 
     ``make_inputs(shape, device)`` returns ``{call parameter: value}`` (torch
-    tensors for pointers) for a representative shape; ``reference(args)``
-    returns ``{output parameter: expected tensor}`` and ``outputs`` names the
-    pointer parameters a launch writes (both used by checks, not the build).
+    tensors for pointers), plus the ``launch_values``, for a representative
+    shape; ``reference(args)`` returns ``{output parameter: expected tensor}``
+    and ``outputs`` names the pointer parameters a launch writes.  The tuner
+    compares every candidate's outputs with the reference (or, without one,
+    with the bucket's default config) before timing it.
     """
 
     name: str
@@ -77,15 +84,32 @@ class KernelSpec:
     params: Sequence[Tuple[str, str]]
     configs: Sequence[Config]
     default: Any  # a config name, or one config name per bucket
-    grid: Sequence[str]
     make_inputs: Callable[[Mapping[str, int], Any], Mapping[str, Any]]
     representatives: Sequence[Mapping[str, int]]
+    grid: Sequence[str] = ()
     buckets: Sequence[Bucket] = ()
     specializations: Sequence[Specialization] = ()
     constants: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
     outputs: Sequence[str] = ()
     reference: Optional[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = None
+    # Values make_inputs returns besides the call parameters, for grid expressions that
+    # the builder's own launches evaluate (e.g. n_rows = X.shape[0]); a grid that names
+    # one is not written to the manifest (callers pass the grid).
+    launch_values: Sequence[str] = ()
+    # How candidates' outputs are compared: (rtol, atol) against the reference, or
+    # against the default config when there is no reference and the kernel is not
+    # deterministic; or {output: (rtol, atol)}; an output without one gets
+    # kpack_tools.autotune.DEFAULT_TOLERANCE for its dtype.
+    tolerance: Any = None
+    # Bitwise comparison with the default config (when there is no reference): the
+    # kernel computes the same bits whatever the config (e.g. no reductions).
+    deterministic: bool = False
+    # config_allowed(representative shape, config) -> bool: False excludes the config
+    # from the bucket (e.g. a BLOCK smaller than the row).
+    config_allowed: Optional[Callable[[Mapping[str, int], Config], bool]] = None
+    # Pointer parameters the kernel never writes through (manifest `readonly`).
+    readonly: Sequence[str] = ()
 
     @property
     def call_params(self) -> List[str]:
@@ -125,8 +149,22 @@ class KernelSpec:
         """The values of every constexpr parameter under ``config``."""
         return {**self.constants, **config.constexprs}
 
+    @property
+    def manifest_grid(self) -> Optional[List[str]]:
+        """The grid written to the manifest: the spec's, unless it is absent or names a
+        launch value (the runtime knows only call parameters and constexprs)."""
+        if not self.grid:
+            return None
+        names = {n for expr in self.grid for n in grid_names(parse_grid_expression(expr))}
+        return None if names & set(self.launch_values) else list(self.grid)
+
+    def allowed(self, shape: Mapping[str, int], config: Config) -> bool:
+        """Whether ``config`` is a candidate for the bucket of ``shape``."""
+        return self.config_allowed is None or bool(self.config_allowed(dict(shape), config))
+
     def grid_for(self, args: Mapping[str, Any], config: Config) -> Tuple[int, ...]:
-        """Evaluate the grid expressions for integer ``args`` under ``config``."""
+        """Evaluate the grid expressions for integer ``args`` (call parameters and
+        launch values) under ``config``."""
         values = {name: value for name, value in args.items()
                   if isinstance(value, int) and not isinstance(value, bool)}
         values.update({k: v for k, v in self.constexprs(config).items()
@@ -215,7 +253,7 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
         got = spec.bucket_of(shape)
         if got != index:
             _fail(where, f"representatives[{number}] {dict(shape)} is in bucket {list(got)}, "
-                         f"not in bucket {list(index)} ({_describe_bucket(spec, index)})")
+                         f"not in bucket {list(index)} ({describe_bucket(spec, index)})")
 
     # The default config(s).
     if isinstance(spec.default, str):
@@ -251,36 +289,69 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
         if both:
             _fail(swhere, f"{sorted(both)} cannot be both div16 and eq1")
 
-    # Grid expressions, for every config.
-    if not spec.grid:
-        _fail(where, "needs a grid expression (the tuner and C++ callers launch with it)")
+    # Grid expressions, for every config: over integer call parameters, the config's
+    # integer constexprs and the launch values.
+    for name in spec.launch_values:
+        if name in types:
+            _fail(where, f"launch_values: '{name}' is a parameter of the kernel; launch "
+                         f"values are what the grid needs besides the parameters")
+        if list(spec.launch_values).count(name) > 1:
+            _fail(where, f"launch_values: '{name}' listed twice")
+    if isinstance(spec.grid, str) or len(spec.grid) > 3:
+        _fail(where, f"grid must be a list of 1-3 expression strings (or empty: callers "
+                     f"pass the grid), got {spec.grid!r}")
+    grid_types = {**types, **{name: "i64" for name in spec.launch_values}}
     for config in spec.configs:
         for axis, expr in enumerate(spec.grid):
             try:
-                check_grid_expression(expr, types, spec.constexprs(config),
+                check_grid_expression(expr, grid_types, spec.constexprs(config),
                                       f"{where}: config '{config.name}': grid[{axis}]")
             except ValueError as err:
                 raise SpecError(str(err)) from None
-    for name in spec.outputs:
-        if not types.get(name, "").startswith("*"):
-            _fail(where, f"outputs: '{name}' is not a pointer parameter")
+    for field_name, names in (("outputs", spec.outputs), ("readonly", spec.readonly)):
+        for name in names:
+            if not types.get(name, "").startswith("*"):
+                _fail(where, f"{field_name}: '{name}' is not a pointer parameter")
+    both = set(spec.outputs) & set(spec.readonly)
+    if both:
+        _fail(where, f"{sorted(both)} are both outputs and readonly")
+    def _pair(value):
+        return isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in value)
+
+    if isinstance(spec.tolerance, Mapping):
+        for name, value in spec.tolerance.items():
+            if name not in spec.outputs:
+                _fail(where, f"tolerance: '{name}' is not one of the outputs {list(spec.outputs)}")
+            if not _pair(value):
+                _fail(where, f"tolerance['{name}'] must be (rtol, atol), two non-negative "
+                             f"numbers, got {value!r}")
+    elif spec.tolerance is not None and not _pair(spec.tolerance):
+        _fail(where, f"tolerance must be (rtol, atol), two non-negative numbers, or "
+                     f"{{output: (rtol, atol)}}, got {spec.tolerance!r}")
     if not callable(spec.make_inputs):
         _fail(where, "make_inputs must be callable")
+    if spec.config_allowed is not None:
+        if not callable(spec.config_allowed):
+            _fail(where, "config_allowed must be callable (shape, config) -> bool")
+        for number, shape in enumerate(spec.representatives):
+            default = spec.default_config(number)
+            if not spec.allowed(shape, default):
+                _fail(where, f"default config '{default.name}' of bucket "
+                             f"{list(buckets[number])} ({describe_bucket(spec, buckets[number])})"
+                             f" is excluded by config_allowed for {dict(shape)}")
 
 
-def _describe_bucket(spec: KernelSpec, index: Sequence[int]) -> str:
-    parts = []
-    for bucket, i in zip(spec.buckets, index):
-        lo = None if i == 0 else bucket.edges[i - 1] + 1
-        hi = None if i == len(bucket.edges) else bucket.edges[i]
-        parts.append(f"{bucket.param} <= {hi}" if lo is None else
-                     f"{bucket.param} >= {lo}" if hi is None else f"{lo} <= {bucket.param} <= {hi}")
-    return ", ".join(parts) or "the only bucket"
+def source_qualname(fn) -> str:
+    """``module.qualname`` of a ``@triton.jit`` function, with a spec file's stem for the
+    unique module name ``load_specs`` imported it under."""
+    module = fn.fn.__module__
+    return f"{SPEC_MODULE_STEMS.get(module, module)}.{fn.fn.__qualname__}"
 
 
 def describe_bucket(spec: KernelSpec, index: Sequence[int]) -> str:
     """``17 <= M <= 64`` style text for a bucket."""
-    return _describe_bucket(spec, index)
+    return describe_bucket_index([(b.param, list(b.edges)) for b in spec.buckets], index)
 
 
 def load_specs(path) -> List[KernelSpec]:
@@ -288,7 +359,8 @@ def load_specs(path) -> List[KernelSpec]:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
-    module_name = f"_kpack_spec_{path.stem}_{abs(hash(str(path.resolve())))}"
+    module_name = f"{SPEC_MODULE_PREFIX}{path.stem}_{abs(hash(str(path.resolve())))}"
+    SPEC_MODULE_STEMS[module_name] = path.stem
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[module_name] = module  # dataclasses and triton.jit look modules up by name

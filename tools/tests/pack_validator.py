@@ -1,4 +1,4 @@
-"""A test-side validator for ``kpack/1`` manifests, and a reference variant chooser.
+"""A test-side validator for ``kpack/1``/``kpack/2`` manifests, and a reference variant chooser.
 
 Both re-implement docs/pack-format.md independently of ``kpack_tools.pack``
 (grid expressions are checked with Python's ``ast`` module, not the writer's
@@ -7,6 +7,7 @@ parser), so a writer bug cannot hide behind itself.
 
 import ast
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -29,6 +30,7 @@ INT_RANGES = {
 HIDDEN = ("$global_scratch", "$profile_scratch")
 KERNEL_REQUIRED = {"name", "params", "variants"}
 KERNEL_OPTIONAL = {"buckets", "grid"}
+KERNEL_OPTIONAL_V2 = {"source", "autotune_key"}
 VARIANT_REQUIRED = {
     "name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
     "shared", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
@@ -58,8 +60,9 @@ def validate_manifest(manifest, pack_dir):
     unknown = set(manifest) - {"format", "generator", "kernels"}
     if unknown:
         errors.append(f"unknown top-level fields {sorted(unknown)}")
-    if manifest.get("format") != "kpack/1":
-        errors.append("format is not kpack/1")
+    if manifest.get("format") not in ("kpack/1", "kpack/2"):
+        errors.append("format is neither kpack/1 nor kpack/2")
+    version_2 = manifest.get("format") == "kpack/2"
     if "generator" in manifest and not isinstance(manifest["generator"], str):
         errors.append("generator is not a string")
     kernels = manifest.get("kernels")
@@ -69,26 +72,42 @@ def validate_manifest(manifest, pack_dir):
     if len(set(names)) != len(names):
         errors.append(f"duplicate kernel names {names}")
     for kernel in kernels:
-        errors += _validate_kernel(kernel, pack_dir)
+        errors += _validate_kernel(kernel, pack_dir, version_2)
     return errors
 
 
-def _validate_kernel(kernel, pack_dir):
+def _validate_kernel(kernel, pack_dir, version_2=False):
     where = f"kernel {kernel.get('name')!r}"
-    if not KERNEL_REQUIRED <= set(kernel) or set(kernel) - KERNEL_REQUIRED - KERNEL_OPTIONAL:
+    optional = KERNEL_OPTIONAL | (KERNEL_OPTIONAL_V2 if version_2 else set())
+    if not KERNEL_REQUIRED <= set(kernel) or set(kernel) - KERNEL_REQUIRED - optional:
         return [f"{where}: fields {sorted(kernel)}"]
     errors = []
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", kernel["name"]):
         errors.append(f"{where}: bad name")
     params = kernel["params"]
     for param in params:
-        if set(param) != {"name", "type"}:
+        allowed = {"name", "type", "readonly"} if version_2 else {"name", "type"}
+        if not {"name", "type"} <= set(param) or set(param) - allowed:
             errors.append(f"{where}: param fields {sorted(param)}")
         elif param["type"] != "constexpr" and _type_size(param["type"]) is None:
             errors.append(f"{where}: param {param['name']!r} has bad type {param['type']!r}")
+        elif "readonly" in param and (not isinstance(param["readonly"], bool)
+                                      or (param["readonly"] and not _is_pointer(param["type"]))):
+            errors.append(f"{where}: param {param['name']!r}: bad readonly")
     param_names = [p.get("name") for p in params]
     if len(set(param_names)) != len(param_names):
         errors.append(f"{where}: duplicate param names")
+    source = kernel.get("source")
+    if source is not None and (not isinstance(source, dict)
+                               or set(source) != {"qualname", "sha256"}
+                               or not isinstance(source["qualname"], str)
+                               or not source["qualname"]
+                               or not re.fullmatch(r"[0-9a-f]{64}", str(source["sha256"]))):
+        errors.append(f"{where}: bad source {source!r}")
+    key = kernel.get("autotune_key")
+    if key is not None and (not isinstance(key, list) or not key
+                            or len(set(key)) != len(key) or not set(key) <= set(param_names)):
+        errors.append(f"{where}: bad autotune_key {key!r}")
     if errors:
         return errors
     types = {p["name"]: p["type"] for p in params}
@@ -108,6 +127,11 @@ def _validate_kernel(kernel, pack_dir):
         errors.append(f"{where}: duplicate variant names {variant_names}")
     if errors:
         return errors
+    if dims is not None and not errors and all("bucket" in v for v in variants):
+        served = {tuple(v["bucket"]) for v in variants}
+        for index in itertools.product(*[range(len(d["edges"]) + 1) for d in dims]):
+            if index not in served:
+                errors.append(f"{where}: no variant serves bucket {list(index)}")
     for variant in variants:
         vwhere = f"{where}: variant {variant.get('name')!r}"
         errors += _validate_variant(variant, params, pack_dir, vwhere)

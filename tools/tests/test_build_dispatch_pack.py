@@ -311,6 +311,24 @@ def test_writer_refuses_duplicate_variants(tmp_path, built, axpy):
     assert not (tmp_path / "p").exists()
 
 
+def test_writer_refuses_a_bucket_without_variants(tmp_path, built, axpy):
+    """The runtime refuses such a pack at Open; the writer refuses to write it."""
+    out = built[0]
+    variants = [_from_pack(out, _variant(axpy, name)) for name in ("b0_generic", "b2_generic")]
+    with pytest.raises(ValueError, match=re.escape(
+            "no variant serves bucket [1] (4097 <= n <= 262144); every bucket needs a variant")):
+        write_pack(tmp_path / "p", [Kernel("axpy", PARAMS, variants, BUCKETS)])
+    assert not (tmp_path / "p").exists()
+
+
+def test_validator_flags_a_bucket_without_variants(built):
+    out, manifest = built
+    broken = json.loads(json.dumps(manifest))
+    kernel = broken["kernels"][0]
+    kernel["variants"] = [v for v in kernel["variants"] if v["bucket"] != [1]]
+    assert "kernel 'axpy': no variant serves bucket [1]" in validate_manifest(broken, out)
+
+
 @pytest.mark.parametrize("text, message", [
     ("", "empty expression"), ("-n", "found '-'"), ("n +", "end of expression"),
     ("foo(1, 2)", "unknown function 'foo'"), ("n % 2", "unexpected character '%'"),

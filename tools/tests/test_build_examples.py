@@ -24,9 +24,10 @@ from pack_validator import choose_variant, cuobjdump_slots, validate_manifest
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "kernels" / "examples"
 SPEC_FILES = [EXAMPLES / f"{name}.py" for name in ("vector_add", "softmax", "layer_norm",
-                                                    "matmul")]
+                                                    "matmul", "layer_norm_train")]
 COMMITTED_PACK = REPO / "kernels" / "examplepack"
-KERNELS = ("vector_add", "softmax", "layer_norm", "matmul_fp16", "matmul_bf16")
+KERNELS = ("vector_add", "softmax", "layer_norm", "matmul_fp16", "matmul_bf16",
+           "layer_norm_fwd", "layer_norm_bwd")
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +70,9 @@ def test_no_tune_records_defaults_and_says_so(built, specs):
     assert tuning["reason"].startswith("not tuned: --no-tune was given")
     for entry in tuning["kernels"]:
         spec = specs[entry["name"]]
+        assert entry["tuned"] is False and entry["device"] is None
         for number, bucket in enumerate(entry["buckets"]):
-            assert bucket["times_us"] is None
+            assert bucket["times_us"] is None and bucket["checked_against"] is None
             assert bucket["chosen"] == spec.default_config(number).name
             config = spec.config(bucket["chosen"])
             for variant in kernel_of(manifest, entry["name"])["variants"]:
@@ -122,6 +124,35 @@ def test_matmul_buckets_specializations_and_grid(built):
             assert choose_variant(kernel, {**base, "M": m})["name"] == f"b{bucket}_contig"
             assert choose_variant(kernel, {**base, "M": m, "K": 100})["name"] == \
                 f"b{bucket}_generic"
+
+
+def test_layer_norm_backward_depends_on_more_than_12_properties(built):
+    """A backward norm kernel written like public ones: Triton's JIT specializes its 8
+    pointers, 4 row strides and N, which the old 12-property dispatch table refused."""
+    _, manifest, _ = built
+    kernel = kernel_of(manifest, "layer_norm_bwd")
+    contig = [v for v in kernel["variants"] if v["name"].endswith("_contig")]
+    assert len(contig) == 3 and all(len(v["assumptions"]) == 13 for v in contig)
+    assert kernel["grid"] == ["cdiv(M, BLOCK_M)"]
+    assert all(v["constexprs"]["BLOCK_M"] == 16 for v in kernel["variants"])
+    base = {"X": 0x1000, "W": 0x2000, "DY": 0x3000, "DX": 0x4000, "DW": 0x5000, "DB": 0x6000,
+            "Mean": 0x7000, "Rstd": 0x8000, "stride_x_row": 4096, "stride_dy_row": 4096,
+            "stride_dx_row": 4096, "stride_dw_row": 4096, "M": 100, "N": 4096}
+    assert choose_variant(kernel, base)["name"] == "b1_contig"
+    assert choose_variant(kernel, {**base, "Rstd": 0x8004})["name"] == "b1_generic"
+    assert choose_variant(kernel, {**base, "N": 8000})["name"] == "b2_contig"
+    assert [p["name"] for p in kernel["params"] if p.get("readonly")] == \
+        ["X", "W", "DY", "Mean", "Rstd"]
+
+
+def test_row_count_grid_is_left_to_the_caller(built):
+    """layer_norm_fwd's grid is n_rows = X.shape[0], a launch value: not in the manifest."""
+    _, manifest, _ = built
+    assert "grid" not in kernel_of(manifest, "layer_norm_fwd")
+    assert manifest["format"] == "kpack/2"
+    for kernel in manifest["kernels"]:
+        module, function = kernel["source"]["qualname"].rsplit(".", 1)
+        assert function.endswith("_kernel") and module in [f.stem for f in SPEC_FILES]
 
 
 def test_layer_norm_eps_is_a_4_byte_fp32_slot(built):

@@ -10,6 +10,7 @@ The command line is run as a subprocess on tiny programs.
 Run with ``PYTHONPATH=tools python3 -m pytest tools/tests``; no GPU needed.
 """
 
+import copy
 import json
 import os
 import subprocess
@@ -202,6 +203,9 @@ def test_specializations_become_variants_of_one_kernel(recorded):
         "y_ptr.d16-out_ptr.d16": ({"y_ptr": d16, "out_ptr": d16}, None),
         "x_ptr.d16-y_ptr.d16-out_ptr.d16-n.d16-n.i64":
             ({"x_ptr": d16, "y_ptr": d16, "out_ptr": d16, "n": d16}, {"n": "i64"}),
+        # Compiled by the recorder: the JIT's builds for arguments without alignment or 1s.
+        "generic": (None, None),
+        "n.i64": (None, {"n": "i64"}),
     }
     for variant in axpy["variants"]:
         assert variant["constexprs"] == {"BLOCK": 1024}
@@ -275,8 +279,12 @@ def test_name_collision_disambiguated_and_reported(recorded):
 def test_autotuning_candidates_not_exported_and_pre_hook_warned(recorded):
     _, report, _ = recorded
     tuned = _kernel(report.manifest, "tuned_kernel")
-    assert [v["constexprs"]["BLOCK"] for v in tuned["variants"]] == [128]
-    assert tuned["variants"][0]["num_warps"] == 4
+    # The chosen config's specialized build and its generic build.
+    assert [(v["constexprs"]["BLOCK"], v["num_warps"]) for v in tuned["variants"]] == \
+        [(128, 4), (128, 4)]
+    assert [v.get("assumptions") is None for v in tuned["variants"]] == [False, True]
+    assert tuned["autotune_key"] == ["n"]  # one config chosen: no buckets needed
+    assert "buckets" not in tuned
     assert any("autotuning candidate" in line and "'BLOCK': 64" in line
                for line in report.lines)
     assert any(line.startswith("WARNING: kernel 'tuned_kernel'") and "pre-hooks" in line
@@ -293,9 +301,41 @@ def test_tma_descriptor_kernel_refused_by_name(recorded):
     assert any("tma_kernel" in line and "host TMA descriptor" in line for line in refused)
 
 
-def test_no_generic_variant_reported(recorded):
-    _, report, _ = recorded
-    assert any("kernel 'axpy_kernel' has no generic variant" in line for line in report.lines)
+def test_every_kernel_and_config_gets_its_generic_build(recorded):
+    """The program only ever passed aligned pointers to axpy; the recorder compiled the
+    generic build (no div16, no eq1) as the JIT would for other arguments, so any call
+    the JIT would run launches, and the runtime's choice is still the JIT's."""
+    recording, report, out = recorded
+    assert not any("no generic variant" in line for line in report.lines)
+    for kernel in report.manifest["kernels"]:
+        assert any("assumptions" not in v for v in kernel["variants"]), kernel["name"]
+    axpy = _kernel(report.manifest, "axpy_kernel")
+    generic = next(v for v in axpy["variants"] if v["name"] == "generic")
+    assert [s["param"] for s in generic["layout"]][:6] == \
+        ["x_ptr", "y_ptr", "out_ptr", "n", "stride_x", "alpha"]  # stride_x has a slot
+    entry = next(k for k in report.record["kernels"]
+                 if (k["kernel"], k["variant"]) == ("axpy_kernel", "generic"))
+    assert entry["generated"] == "generic build compiled by the recorder"
+    assert entry["launches"] == 0
+    source = recording.compiles[entry["hash"]]
+    assert source.generated_from in recording.compiles and source.div16 == []
+    assert any("kernel 'axpy_kernel' variant 'generic'" in line and "compiled by the recorder"
+               in line for line in report.lines)
+    # Misaligned x and y now launch the generic build.
+    values = {"x_ptr": MISALIGNED.ptr, "y_ptr": B.ptr + 8, "out_ptr": C.ptr, "n": 1000,
+              "stride_x": 2, "alpha": 2.0}
+    assert choose_variant(axpy, values)["name"] == "generic"
+    assert choose_variant(axpy, {**values, "n": 2**31 + 1})["name"] == "n.i64"
+
+
+def test_kernels_carry_their_source(recorded):
+    recording, report, _ = recorded
+    import hashlib
+    axpy = _kernel(report.manifest, "axpy_kernel")
+    assert report.manifest["format"] == "kpack/2"
+    assert axpy["source"] == {"qualname": "test_record.axpy_kernel",
+                              "sha256": hashlib.sha256(axpy_kernel.src.encode()).hexdigest()}
+    assert all("readonly" not in p for k in report.manifest["kernels"] for p in k["params"])
 
 
 def test_record_json_in_pack_matches_cubins(recorded):
@@ -323,6 +363,159 @@ def test_export_refuses_existing_directory(recorded, tmp_path):
     (tmp_path / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         record.export(recording, tmp_path, log=None)
+
+
+# ---------------------------------------------------------------------------
+# Autotuned functions dispatch like the program did
+# ---------------------------------------------------------------------------
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2),
+                          triton.Config({"BLOCK": 256}, num_warps=4)],
+                 key=["n", "m"])
+@triton.jit
+def tuned2d_kernel(x_ptr, out_ptr, n, m, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs * m, mask=offs < n)
+    tl.store(out_ptr + offs, x * 2, mask=offs < n)
+
+
+# (n, m) key values in the order the program uses them, and the config the stand-in
+# benchmarker makes the autotuner choose for each (a repeated key is not re-tuned).
+TUNED_CALLS = [((100, 4), 64), ((5000, 4), 256), ((100, 64), 256), ((100, 4), 64)]
+
+
+@pytest.fixture(scope="module")
+def autotuned(fake_driver, tmp_path_factory):
+    fake_driver.timings = []
+    for (n, m), block in TUNED_CALLS[:3]:
+        fake_driver.timings += [1.0, 2.0] if block == 64 else [2.0, 1.0]
+    with record.Recorder(log=None) as recorder:
+        for (n, m), _ in TUNED_CALLS:
+            tuned2d_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](A, C, n, m)
+    out = tmp_path_factory.mktemp("autotuned") / "pack"
+    return record.export(recorder.recording, out, log=None), out
+
+
+def _values(kernel, launch):
+    return {p["name"]: (launch["args"][p["name"]].get("ptr", launch["args"][p["name"]].get("value")))
+            for p in kernel["params"] if p["type"] != "constexpr"}
+
+
+def test_autotuned_function_is_one_kernel_bucketed_on_its_key(autotuned):
+    report, out = autotuned
+    names = [k["name"] for k in report.manifest["kernels"]]
+    assert names == ["tuned2d_kernel"], names  # no __cfg split
+    kernel = report.manifest["kernels"][0]
+    assert kernel["autotune_key"] == ["n", "m"]
+    # Per key parameter: below, each recorded value, the two halves between, above.
+    assert kernel["buckets"] == [{"param": "n", "edges": [99, 100, 2550, 4999, 5000]},
+                                 {"param": "m", "edges": [3, 4, 34, 63, 64]}]
+    assert validate_manifest(report.manifest, out) == []  # every bucket has a variant
+    assert {v["constexprs"]["BLOCK"] for v in kernel["variants"]} == {64, 256}
+    assert any("autotuned over key ['n', 'm']; 2 configurations chosen for 3 recorded key "
+               "values" in line for line in report.lines)
+
+
+def test_recorded_keys_select_the_autotuners_choice(autotuned):
+    report, _ = autotuned
+    kernel = report.manifest["kernels"][0]
+    launches = report.record["launches"]
+    assert len(launches) == len(TUNED_CALLS)
+    for launch, ((n, m), block) in zip(launches, TUNED_CALLS):
+        assert launch["autotune_key"] == {"n": n, "m": m}
+        chosen = choose_variant(kernel, _values(kernel, launch))
+        assert chosen["name"] == launch["variant"], launch
+        assert "_key" in chosen["name"]  # an exact bucket: a key the program used
+        assert chosen["constexprs"]["BLOCK"] == block, (n, m)
+        assert chosen["num_warps"] == (2 if block == 64 else 4)
+    keys = report.record["autotuned"][0]["recorded_keys"]
+    assert [(k["values"], k["constexprs"]["BLOCK"], k["options"]["num_warps"]) for k in keys] \
+        == [({"n": 100, "m": 4}, 64, 2), ({"n": 5000, "m": 4}, 256, 4),
+            ({"n": 100, "m": 64}, 256, 4)]
+
+
+@pytest.mark.parametrize("n, m, block, key", [
+    (3000, 4, 256, 1),   # n nearer 5000
+    (2550, 4, 64, 0),    # n exactly between 100 and 5000: the smaller
+    (2551, 4, 256, 1),
+    (1, 1, 64, 0),       # below every recorded value
+    (10**6, 4, 256, 1),  # above
+    (100, 30, 64, 0),    # m nearer 4
+    (100, 40, 256, 2),   # m nearer 64
+    (5000, 64, 256, 1),  # both values recorded, the pair not: nearest key, first used
+])
+def test_unseen_keys_use_the_nearest_recorded_key(autotuned, n, m, block, key):
+    report, _ = autotuned
+    kernel = report.manifest["kernels"][0]
+    values = {"x_ptr": A.ptr, "out_ptr": C.ptr, "n": n, "m": m}
+    chosen = choose_variant(kernel, values)
+    assert f"_near{key}_" in chosen["name"], chosen["name"]
+    assert chosen["constexprs"]["BLOCK"] == block
+    bucket = next(b for b in report.record["autotuned"][0]["buckets"]
+                  if b["bucket"] == chosen["bucket"])
+    assert bucket == {**bucket, "key": f"key{key}", "exact": False}
+
+
+# ---------------------------------------------------------------------------
+# Heavily specialized kernels, and kernels the writer refuses
+# ---------------------------------------------------------------------------
+
+def test_thirteen_specialized_properties_export(fake_driver, tmp_path):
+    """The issue's case: a norm backward that Triton specializes on 8 pointers, 4 strides,
+    M and N (14 properties) was refused with the whole export; now it is exported."""
+    sys.path.insert(0, str(REPO / "kernels" / "examples"))
+    try:
+        import layer_norm_train
+    finally:
+        sys.path.pop(0)
+    h, f = tl.float16, tl.float32
+    X, W, DY, DX = (FakeTensor(k << 20, h) for k in (1, 2, 3, 4))
+    DW, DB, MEAN, RSTD = (FakeTensor(k << 20, f) for k in (5, 6, 7, 8))
+    with record.Recorder(log=None) as recorder:
+        layer_norm_train.layer_norm_bwd_kernel[(4,)](X, W, DY, DX, DW, DB, MEAN, RSTD,
+                                                     4096, 4096, 4096, 4096, 64, 4096,
+                                                     BLOCK_M=16, BLOCK_N=256)
+        scale_kernel[(4,)](A, C, 1000, BLOCK=128)
+    report = record.export(recorder.recording, tmp_path / "pack", log=None)
+    kernel = _kernel(report.manifest, "layer_norm_bwd_kernel")
+    specialized = next(v for v in kernel["variants"] if v.get("assumptions"))
+    assert len(specialized["assumptions"]) == 14
+    assert [v["name"] for v in kernel["variants"] if "assumptions" not in v] == ["generic"]
+    assert kernel["source"]["qualname"] == "layer_norm_train.layer_norm_bwd_kernel"
+    _kernel(report.manifest, "scale_kernel")
+    assert validate_manifest(report.manifest, tmp_path / "pack") == []
+
+
+def test_a_kernel_the_writer_refuses_costs_no_other_kernel(recorded, tmp_path):
+    recording, report, _ = recorded
+    broken = copy.deepcopy(recording)
+    cfg2 = [k for k in report.record["kernels"] if k["kernel"] == "test_record.scale_kernel__cfg2"]
+    for entry in cfg2:  # every variant of one kernel: the kernel is refused
+        broken.cubins[broken.compiles[entry["hash"]].cubin_sha256] = b"not a cubin"
+    generic = next(k for k in report.record["kernels"]
+                   if (k["kernel"], k["variant"]) == ("axpy_kernel", "generic"))
+    broken.cubins[broken.compiles[generic["hash"]].cubin_sha256] = b"\x7fELF truncated"
+    again = record.export(broken, tmp_path / "pack", log=None)
+    names = [k["name"] for k in again.manifest["kernels"]]
+    assert "test_record.scale_kernel__cfg2" not in names
+    assert sorted(names) == sorted(n for n in (k["name"] for k in report.manifest["kernels"])
+                                   if n != "test_record.scale_kernel__cfg2")
+    refused = [x for x in again.record["not_exported"] if "kernel" in x]
+    assert {(x["kernel"], x.get("variant")) for x in refused} == {
+        *(("test_record.scale_kernel__cfg2", e["variant"]) for e in cfg2),
+        ("test_record.scale_kernel__cfg2", None), ("axpy_kernel", "generic")}
+    assert len(cfg2) == 2 and all("not an ELF" in x["reason"] or "ELF" in x["reason"]
+                                  for x in refused), refused
+    assert any(line.startswith("REFUSED kernel 'test_record.scale_kernel__cfg2' "
+                               "(test_record.scale_kernel): ") for line in again.lines)
+    axpy = _kernel(again.manifest, "axpy_kernel")
+    assert "generic" not in [v["name"] for v in axpy["variants"]]
+    assert "n.i64" in [v["name"] for v in axpy["variants"]]  # the other generic build
+    # record.json launches only name what was written.
+    written = {(k["name"], v["name"]) for k in again.manifest["kernels"] for v in k["variants"]}
+    assert all((x["kernel"], x["variant"]) in written for x in again.record["launches"])
+    assert json.loads((tmp_path / "pack" / record.RECORD_FILE).read_text())["not_exported"] \
+        == again.record["not_exported"]
 
 
 # ---------------------------------------------------------------------------
