@@ -93,7 +93,7 @@ struct Counts {
 class LaunchPathTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setenv("KPACK_LOG_LEVEL", "trace", 1); }
-  void SetUp() override { fake::Reset(); }
+  void SetUp() override { testing::ResetFake(); }
 
   Counts Snapshot() const {
     return {g_allocations.load(), g_locks.load(), sink_ ? sink_->messages.load() : 0};

@@ -38,7 +38,7 @@ const CUdeviceptr kX = 0x7f0000001000, kY = 0x7f0000002000, kOut = 0x7f000000300
 
 class RuntimeTest : public ::testing::Test {
  protected:
-  void SetUp() override { fake::Reset(); }
+  void SetUp() override { testing::ResetFake(); }
   void TearDown() override { fake::Reset(); }
 
   Runtime Open(const std::string& dir = KPACK_TEST_PACK_DIR) {
@@ -122,7 +122,7 @@ TEST_F(RuntimeTest, OpensTestPackLazily) {
 
 TEST_F(RuntimeTest, PreloadLoadsEverythingOnceAndNeedsAContext) {
   {
-    fake::SetAutoContext(false);
+    ASSERT_EQ(testing::FakeDriver().CtxSetCurrent(nullptr), CUDA_SUCCESS);
     auto rt = OpenFake();
     ASSERT_TRUE(rt.ok());
     absl::Status s = rt->Preload();
@@ -130,7 +130,7 @@ TEST_F(RuntimeTest, PreloadLoadsEverythingOnceAndNeedsAContext) {
     EXPECT_THAT(Msg(s), HasSubstr("no CUDA context is current"));
     EXPECT_EQ(fake::LoadedLibraries(), 0);
   }
-  fake::Reset();
+  testing::ResetFake();
   Options o = FakeOptions();
   o.preload = true;
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR, o);
@@ -305,6 +305,7 @@ TEST_F(RuntimeTest, CooperativeVariantSetsCooperativeAttribute) {
 TEST_F(RuntimeTest, LargeSharedMemoryOptsInOncePerDevice) {
   fake::SetDevices({fake::DeviceConfig{}, fake::DeviceConfig{}});
   fake::SetKernelLimits({.max_threads_per_block = 1024, .static_shared_bytes = 1024});
+  testing::UsePrimaryContext();
   Runtime rt = Open();
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
   EXPECT_TRUE(fake::KernelAttributeSets().empty()) << "no opt-in at or below 48 KiB";
@@ -328,6 +329,7 @@ TEST_F(RuntimeTest, SharedMemoryBeyondTheDeviceIsALoadError) {
   fake::DeviceConfig small;
   small.max_shared_memory_per_block_optin = 48 * 1024;
   fake::SetDevices({small});
+  testing::UsePrimaryContext();
   Runtime rt = Open();
   absl::Status s =
       rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 1, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -355,6 +357,7 @@ TEST_F(RuntimeTest, ArchMismatchIsALoadErrorNamingTheVariant) {
     dev.cc_major = major;
     dev.cc_minor = minor;
     fake::SetDevices({dev});
+    testing::UsePrimaryContext();
     Runtime rt = Open();
     absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -417,6 +420,7 @@ TEST_F(RuntimeTest, MissingEntrySymbolIsALoadError) {
 
 TEST_F(RuntimeTest, LoadingContextUsesItsFunctionOtherContextsTheContextFreeKernel) {
   fake::SetDevices({fake::DeviceConfig{}, fake::DeviceConfig{}});
+  testing::UsePrimaryContext();
   Runtime rt = Open();
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));  // loads in device 0
   const CUfunction home = LastLaunch().function;
@@ -654,10 +658,13 @@ TEST_F(RuntimeTest, ManyThreadsLaunchWhileTheKernelLoadsLazily) {
   constexpr int kThreads = 8, kLaunches = 300;
   std::vector<CUstream> streams;
   for (int t = 0; t < kThreads; ++t) streams.push_back(NewStream());
+  CUcontext context = nullptr;
+  ASSERT_EQ(testing::FakeDriver().CtxGetCurrent(&context), CUDA_SUCCESS);
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      if (testing::FakeDriver().CtxSetCurrent(context) != CUDA_SUCCESS) failures.fetch_add(1);
       for (int i = 0; i < kLaunches; ++i) {
         const uint32_t blocks = 1 + (t * kLaunches + i) % 17;  // grows the shared arena
         absl::Status s[] = {
