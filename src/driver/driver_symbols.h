@@ -5,7 +5,10 @@
 // PFN_cu<name>_v<version>, so the prototype and the requested ABI can never disagree.
 //
 // Adding a function: add one line here. Nothing else declares driver entry points; the
-// fake driver used by the CPU tests serves exactly this list too.
+// fake driver used by the CPU tests serves exactly this list too, and the runtime's
+// fault-injection test (tests/unit/driver_fault_test.cc) refuses to build a list of
+// faults that misses one: every function kpack's library calls must fail in turn there,
+// and the ones only kpack's tools and tests call must be shown never to be called by it.
 //
 // No include guard: this file is an X-macro list and is meant to be included repeatedly.
 
