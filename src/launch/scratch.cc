@@ -333,8 +333,8 @@ void ScratchArenas::ReturnFromGraph(void* graph_arena) {
   delete g;
 }
 
-absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
+absl::StatusOr<std::pair<CUcontext, StreamKey>> ScratchArenas::OutsideCapture(
+    CUstream stream, absl::string_view call) const {
   CUcontext context = nullptr;
   KPACK_RETURN_IF_ERROR(driver_.Check(driver_.StreamGetCtx(stream, &context), "cuStreamGetCtx"));
   unsigned long long context_id = 0;  // NOLINT(runtime/int)
@@ -344,11 +344,19 @@ absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
       driver_.StreamGetCaptureInfo(stream, &status, nullptr, nullptr, nullptr, nullptr, nullptr),
       "cuStreamGetCaptureInfo"));
   if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return absl::FailedPreconditionError(
-        "ReserveScratch on a stream that is being captured: reserve before "
-        "cuStreamBeginCapture (kpack never allocates during a capture)");
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, " on a stream that is being captured: call it before cuStreamBeginCapture or "
+        "after cuStreamEndCapture (kpack never allocates or frees during a capture)"));
   }
   KPACK_ASSIGN_OR_RETURN(StreamKey key, KeyOf(stream, context_id));
+  return std::pair{context, key};
+}
+
+absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  KPACK_ASSIGN_OR_RETURN(auto context_and_key, OutsideCapture(stream, "ReserveScratch"));
+  const auto [context, key] = context_and_key;
+  const uint64_t context_id = key.context;
   std::lock_guard<std::mutex> lock(shared_->mu);
   // The stream's own arena...
   auto [aligned, size] = Find(key);
@@ -371,19 +379,8 @@ absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
 }
 
 absl::Status ScratchArenas::Release(CUstream stream) {
-  CUcontext context = nullptr;
-  KPACK_RETURN_IF_ERROR(driver_.Check(driver_.StreamGetCtx(stream, &context), "cuStreamGetCtx"));
-  unsigned long long context_id = 0;  // NOLINT(runtime/int)
-  KPACK_RETURN_IF_ERROR(driver_.Check(driver_.CtxGetId(context, &context_id), "cuCtxGetId"));
-  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-  KPACK_RETURN_IF_ERROR(driver_.Check(
-      driver_.StreamGetCaptureInfo(stream, &status, nullptr, nullptr, nullptr, nullptr, nullptr),
-      "cuStreamGetCaptureInfo"));
-  if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return absl::FailedPreconditionError(
-        "ReleaseScratch on a stream that is being captured: release after the capture ends");
-  }
-  KPACK_ASSIGN_OR_RETURN(StreamKey key, KeyOf(stream, context_id));
+  KPACK_ASSIGN_OR_RETURN(auto context_and_key, OutsideCapture(stream, "ReleaseScratch"));
+  const StreamKey key = context_and_key.second;
   std::lock_guard<std::mutex> lock(shared_->mu);
   for (Slot* s = buckets_[Hash(key) % kBuckets].load(std::memory_order_relaxed); s != nullptr;
        s = s->next) {

@@ -48,10 +48,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "driver/driver.h"
 
 namespace kpack::internal {
@@ -107,6 +109,10 @@ class ScratchArenas {
   static constexpr uint64_t kAlign = 4096;  // the largest scratch alignment a pack may ask
   static constexpr size_t kBuckets = 64;
 
+  // For Reserve and Release: `stream`'s context and key, or FAILED_PRECONDITION naming
+  // `call` while `stream` is being captured.
+  absl::StatusOr<std::pair<CUcontext, StreamKey>> OutsideCapture(CUstream stream,
+                                                                 absl::string_view call) const;
   // The key of `stream` in the current context `context`; a real stream's id costs one
   // cuStreamGetId.
   absl::StatusOr<StreamKey> KeyOf(CUstream stream, uint64_t context) const;
