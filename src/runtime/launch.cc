@@ -54,12 +54,7 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantD
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
                                                     CUresult r) {
-  if (r == CUDA_ERROR_INVALID_CONTEXT) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "launching ", Describe(v), ": no CUDA context is current on this thread; make one "
-        "current (cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
-  }
-  return d.Error(r, absl::StrCat("cuCtxGetId for a launch of ", Describe(v)));
+  return ContextError(d, r, absl::StrCat("launching ", Describe(v)));
 }
 
 namespace {

@@ -40,6 +40,17 @@ absl::StatusOr<int> ComputeCapability(const Driver& d, CUdevice device) {
 
 }  // namespace
 
+absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing) {
+  CUcontext current = nullptr;
+  if (r == CUDA_ERROR_INVALID_CONTEXT ||
+      (d.CtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        doing, ": no CUDA context is current on this thread; make one current "
+        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  }
+  return d.Error(r, absl::StrCat("cuCtxGetId (", doing, ")"));
+}
+
 std::string Describe(const VariantData& v) {
   return absl::StrCat("kernel '", v.kernel->spec->name, "' variant '", v.spec->name, "'");
 }
@@ -142,14 +153,9 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   const VariantSpec& s = *v.spec;
   const std::string what = Describe(v);
   unsigned long long context = 0;  // NOLINT(runtime/int)
-  CUresult r = d.CtxGetId(nullptr, &context);
-  if (r == CUDA_ERROR_INVALID_CONTEXT) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "loading ", what,
-        ": no CUDA context is current on this thread; make one current "
-        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  if (CUresult r = d.CtxGetId(nullptr, &context); r != CUDA_SUCCESS) {
+    return ContextError(d, r, absl::StrCat("loading ", what));
   }
-  KPACK_RETURN_IF_ERROR(d.Check(r, "cuCtxGetId"));
 
   std::lock_guard<std::mutex> lock(v.load_mu);
   CUfunction home = v.home_function.load(std::memory_order_acquire);

@@ -214,6 +214,10 @@ class RuntimeImpl {
 // "kernel 'K' variant 'V'", the prefix of every per-variant error message.
 std::string Describe(const VariantData& v);
 
+// The status for cuCtxGetId(NULL) failing with `r` while `doing` something:
+// FAILED_PRECONDITION when no context is current on the thread, else the driver's error.
+absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing);
+
 // The public API speaks std::string_view; Debian's abseil has its own string_view type.
 inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());

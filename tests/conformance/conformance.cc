@@ -44,10 +44,11 @@ std::unique_ptr<Runtime> ConformanceTest::Open(const std::string& dir, Options o
 
 Streams ConformanceTest::NewStreams() {
   Streams s;
-  // Blocking streams: they order after the synchronous copies and memsets (on the
-  // legacy stream) that fill the inputs.
+  // Non-blocking: a legacy-stream operation of another thread must not wait on (and
+  // invalidate) a capture. Alloc and Upload finish their legacy-stream work before they
+  // return, so the kernels see the inputs anyway.
   for (CUstream* stream : {&s.stream, &s.capture, &s.replay}) {
-    EXPECT_EQ(d().StreamCreate(stream, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+    EXPECT_EQ(d().StreamCreate(stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   }
   streams_.push_back(s);
   return s;
@@ -100,6 +101,7 @@ CUdeviceptr ConformanceTest::Alloc(size_t bytes) {
   CUdeviceptr p = 0;
   EXPECT_EQ(d().MemAlloc(&p, std::max<size_t>(bytes, 1)), CUDA_SUCCESS);
   EXPECT_EQ(d().MemsetD8(p, 0xff, bytes), CUDA_SUCCESS);
+  EXPECT_EQ(d().StreamSynchronize(nullptr), CUDA_SUCCESS);  // the memset may be async
   allocations_.push_back(p);
   return p;
 }

@@ -109,6 +109,8 @@ class ConformanceTest : public ::testing::TestWithParam<Mode> {
   CUdeviceptr Upload(const std::vector<T>& host) {
     CUdeviceptr p = Alloc(host.size() * sizeof(T));
     EXPECT_EQ(d().MemcpyHtoD(p, host.data(), host.size() * sizeof(T)), CUDA_SUCCESS);
+    // From pageable memory the DMA may still be in flight on the legacy stream.
+    EXPECT_EQ(d().StreamSynchronize(nullptr), CUDA_SUCCESS);
     return p;
   }
   // Waits for the test's streams, then copies back.

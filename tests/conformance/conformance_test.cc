@@ -670,6 +670,7 @@ TEST_P(ConformanceTest, EachContextGetsItsOwnFunctions) {
     CU_ASSERT(d().MemcpyHtoD(dx2, x.data(), n * 4));
     CU_ASSERT(d().MemcpyHtoD(dy2, y.data(), n * 4));
     CU_ASSERT(d().MemcpyHtoD(dtile, tile.data(), 64 * 64 * 4));
+    CU_ASSERT(d().CtxSynchronize());  // the copies' DMA, before kernels on other streams
     KP_ASSERT_OK(rt->Preload());
     Streams streams = NewStreams();
     KP_ASSERT_OK(Run(*rt, streams, [&](CUstream s) {
@@ -721,6 +722,7 @@ TEST_P(ConformanceTest, AContextReplacedAtTheSameAddressStartsAfresh) {
     CU_ASSERT(d().MemcpyHtoD(dx, x.data(), n * 4));
     CU_ASSERT(d().MemcpyHtoD(dy, y.data(), n * 4));
     CU_ASSERT(d().MemcpyHtoD(tile, x.data(), 32 * 32 * 4));
+    CU_ASSERT(d().CtxSynchronize());  // the copies' DMA, before kernels on other streams
     KP_ASSERT_OK(Run(*rt, streams, [&](CUstream s) {
       absl::Status st = rt->Launch("add", Grid{Cdiv(n, 1024)}, s, dx, dy, out, n);
       if (st.ok()) st = rt->Launch("scratch", Grid{1, 1}, s, tile, tile_out, 32, 32, 32);
