@@ -355,7 +355,8 @@ absl::StatusOr<std::pair<CUcontext, StreamKey>> ScratchArenas::OutsideCapture(
 absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   KPACK_ASSIGN_OR_RETURN(auto context_and_key, OutsideCapture(stream, "ReserveScratch"));
-  const auto [context, key] = context_and_key;
+  const CUcontext context = context_and_key.first;  // (no structured binding: clang 14
+  const StreamKey key = context_and_key.second;      // cannot capture one in a lambda)
   const uint64_t context_id = key.context;
   std::lock_guard<std::mutex> lock(shared_->mu);
   // The stream's own arena...

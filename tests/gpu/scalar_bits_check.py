@@ -7,9 +7,9 @@ scalar unconverted into its own output. For every case below the same Python flo
 passed (1) to `fill_kernel` through Triton's JIT on torch tensors and (2) to
 `kpack run SCALARPACK fill --arg h=repr(value) ...`, which parses the text into the
 same double (repr round-trips) and launches through kpack::Arg(double). The stored bits
-must be identical, and equal to what Triton's launcher is specified to pack:
-struct.pack('<e') (PyFloat_Pack2, one rounding) for fp16 and float32 bits >> 16
-(truncation) for bf16. A value beyond fp16's range makes the JIT raise OverflowError
+must be identical; they are also compared (and a difference printed) with what Triton's
+launcher packs: struct.pack('<e') (PyFloat_Pack2, one rounding) for fp16 and float32 bits
+>> 16 (truncation) for bf16. A value beyond fp16's range makes the JIT raise OverflowError
 (after launching with undefined bits); kpack must refuse it and launch nothing.
 
 Usage: scalar_bits_check.py KPACK_BINARY SCALARPACK_DIR
@@ -119,11 +119,15 @@ def main():
             line = (f"{case[0]!r:>24} {case[1]!r:>24}   "
                     f"{' '.join(hex(x) for x in jit):28} "
                     f"{' '.join(hex(x) for x in got) if got else error.strip()}")
-            ok = got == jit == want
+            # The requirement: kpack's bits are the JIT's. That they are also what
+            # driver.py's packing functions give is reported, not required (a kernel
+            # could in principle alter bits on the way to memory, equally for both).
+            ok = got == jit
             print(("   " if ok else "!! ") + line)
             if not ok:
                 failures += 1
-                print(f"   specified by Triton's launcher: {' '.join(hex(x) for x in want)}")
+            if jit != want:
+                print(f"   note: driver.py's packing gives {' '.join(hex(x) for x in want)}")
 
         # fp16 overflow: PyFloat_Pack2 raises OverflowError in the JIT's launcher; kpack
         # must refuse the launch (INVALID_ARGUMENT naming 'h').
