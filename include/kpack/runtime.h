@@ -22,8 +22,9 @@
 //
 // Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
 // formats no string and logs nothing; error messages are built only on failure. It makes
-// one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read), and a
-// kernel with Triton scratch memory two or three more (capture status, stream id). The
+// one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read); a kernel
+// with Triton scratch memory from kpack's arenas one more (the stream's capture status)
+// and, on a stream of your own, a third (its id). The
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
 // arena are the only slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
 //
