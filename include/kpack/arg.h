@@ -1,12 +1,23 @@
 // kpack/arg.h: launch arguments and grids.
 //
 // A `kpack::Arg` is one call argument, tagged with the C++ type it came from. The runtime
-// checks it against the parameter's Triton type at launch and converts it into the slot
-// (a double passed for an `fp32` parameter goes as a 4-byte float; a float passed for a
-// `bf16` parameter goes as its rounded 16-bit pattern). A mismatch is an error that names
-// the parameter, never a silent bad launch. C++ types and the parameters they fit (a table,
-// not compiled):
+// checks it against the parameter's Triton type at launch and converts it into the slot.
+// A mismatch is an error that names the parameter, never a silent bad launch.
 //
+// Floating-point scalars. A float or double is converted exactly as Triton 3.6's launcher
+// converts a Python float of the same value (a float widens to double exactly), so a
+// kernel gets the same bits from kpack as from Triton's JIT:
+//   fp64  the double;
+//   fp32  the double rounded to float (4 bytes, never a double);
+//   fp16  the double rounded once to the nearest half, ties to even (CPython's
+//         PyFloat_Pack2). Not through float: 1 + 2^-11 + 2^-40 gives 0x3c01, not 0x3c00.
+//         NaN gives 0x7e00 (with its sign). A finite value that rounds beyond 65504 is
+//         INVALID_ARGUMENT and nothing launches (Triton raises OverflowError);
+//   bf16  the double rounded to float, then its upper 16 bits: truncated, not rounded
+//         (0.1 gives 0x3dcc, where the nearest bf16 is 0x3dcd).
+// For other bits pass kpack::Half / kpack::BFloat16, which go to the slot unchanged.
+//
+// C++ types and the parameters they fit (a table, not compiled):
 //   Pointers        T*, void*, CUdeviceptr          -> pointer params (`*fp32`, ...)
 //   Integers        any integral type but bool      -> iN/uN params, range-checked
 //   bool                                            -> i1/u1 params

@@ -2,10 +2,11 @@
 //
 // A pack is a directory holding `manifest.json` (format `kpack/1`, see docs/pack-format.md)
 // and the cubins it names. `Runtime::Open` reads and validates all of it, checks every
-// cubin's sha256 and loads the CUDA driver (dlopen, never linked). Kernels are loaded into
-// the driver with the context-independent library API (`cuLibraryLoadData`), once for
-// every device and context: lazily at their first launch, or all at once by `Preload()`
-// (required before CUDA graph capture, which forbids loading).
+// cubin's sha256 and loads the CUDA driver (dlopen, never linked). Each kernel variant is
+// loaded into the driver once with the context-independent library API
+// (`cuLibraryLoadData`), and then into each CUDA context that launches it
+// (`cuKernelGetFunction`, which also checks it against that context's device): lazily at
+// the first launch in that context, or ahead by `Preload()` in that context.
 //
 //   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open(dir);
 //   if (!rt.ok()) return rt.status();                     // UNAVAILABLE without a driver, ...
@@ -23,17 +24,52 @@
 // kpack (see `ReserveScratch`).
 //
 // Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
-// formats no string and logs nothing; error messages are built only on failure. The first
-// launch of a variant (lazy load) and the growth of a stream's scratch arena are the only
-// slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
+// formats no string and logs nothing; error messages are built only on failure. It makes
+// one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read); a kernel
+// with Triton scratch memory from kpack's arenas one more (the stream's capture status)
+// and, on a stream of your own, a third (its id). The
+// first launch of a variant in a context (loading) and the growth of a stream's scratch
+// arena are the only slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
 //
 // Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
-// once (launch state is immutable after load; lazy loading is synchronized). A
-// `BoundLaunch` belongs to one thread at a time.
+// once (launch state is immutable after load; loading and scratch growth are
+// synchronized). A `BoundLaunch` belongs to one thread at a time.
 //
-// Contexts: a launch goes to the calling thread's current CUDA context, and `stream` must
-// belong to it (or be a null/legacy/per-thread stream), as for any driver launch. One
-// Runtime serves every device and context: kernels are loaded once, context-independently.
+// Contexts: a launch goes to the calling thread's current CUDA context (none current is
+// FAILED_PRECONDITION), and `stream` must belong to it (or be NULL, CU_STREAM_LEGACY or
+// CU_STREAM_PER_THREAD), as for any driver launch. One Runtime serves every device and
+// context. Contexts are told apart by cuCtxGetId, so a context destroyed and replaced by
+// one at the same address gets its own CUfunctions and scratch, never the old ones.
+//
+// Scratch memory. Kernels that Triton compiled with global (or profile) scratch get a
+// device buffer of grid.x*grid.y*grid.z*num_ctas*scratch_size bytes per launch, from:
+//  - a `ScratchAllocator` the caller passes to the launch (LaunchArgs, BoundLaunch), or
+//    else the one in `Options`, asked for each launch as Triton asks its allocator;
+//  - else, outside a stream capture, an arena kpack keeps per stream: per real stream,
+//    per context for the legacy (NULL) stream, and per thread for CU_STREAM_PER_THREAD
+//    (one handle, but a different stream on each thread). It grows on demand (to at
+//    least twice its size; buffers already used stay allocated for work in flight) and
+//    is freed by `ReleaseScratch(stream)` or the Runtime's destruction;
+//  - else, inside a capture, an arena owned by the captured graph (see below).
+//
+// CUDA graphs. kpack launches may be captured (cuStreamBeginCapture) and the graph
+// replayed on any stream. During a capture kpack never loads a kernel and never allocates
+// (either would invalidate the capture): such a launch is FAILED_PRECONDITION naming what
+// to call beforehand, and the capture stays valid. Before each capture, in its context:
+//  - `Preload()`, so every variant is loaded for the context;
+//  - `ReserveScratch(stream, bytes)` for each captured stream that launches kernels with
+//    scratch (without a ScratchAllocator), `bytes` at least what one launch needs.
+// Scratch used inside a capture belongs to the graph, not the stream: the first such
+// launch on a captured stream takes the arena reserved for that stream (or an idle one
+// of sufficient size) and gives it to the capture's graph through a CUDA user object;
+// later launches of the same capture on that stream share it (they are ordered in the
+// graph as on the stream). When the graph and every executable instantiated from it are
+// destroyed, the driver runs the user object's destructor and the arena returns to
+// kpack's pool, from which later reservations and streams take before allocating. So a
+// replay never races with eager launches on the capture stream or with other graphs.
+// Executables instantiated from one graph share its arena: do not run two of them at
+// once. Destroy such graphs before the Runtime: an arena returned after the Runtime is
+// gone cannot be freed (no CUDA call is allowed in the destructor callback) and leaks.
 //
 // Ownership: `Kernel` handles are views into their `Runtime` and must not outlive it.
 // Device memory passed as arguments stays the caller's.
@@ -64,13 +100,57 @@ class RuntimeImpl;
 struct KernelAccess;  // kpack's own tools reach a Kernel's internals through it
 }  // namespace internal
 
+// Scratch memory from the caller, as Triton's triton.set_allocator provides it: `allocate`
+// is called once per launch and scratch kind (global, then profile, each only when the
+// kernel has it) with the bytes, the alignment the kernel needs, and the launch's stream;
+// it returns a device pointer with that alignment in the current context, or 0 to fail
+// the launch (RESOURCE_EXHAUSTED). kpack never frees it: the memory must stay valid until
+// the launch's work on `stream` completes, as a stream-ordered allocator (PyTorch's
+// caching allocator, cuMemAllocAsync pools) guarantees when freed right after the launch.
+// Called on the launching thread, also inside a stream capture (where it must return
+// memory the captured graph may use for as long as it lives). A plain function pointer
+// and `user_data`, not std::function: copying it costs nothing and it never allocates.
+struct ScratchAllocator {
+  CUdeviceptr (*allocate)(size_t bytes, size_t align, CUstream stream, void* user_data) = nullptr;
+  void* user_data = nullptr;
+};
+
+// A launch ready for the driver (BoundLaunch::Prepare): exactly what BoundLaunch::Launch
+// would pass to cuLaunchKernelEx, i.e.
+//   cuLaunchKernelEx(&p.config, p.function, nullptr, p.extra)
+// `function` is the variant's CUfunction in the context current at Prepare; `config`
+// holds the grid (x already multiplied by num_ctas), block, dynamic shared bytes, stream
+// and launch attributes (cluster, PDL, cooperative); `params` is the packed parameter
+// buffer with the scratch pointers filled in, and `extra` the CU_LAUNCH_PARAM_BUFFER_*
+// array pointing at it (null for a kernel without parameters). `function` is null, and
+// nothing is to be launched, when the grid has no programs.
+//
+// Lifetimes: `config.attrs` points into the Runtime (valid while it lives); `params` and
+// `extra` point into the BoundLaunch, valid until it is destroyed or changed (Set,
+// set_grid, set_stream, set_scratch_allocator) or prepared again; `function` is valid
+// while the Runtime lives and its context exists. The scratch pointers in `params` are
+// valid for work on `config.hStream` until ReleaseScratch on that stream or the Runtime's
+// destruction (kpack's arenas), or as long as the caller's ScratchAllocator keeps them:
+// to send the launch anywhere but in `config.hStream`'s order (say as a graph node you
+// build yourself), give the BoundLaunch a ScratchAllocator so that you own its scratch.
+struct PreparedLaunch {
+  CUfunction function = nullptr;
+  CUlaunchConfig config{};
+  const void* params = nullptr;
+  size_t param_bytes = 0;
+  void** extra = nullptr;
+};
+
 struct Options {
   // The driver library to dlopen. Empty: the environment variable KPACK_CUDA_DRIVER if
   // set, else "libcuda.so.1".
   std::string driver_path;
-  // Load every variant during Open (like calling Preload()), so that no launch ever loads.
-  // Needs a current CUDA context on the calling thread.
+  // Load every variant during Open (like calling Preload()), so that no launch in the
+  // calling thread's current context (which must exist) ever loads.
   bool preload = false;
+  // Where every launch of a kernel with scratch memory takes it from, unless the launch
+  // brings its own; unset (allocate null): kpack's arenas. See ScratchAllocator.
+  ScratchAllocator scratch_allocator;
   // Emit an NVTX range (domain "kpack", message = kernel name) around every launch.
   // The environment variable KPACK_NVTX=0 also turns it off; building with
   // -DKPACK_ENABLE_NVTX=OFF removes it entirely.
@@ -81,8 +161,8 @@ struct Options {
 // variant's parameter buffer. `Set` rewrites one argument's bytes (type-checked like at
 // Bind); when that argument decides the bucket or an assumption, Set selects the variant
 // again and repacks if it changes, so a BoundLaunch never launches a variant whose
-// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a time per
-// BoundLaunch. Valid while its Runtime lives. Move-only.
+// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a
+// time per BoundLaunch. Valid while its Runtime lives. Move-only.
 class BoundLaunch {
  public:
   BoundLaunch(BoundLaunch&&) noexcept;
@@ -92,7 +172,13 @@ class BoundLaunch {
   absl::Status Set(size_t index, Arg value);
   void set_grid(const Grid& grid);
   void set_stream(CUstream stream);
+  // Scratch for this BoundLaunch's launches from `allocator` (unset: as Runtime-wide).
+  void set_scratch_allocator(const ScratchAllocator& allocator);
   absl::Status Launch();
+  // Everything Launch does but the cuLaunchKernelEx: loads the variant for the current
+  // context if needed, takes its scratch, and returns the driver call's arguments (see
+  // PreparedLaunch for what they are and how long they live). Counts no launch.
+  absl::StatusOr<PreparedLaunch> Prepare();
 
  private:
   friend class Kernel;
@@ -115,8 +201,8 @@ class Kernel {
   // Index of the call parameter `name`, or NOT_FOUND.
   absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
 
-  // Loads every variant of this kernel now and checks it against the current device, as
-  // Runtime::Preload does for all kernels. Needs a current CUDA context.
+  // Loads every variant of this kernel into the current CUDA context now and checks it
+  // against its device, as Runtime::Preload does for all kernels.
   absl::Status Preload() const;
 
   // Launches on `stream` (in the calling thread's current CUDA context) with `grid`
@@ -140,6 +226,11 @@ class Kernel {
   // The same two, for argument lists built at run time.
   absl::Status LaunchArgs(const Grid& grid, CUstream stream, std::span<const Arg> args) const;
   absl::Status LaunchArgs(CUstream stream, std::span<const Arg> args) const;
+  // And with scratch memory (for kernels that have it) from `scratch` for this launch.
+  absl::Status LaunchArgs(const Grid& grid, CUstream stream, std::span<const Arg> args,
+                          const ScratchAllocator& scratch) const;
+  absl::Status LaunchArgs(CUstream stream, std::span<const Arg> args,
+                          const ScratchAllocator& scratch) const;
 
   // Checks, dispatches and packs the arguments once; the returned BoundLaunch relaunches
   // them with only the changed bytes rewritten. Without a grid, the grid expressions are
@@ -196,9 +287,9 @@ class Runtime {
 
   Runtime(Runtime&&) noexcept;
   Runtime& operator=(Runtime&&) noexcept;
-  // Frees the scratch arenas and unloads the libraries. No launch may be in flight on the
-  // host side; kernels already enqueued on the GPU are unaffected by the host objects but
-  // the scratch memory they use is freed, so synchronize their streams first.
+  // Frees the scratch arenas (cuMemFree waits for the GPU work that used them) and
+  // unloads the libraries. No launch may be in flight on the host side. Destroy captured
+  // graphs that own kpack scratch first (see "CUDA graphs").
   ~Runtime();
 
   // Resolves a kernel by name: NOT_FOUND naming the pack if there is none.
@@ -222,20 +313,35 @@ class Runtime {
   }
   absl::Status LaunchArgs(std::string_view name, CUstream stream, std::span<const Arg> args) const;
 
-  // Loads every variant of every kernel now and checks it against the current device.
-  // Needs a current CUDA context on the calling thread. Idempotent.
+  // Loads every variant of every kernel into the calling thread's current CUDA context
+  // (FAILED_PRECONDITION if there is none) and checks it against the context's device,
+  // so that no launch in this context loads. Call it in each context that launches, and
+  // before capturing a CUDA graph there. Idempotent per context.
   absl::Status Preload();
 
-  // Makes `stream`'s scratch arena at least `bytes` large (in the current context), so
-  // that launches of kernels with global/profile scratch never allocate, e.g. before
-  // CUDA graph capture. A kernel needs grid.x*grid.y*grid.z*num_ctas*scratch_size bytes.
+  // Makes launches on `stream` that need at most `bytes` of scratch memory allocate
+  // nothing: sizes `stream`'s arena, and sets aside an arena of `bytes` for the next
+  // capture on `stream` (which the capture's graph then owns; see "CUDA graphs" above:
+  // call it before each capture). A launch needs grid.x*grid.y*grid.z*num_ctas*
+  // (global_scratch_size, plus profile_scratch_size at its alignment) bytes.
+  // FAILED_PRECONDITION while `stream` is being captured. Works in `stream`'s context.
   absl::Status ReserveScratch(CUstream stream, size_t bytes);
+  // Frees `stream`'s arena and capture reservation (cuMemFree, which waits for the work
+  // that used them). For CU_STREAM_PER_THREAD, the calling thread's. Call it before
+  // destroying a stream whose launches had scratch; otherwise the arena is kept until the
+  // Runtime is destroyed, or freed when a new stream comes with the same handle.
+  // FAILED_PRECONDITION while `stream` is being captured. No launch may be in flight on
+  // the host side on `stream` meanwhile.
+  absl::Status ReleaseScratch(CUstream stream);
 
   // Counters for tests and monitoring.
   struct Stats {
-    size_t libraries_loaded = 0;  // cuLibraryLoadData calls that succeeded
-    size_t scratch_arenas = 0;    // streams that own a scratch arena
-    size_t scratch_bytes = 0;     // device bytes held by all arenas
+    size_t libraries_loaded = 0;      // cuLibraryLoadData calls that succeeded
+    size_t scratch_arenas = 0;        // streams (per thread: per-thread streams) with an arena
+    size_t scratch_reserved = 0;      // arenas ReserveScratch set aside for a capture
+    size_t scratch_in_graphs = 0;     // arenas owned by captured graphs
+    size_t scratch_idle = 0;          // arenas graphs gave back, not yet reused
+    size_t scratch_bytes = 0;         // device bytes held by all of the above
   };
   Stats stats() const;
 

@@ -5,7 +5,10 @@
 // PFN_cu<name>_v<version>, so the prototype and the requested ABI can never disagree.
 //
 // Adding a function: add one line here. Nothing else declares driver entry points; the
-// fake driver used by the CPU tests serves exactly this list too.
+// fake driver used by the CPU tests serves exactly this list too, and the runtime's
+// fault-injection test (tests/unit/driver_fault_test.cc) refuses to build a list of
+// faults that misses one: every function kpack's library calls must fail in turn there,
+// and the ones only kpack's tools and tests call must be shown never to be called by it.
 //
 // No include guard: this file is an X-macro list and is meant to be included repeatedly.
 
@@ -23,9 +26,12 @@ KPACK_DRIVER_SYMBOL(DevicePrimaryCtxRelease, 11000)
 KPACK_DRIVER_SYMBOL(CtxGetCurrent, 4000)
 KPACK_DRIVER_SYMBOL(CtxSetCurrent, 4000)
 KPACK_DRIVER_SYMBOL(CtxGetDevice, 2000)
+KPACK_DRIVER_SYMBOL(CtxGetId, 12000)
 KPACK_DRIVER_SYMBOL(CtxPushCurrent, 4000)
 KPACK_DRIVER_SYMBOL(CtxPopCurrent, 4000)
 KPACK_DRIVER_SYMBOL(CtxSynchronize, 2000)
+KPACK_DRIVER_SYMBOL(CtxCreate, 12050)
+KPACK_DRIVER_SYMBOL(CtxDestroy, 4000)
 KPACK_DRIVER_SYMBOL(LibraryLoadData, 12000)
 KPACK_DRIVER_SYMBOL(LibraryUnload, 12000)
 KPACK_DRIVER_SYMBOL(LibraryGetKernel, 12000)
@@ -46,9 +52,14 @@ KPACK_DRIVER_SYMBOL(StreamCreate, 2000)
 KPACK_DRIVER_SYMBOL(StreamDestroy, 4000)
 KPACK_DRIVER_SYMBOL(StreamSynchronize, 2000)
 KPACK_DRIVER_SYMBOL(StreamGetCtx, 9020)
+KPACK_DRIVER_SYMBOL(StreamGetId, 12000)
 KPACK_DRIVER_SYMBOL(StreamBeginCapture, 10010)
 KPACK_DRIVER_SYMBOL(StreamEndCapture, 10000)
 KPACK_DRIVER_SYMBOL(StreamIsCapturing, 10000)
+KPACK_DRIVER_SYMBOL(StreamGetCaptureInfo, 12030)
+KPACK_DRIVER_SYMBOL(UserObjectCreate, 11030)
+KPACK_DRIVER_SYMBOL(UserObjectRelease, 11030)
+KPACK_DRIVER_SYMBOL(GraphRetainUserObject, 11030)
 KPACK_DRIVER_SYMBOL(GraphInstantiateWithFlags, 11040)
 KPACK_DRIVER_SYMBOL(GraphLaunch, 10000)
 KPACK_DRIVER_SYMBOL(GraphDestroy, 10000)

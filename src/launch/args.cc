@@ -43,14 +43,26 @@ absl::Status ArgError(absl::string_view kernel, size_t index, absl::string_view 
     case Arg::Kind::kDevicePtr:
       value = absl::StrCat(" ", arg.bits());
       break;
+    case Arg::Kind::kFloat32:
+      value = absl::StrCat(" ", std::bit_cast<float>(static_cast<uint32_t>(arg.bits())));
+      break;
+    case Arg::Kind::kFloat64:
+      value = absl::StrCat(" ", std::bit_cast<double>(arg.bits()));
+      break;
     default:
       break;
   }
-  bool integer_kind = arg.kind() == Arg::Kind::kSigned || arg.kind() == Arg::Kind::kUnsigned ||
-                      arg.kind() == Arg::Kind::kDevicePtr;
-  bool integer_param = !type_name.empty() && (type_name[0] == 'i' || type_name[0] == 'u') &&
-                       type_name != "i1" && type_name != "u1";
-  absl::string_view why = integer_kind && integer_param ? " that does not fit" : "";
+  const bool integer_kind = arg.kind() == Arg::Kind::kSigned ||
+                            arg.kind() == Arg::Kind::kUnsigned ||
+                            arg.kind() == Arg::Kind::kDevicePtr;
+  const bool integer_param = !type_name.empty() && (type_name[0] == 'i' || type_name[0] == 'u') &&
+                             type_name != "i1" && type_name != "u1";
+  const bool float_kind = arg.kind() == Arg::Kind::kFloat32 || arg.kind() == Arg::Kind::kFloat64;
+  absl::string_view why;
+  if (integer_kind && integer_param) why = " that does not fit";
+  // The only float a float parameter refuses: one past fp16's range, for which Triton's
+  // launcher (PyFloat_Pack2) raises OverflowError too.
+  if (float_kind && type_name == "fp16") why = " beyond fp16's largest value 65504";
   return absl::InvalidArgumentError(absl::StrCat("kernel '", kernel, "': argument ", index, " ('",
                                                  param, "') expects ", type_name, ", got ",
                                                  ArgKindName(arg.kind()), value, why));

@@ -19,37 +19,52 @@
 
 namespace kpack::internal {
 
-// IEEE binary32 -> binary16, round to nearest even; NaN stays NaN, overflow gives inf.
-inline uint16_t FloatToHalfBits(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t exp = (x >> 23) & 0xffu;
-  uint32_t mant = x & 0x7fffffu;
-  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant != 0 ? 0x200u : 0u));
-  int e = static_cast<int>(exp) - 127 + 15;
-  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {  // a half subnormal, or zero
-    if (e < -10) return static_cast<uint16_t>(sign);
-    uint32_t sig = mant | 0x800000u;
-    int shift = 14 - e;
-    uint32_t h = sig >> shift;
-    uint32_t rem = sig & ((1u << shift) - 1);
-    uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
+// Scalars are converted exactly as Triton 3.6's launcher converts a Python float
+// (third_party/nvidia/backend/driver.py), so that a value gives the kernel the same bits
+// from kpack as from Triton's JIT. A C++ float or double is the Python float of the same
+// value (a float widens to double exactly).
+
+// fp16: Triton packs with CPython's PyFloat_Pack2, one rounding from the double to the
+// nearest half (ties to even). Rounding through float first would round twice and differ
+// for some doubles (1 + 2^-11 + 2^-40: 0x3c01 here, 0x3c00 through float). A NaN becomes
+// the quiet NaN 0x7e00 with its sign, an infinity stays one. A finite value that rounds
+// past 65504 does not fit: PyFloat_Pack2 raises OverflowError (Triton's launch raises it,
+// after sending the kernel undefined bits); kpack refuses it and launches nothing (false).
+inline bool DoubleToHalfBits(double d, uint16_t* out) {
+  const uint64_t x = std::bit_cast<uint64_t>(d);
+  const auto sign = static_cast<uint16_t>((x >> 48) & 0x8000u);
+  const int exp = static_cast<int>((x >> 52) & 0x7ffu);
+  const uint64_t mant = x & ((uint64_t{1} << 52) - 1);
+  if (exp == 0x7ff) {  // infinity or NaN
+    *out = static_cast<uint16_t>(sign | (mant != 0 ? 0x7e00u : 0x7c00u));
+    return true;
   }
-  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds up to inf
-  return static_cast<uint16_t>(h);
+  const int e = exp - 1023;  // |d| = 1.mant * 2^e for a normal double
+  if (exp == 0 || e < -25) {  // below half the smallest half subnormal (2^-25): zero
+    *out = sign;
+    return true;
+  }
+  const uint64_t sig = mant | (uint64_t{1} << 52);  // |d| = sig * 2^(e-52)
+  // Keep the bits from the half's last place up: 2^(e-10) for a normal half (e >= -14),
+  // the fixed 2^-24 of a subnormal one. Round the rest to nearest, ties to even; a carry
+  // out of the mantissa bumps the exponent, which the encoding does by itself.
+  const int shift = e >= -14 ? 42 : 28 - e;  // 42 for normals, 43..53 for subnormals
+  uint64_t h = sig >> shift;
+  if (e >= -14) h = (uint64_t(e + 15) << 10) | (h & 0x3ffu);
+  const uint64_t rem = sig & ((uint64_t{1} << shift) - 1);
+  const uint64_t halfway = uint64_t{1} << (shift - 1);
+  if (rem > halfway || (rem == halfway && (h & 1u))) ++h;
+  if (h >= 0x7c00u) return false;  // overflow: 65520 and above
+  *out = sign | static_cast<uint16_t>(h);
+  return true;
 }
 
-// IEEE binary32 -> bfloat16, round to nearest even; NaN stays a quiet NaN.
-inline uint16_t FloatToBf16Bits(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
+// bf16: Triton converts the double to float (rounding to nearest) and keeps the float's
+// upper 16 bits: truncation, not rounding, so 0.1 gives 0x3dcc (0.0996...), not the
+// nearest bf16 0x3dcd. A float NaN whose payload lies in the low 16 bits becomes
+// infinity, as in Triton.
+inline uint16_t TritonBf16Bits(double d) {
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(static_cast<float>(d)) >> 16);
 }
 
 // The failure half of PackArg: which parameter, what it wanted, what it got.
@@ -179,7 +194,11 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, s
         return true;
       }
       if (!args_detail::IsFloat(a, &d)) return false;
-      Store(dst, FloatToHalfBits(static_cast<float>(d)));
+      {
+        uint16_t h;
+        if (!DoubleToHalfBits(d, &h)) return false;  // past fp16's range, as Triton refuses
+        Store(dst, h);
+      }
       return true;
     case ParamType::kBf16:
       if (a.kind() == Arg::Kind::kBFloat16) {
@@ -187,7 +206,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, s
         return true;
       }
       if (!args_detail::IsFloat(a, &d)) return false;
-      Store(dst, FloatToBf16Bits(static_cast<float>(d)));
+      Store(dst, TritonBf16Bits(d));
       return true;
     case ParamType::kConstexpr:
       return false;

@@ -1,18 +1,42 @@
-// Per-stream device arenas for Triton's hidden scratch parameters.
+// Device memory for Triton's hidden scratch parameters.
 //
 // A Triton 3.6 kernel with global_scratch_size (or profile_scratch_size) > 0 needs a
 // device buffer of gridX*gridY*gridZ*num_ctas*size bytes per launch, and crashes when
-// given null. Launches on one stream run in order, so they can share one buffer; launches
-// on different streams may run at once, so each (stream, context) owns its own arena.
+// given null. kpack gets it from one of three places, in this order:
 //
-// The lookup is lock-free: a fixed open-addressing table whose slots are written once,
-// under a mutex, and then only read. An arena that is too small grows (under the mutex,
-// with cuMemAlloc in the stream's context) to at least twice its size; the old buffer is
-// kept until the table is destroyed, because kernels already enqueued may still use it.
-// So the steady state neither locks nor allocates, and `Reserve` can size an arena ahead
-// (needed before CUDA graph capture, during which cuMemAlloc is not allowed).
+//  1. A caller's ScratchAllocator (per launch, per BoundLaunch, or Options-wide): asked
+//     for each launch, like Triton's set_allocator. Nothing below is involved.
+//  2. Inside a stream capture: an arena that the captured graph owns. Launches on one
+//     stream run in order and may share memory; a graph does not run in the capturing
+//     stream's order (it is replayed on any stream, while the capturing stream goes on
+//     eagerly), so it must not use that stream's arena. kpack takes an arena reserved
+//     ahead (ReserveScratch), never allocates during a capture (cuMemAlloc would
+//     invalidate it), and hands the arena to the graph: a CUDA user object retained by
+//     the capture graph, whose destructor (run by the driver when the graph and every
+//     executable instantiated from it are destroyed, after their work) returns the arena
+//     to an idle pool that later reservations and streams draw from. All launches of one
+//     capture on one stream share that stream's graph arena (they are ordered in the
+//     graph too); a capture that forks into several streams takes one per stream.
+//  3. Outside a capture: the arena of the launch's stream in its context: one per real
+//     stream, one per context for the legacy (NULL) stream, one per thread and context for
+//     CU_STREAM_PER_THREAD (one handle, but a different stream on every thread). It grows
+//     (to at least twice its size) when a launch needs more; the old buffer is kept, since
+//     work already enqueued may use it, until ReleaseScratch or destruction.
 //
-// Thread safety: all methods may be called concurrently.
+// Lookups of (3) are lock-free: a fixed array of buckets, each a list of slots that are
+// never freed while the table lives; a slot's key and arena are published under a
+// sequence lock, so a released slot can be reused for another stream while launches on
+// other threads read. Everything else (growth, captures, release) takes the mutex.
+//
+// Identity: contexts by cuCtxGetId and real streams by cuStreamGetId (unique for the
+// process), never by handle, so that a destroyed stream's or context's handle reused by
+// a new one never inherits its arena. When a stream handle shows up with a new id, the
+// arena of the destroyed stream is freed (cuMemFree waits for the GPU to finish with it:
+// the CUDA programming guide documents cudaMalloc/cudaFree as synchronizing the device).
+//
+// Thread safety: all methods may be called concurrently. A graph arena's destructor may
+// run on a driver thread at any time, also after ~ScratchArenas (its arena then leaks:
+// no CUDA call may be made from that callback).
 
 #ifndef KPACK_SRC_LAUNCH_SCRATCH_H_
 #define KPACK_SRC_LAUNCH_SCRATCH_H_
@@ -23,70 +47,98 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "driver/driver.h"
 
 namespace kpack::internal {
 
+// Which stream a launch's eager arena belongs to, within a context.
+struct StreamKey {
+  enum Kind : uint64_t { kReal = 1, kLegacy = 2, kPerThread = 3 };
+  uint64_t context = 0;  // cuCtxGetId
+  uint64_t kind = 0;
+  uint64_t id = 0;  // kReal: cuStreamGetId; kPerThread: the thread's kpack token; else 0
+  bool operator==(const StreamKey&) const = default;
+};
+
 class ScratchArenas {
  public:
-  // Streams with an arena, at most. Beyond it, Get fails with RESOURCE_EXHAUSTED.
-  static constexpr size_t kCapacity = 1024;
-
-  explicit ScratchArenas(const Driver& driver) : driver_(driver) {}
-  ~ScratchArenas();  // Frees every buffer, in its own context.
+  explicit ScratchArenas(const Driver& driver);
+  ~ScratchArenas();  // Frees every arena it holds, each in its own context.
   ScratchArenas(const ScratchArenas&) = delete;
   ScratchArenas& operator=(const ScratchArenas&) = delete;
 
-  // A device buffer of at least `bytes` bytes (bytes > 0) for work on `stream`, aligned
-  // to 4096 bytes, valid until the next call for the same stream that needs more.
-  absl::StatusOr<CUdeviceptr> Get(CUstream stream, uint64_t bytes) {
-    CUcontext ctx = nullptr;
-    CUresult r = driver_.StreamGetCtx(stream, &ctx);
-    if (r != CUDA_SUCCESS) return driver_.Error(r, "cuStreamGetCtx for a scratch arena");
-    const Buffer* b = Find(stream, ctx);
-    if (b != nullptr && b->size >= bytes) return b->aligned;
-    return Grow(stream, ctx, bytes);
-  }
+  // A device buffer of at least `bytes` (> 0) bytes, aligned to 4096, for one launch on
+  // `stream` in the current context, whose cuCtxGetId is `context`. Inside a capture: the
+  // capture's arena on this stream, or FAILED_PRECONDITION naming ReserveScratch if none
+  // was reserved. Outside: lock-free unless the stream's arena must grow.
+  absl::StatusOr<CUdeviceptr> Get(CUstream stream, uint64_t context, uint64_t bytes);
 
+  // Sizes `stream`'s arena to at least `bytes`, and sets aside an arena of at least
+  // `bytes` for the next capture on `stream`. FAILED_PRECONDITION while `stream` captures.
   absl::Status Reserve(CUstream stream, uint64_t bytes);
+  // Frees `stream`'s arena (all its buffers) and its capture reservation.
+  absl::Status Release(CUstream stream);
 
-  size_t arenas() const { return arenas_.load(std::memory_order_relaxed); }
-  uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  struct Stats {
+    size_t stream_arenas = 0;    // streams with an arena
+    size_t reserved = 0;         // set aside for a capture
+    size_t in_graphs = 0;        // owned by captured graphs
+    size_t idle = 0;             // returned by graphs, not yet reused
+    uint64_t bytes = 0;          // device bytes in all of the above, retired buffers too
+  };
+  Stats stats() const;
 
  private:
-  struct Buffer {
+  struct Arena {
+    CUcontext context = nullptr;  // handle, for cuMemFree; valid while `context_id` lives
+    uint64_t context_id = 0;
     CUdeviceptr base = 0;     // what cuMemAlloc returned
     CUdeviceptr aligned = 0;  // base rounded up to kAlign
     uint64_t size = 0;        // usable bytes from `aligned`
-    CUcontext ctx = nullptr;
   };
-  struct Slot {
-    std::atomic<CUstream> stream{nullptr};
-    std::atomic<CUcontext> ctx{nullptr};
-    std::atomic<bool> used{false};
-    std::atomic<const Buffer*> buffer{nullptr};
-  };
+  struct Slot;
+  struct Shared;   // the state a graph arena's destructor reaches; outlives this object
+  struct GraphArena;
   static constexpr uint64_t kAlign = 4096;  // the largest scratch alignment a pack may ask
+  static constexpr size_t kBuckets = 64;
 
-  static size_t Hash(CUstream stream, CUcontext ctx) {
-    auto h = reinterpret_cast<uintptr_t>(stream) * 0x9e3779b97f4a7c15ull ^
-             reinterpret_cast<uintptr_t>(ctx);
-    return static_cast<size_t>(h >> 7) % kCapacity;
-  }
-  const Buffer* Find(CUstream stream, CUcontext ctx) const;
-  absl::StatusOr<CUdeviceptr> Grow(CUstream stream, CUcontext ctx, uint64_t bytes);
+  // For Reserve and Release: `stream`'s context and key, or FAILED_PRECONDITION naming
+  // `call` while `stream` is being captured.
+  absl::StatusOr<std::pair<CUcontext, StreamKey>> OutsideCapture(CUstream stream,
+                                                                 absl::string_view call) const;
+  // The key of `stream` in the current context `context`; a real stream's id costs one
+  // cuStreamGetId.
+  absl::StatusOr<StreamKey> KeyOf(CUstream stream, uint64_t context) const;
+  // The lock-free lookup: the arena (aligned, size) of `key`, or {0, 0}.
+  std::pair<CUdeviceptr, uint64_t> Find(const StreamKey& key) const;
+  // Grows (or makes) `stream`'s arena to at least `bytes`, allocating in `context` (the
+  // handle of the context whose id is key.context). Needs Shared::mu held.
+  absl::StatusOr<CUdeviceptr> GrowLocked(CUstream stream, CUcontext context, const StreamKey& key,
+                                         uint64_t bytes);
+  absl::StatusOr<CUdeviceptr> ForCapture(CUstream stream, uint64_t context, uint64_t capture,
+                                         CUgraph graph, uint64_t bytes);
+  // An arena of at least `bytes` in context `context` (cuCtxGetId `context_id`): from the
+  // idle pool when one fits, else cuMemAlloc. Needs Shared::mu held.
+  absl::StatusOr<Arena> TakeOrAllocate(CUcontext context, uint64_t context_id, uint64_t bytes);
+  // cuMemFree in the arena's context. True when freed, or when its context is gone (and
+  // the memory with it); false when the driver refused (e.g. another thread captures).
+  bool Free(const Arena& arena) const;
+  // Frees `slot`'s buffers (those the driver refuses now wait for ~ScratchArenas) and
+  // marks it free. Needs Shared::mu held.
+  void ReleaseSlot(Slot* slot);
+  static void ReturnFromGraph(void* graph_arena);  // the user object's destructor
 
   const Driver& driver_;
-  std::array<Slot, kCapacity> slots_;
-  std::atomic<size_t> arenas_{0};
-  std::atomic<uint64_t> bytes_{0};
-  std::mutex grow_mu_;
-  std::vector<std::unique_ptr<Buffer>> buffers_ ABSL_GUARDED_BY(grow_mu_);
+  std::shared_ptr<Shared> shared_;
+  std::array<std::atomic<Slot*>, kBuckets> buckets_{};
+  std::vector<std::unique_ptr<Slot>> slots_;  // guarded by Shared::mu; owns the buckets' slots
 };
 
 }  // namespace kpack::internal

@@ -5,7 +5,9 @@
 
 #include <cuda.h>
 
+#include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,67 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantD
   return d.Error(r, absl::StrCat("cuLaunchKernelEx for ", Describe(v)));
 }
 
+ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
+                                                    CUresult r) {
+  return ContextError(d, r, absl::StrCat("launching ", Describe(v)));
+}
+
+namespace {
+
+// `a` * `b` into `out`; false on overflow.
+bool Mul(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+// Scratch sizes are products of the grid, num_ctas and per-program sizes from the pack:
+// each is checked, so that a huge grid is an error and never a short buffer.
+absl::Status RuntimeImpl::FillScratch(const VariantData& v, const Grid& grid, uint64_t context,
+                                      CUstream stream, const ScratchAllocator* scratch,
+                                      std::byte* buf) const {
+  uint64_t blocks = 0, global_bytes = 0, profile_bytes = 0;
+  if (!Mul(uint64_t{grid.x} * grid.y, grid.z, &blocks) || !Mul(blocks, v.num_ctas, &blocks) ||
+      !Mul(blocks, v.global_scratch_size, &global_bytes) ||
+      !Mul(blocks, v.profile_scratch_size, &profile_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Describe(v), ": the scratch memory for grid (", grid.x, ", ", grid.y, ", ", grid.z,
+        ") overflows 64 bits"));
+  }
+  if (scratch == nullptr && scratch_allocator_.allocate != nullptr) scratch = &scratch_allocator_;
+  CUdeviceptr global = 0, profile = 0;
+  if (scratch != nullptr) {
+    // The caller's memory, asked for as Triton asks its allocator: one buffer per kind.
+    for (auto [bytes, align, out] :
+         {std::tuple{global_bytes, uint64_t{v.spec->global_scratch_align}, &global},
+          std::tuple{profile_bytes, v.profile_scratch_align, &profile}}) {
+      if (bytes == 0) continue;
+      *out = scratch->allocate(bytes, align, stream, scratch->user_data);
+      if (*out == 0 || *out % align != 0) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            Describe(v), ": the ScratchAllocator returned ", *out == 0 ? "null" : "a misaligned "
+            "pointer", " for ", bytes, " bytes of scratch aligned to ", align));
+      }
+    }
+  } else {
+    // kpack's arena: global scratch, then profile scratch at its alignment.
+    const uint64_t align = v.profile_scratch_align;
+    const uint64_t profile_start = (global_bytes + align - 1) / align * align;
+    if (profile_start < global_bytes || profile_start + profile_bytes < profile_start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Describe(v), ": the scratch memory for this grid overflows 64 bits"));
+    }
+    absl::StatusOr<CUdeviceptr> base = scratch_->Get(stream, context, profile_start + profile_bytes);
+    if (!base.ok()) {
+      return absl::Status(base.status().code(),
+                          absl::StrCat(Describe(v), ": ", base.status().message()));
+    }
+    global = *base;
+    profile = *base + profile_start;
+  }
+  if (v.global_scratch_size != 0) std::memcpy(buf + v.global_scratch_offset, &global, 8);
+  if (v.profile_scratch_size != 0) std::memcpy(buf + v.profile_scratch_offset, &profile, 8);
+  return absl::OkStatus();
+}
+
 
 absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const Arg> args) const {
   const KernelSpec& k = *v.kernel->spec;
@@ -70,9 +133,10 @@ absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const
 }
 
 absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
-                                       std::byte* buf, bool fallback) const {
-  PreparedLaunch p;
-  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, buf, &p));
+                                       const ScratchAllocator* scratch, std::byte* buf,
+                                       bool fallback) const {
+  DriverLaunch p;
+  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, scratch, buf, &p));
   if (p.function == nullptr) return absl::OkStatus();  // empty grid
 
 #if KPACK_ENABLE_NVTX
@@ -100,15 +164,16 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, C
 }
 
 absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
-                                     std::span<const Arg> args) const {
+                                     std::span<const Arg> args,
+                                     const ScratchAllocator* scratch) const {
   DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
   // The sole variant, when there is one, without reading the variants vector.
   const VariantData& v = k.sole_variant != nullptr ? *k.sole_variant : *k.variants[choice.variant];
   alignas(16) std::byte buf[kMaxParamBytes];
   KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
-  if (grid != nullptr) return LaunchPacked(v, *grid, stream, buf, choice.fallback);
+  if (grid != nullptr) return LaunchPacked(v, *grid, stream, scratch, buf, choice.fallback);
   KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));
-  return LaunchPacked(v, computed, stream, buf, choice.fallback);
+  return LaunchPacked(v, computed, stream, scratch, buf, choice.fallback);
 }
 }  // namespace kpack::internal

@@ -5,8 +5,8 @@
 //             (div16 / eq1 / integer fit) looked up in the kernel's DispatchTable;
 //   PackArgs  the arguments into the variant's parameter buffer at the manifest's
 //             offsets, checked against each slot's Triton type;
-//   Prepare   the variant's CUfunction (loading it on first use), the scratch pointers,
-//             and the CUlaunchConfig.
+//   Prepare   the variant's CUfunction in the current context (loading it there on
+//             first use), the scratch pointers, and the CUlaunchConfig.
 //
 // They are defined here, inline and always inlined, so that the launch functions in
 // launch.cc compile into one straight-line body, while Bind and BoundLaunch::Set (and
@@ -42,6 +42,8 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid&
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis);
 ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
                                                  CUresult r);
+ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
+                                                    CUresult r);
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
     const VariantData& v, std::span<const Arg> args, std::byte* buf) const {
@@ -86,10 +88,9 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Select(
 }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Prepare(
-    const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
-    PreparedLaunch* p) const {
-  const uint64_t programs = uint64_t{grid.x} * grid.y * grid.z;
-  if (programs == 0) {  // Triton skips empty grids too
+    const VariantData& v, const Grid& grid, CUstream stream, const ScratchAllocator* scratch,
+    std::byte* buf, DriverLaunch* p) const {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {  // Triton skips empty grids too
     p->function = nullptr;
     return absl::OkStatus();
   }
@@ -97,29 +98,18 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Prepare(
   if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max())) {
     return GridError(v, grid);
   }
-  CUfunction function = v.function.load(std::memory_order_acquire);
-  if (ABSL_PREDICT_FALSE(function == nullptr)) {
-    KPACK_ASSIGN_OR_RETURN(function, Load(v));
+  // The current context, by its id (a thread-local read in the driver): a CUfunction
+  // belongs to one context, and a context's handle may be reused by a new one.
+  unsigned long long context = 0;  // NOLINT(runtime/int)
+  const CUresult r = driver_->CtxGetId(nullptr, &context);
+  if (ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) return NoContextError(*driver_, v, r);
+  CUfunction function = v.home_function.load(std::memory_order_acquire);
+  if (ABSL_PREDICT_FALSE(function == nullptr || v.home_context != context)) {
+    KPACK_ASSIGN_OR_RETURN(function, FunctionFor(v, context, stream));
   }
-  CUcontext context = nullptr;
-  driver_->CtxGetCurrent(&context);  // a thread-local read in the driver
-  if (ABSL_PREDICT_TRUE(context == v.home_context)) function = v.home_function;
   p->function = function;
-
   if (v.global_scratch_size != 0 || v.profile_scratch_size != 0) {
-    const uint64_t blocks = programs * v.num_ctas;
-    const uint64_t global_bytes = blocks * v.global_scratch_size;
-    const uint64_t profile_start = (global_bytes + v.profile_scratch_align - 1) /
-                                   v.profile_scratch_align * v.profile_scratch_align;
-    KPACK_ASSIGN_OR_RETURN(CUdeviceptr base,
-                           scratch_->Get(stream, profile_start + blocks * v.profile_scratch_size));
-    if (v.global_scratch_size != 0) {
-      std::memcpy(buf + v.global_scratch_offset, &base, sizeof(base));
-    }
-    if (v.profile_scratch_size != 0) {
-      CUdeviceptr profile = base + profile_start;
-      std::memcpy(buf + v.profile_scratch_offset, &profile, sizeof(profile));
-    }
+    KPACK_RETURN_IF_ERROR(FillScratch(v, grid, context, stream, scratch, buf));
   }
 
   CUlaunchConfig& config = p->config;

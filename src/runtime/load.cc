@@ -40,15 +40,25 @@ absl::StatusOr<int> ComputeCapability(const Driver& d, CUdevice device) {
 
 }  // namespace
 
+absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing) {
+  CUcontext current = nullptr;
+  if (r == CUDA_ERROR_INVALID_CONTEXT ||
+      (d.CtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        doing, ": no CUDA context is current on this thread; make one current "
+        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  }
+  return d.Error(r, absl::StrCat("cuCtxGetId (", doing, ")"));
+}
+
 std::string Describe(const VariantData& v) {
   return absl::StrCat("kernel '", v.kernel->spec->name, "' variant '", v.spec->name, "'");
 }
 
-absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel) const {
+absl::Status RuntimeImpl::CheckLayout(const VariantData& v, CUkernel kernel) const {
   const Driver& d = *driver_;
   const VariantSpec& s = *v.spec;
   const std::string what = Describe(v);
-
   // The manifest's parameter layout must be the cubin's, slot for slot: packing by a
   // wrong layout would launch with garbage arguments.
   for (size_t i = 0; i < s.layout.size(); ++i) {
@@ -69,101 +79,149 @@ absl::Status RuntimeImpl::CheckAndPrepare(const VariantData& v, CUkernel kernel)
                                                    "' has more than the ", s.layout.size(),
                                                    " parameters the manifest's layout lists"));
   }
+  return absl::OkStatus();
+}
 
-  int count = 0;
-  KPACK_RETURN_IF_ERROR(d.Check(d.DeviceGetCount(&count), "cuDeviceGetCount"));
-  for (CUdevice dev = 0; dev < count; ++dev) {
-    KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, dev));
-    // Load checked the current device; GPUs of another kind never run this variant.
-    if (!ArchRunsOn(s.arch, cc)) continue;
-    int optin = 0;
+// `device` is the current context's (cuCtxGetDevice): a handle, never an ordinal.
+absl::Status RuntimeImpl::CheckDevice(const VariantData& v, CUkernel kernel,
+                                      CUdevice device) const {
+  const Driver& d = *driver_;
+  const VariantSpec& s = *v.spec;
+  const std::string what = Describe(v);
+  int optin = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device),
+      "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"));
+  int static_shared = 0, max_threads = 0;
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.KernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, device),
+      absl::StrCat("cuKernelGetAttribute(SHARED_SIZE_BYTES) for ", what)));
+  KPACK_RETURN_IF_ERROR(d.Check(
+      d.KernelGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, device),
+      absl::StrCat("cuKernelGetAttribute(MAX_THREADS_PER_BLOCK) for ", what)));
+  if (static_cast<int64_t>(s.shared) + static_shared > optin) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": needs ", s.shared, " bytes of dynamic shared memory (plus ", static_shared,
+        " static), but the current device allows at most ", optin, " per block"));
+  }
+  if (v.block_x > static_cast<uint32_t>(max_threads)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, ": num_warps ", s.num_warps, " needs ", v.block_x,
+                     " threads per block, but the kernel can run at most ", max_threads,
+                     " on the current device"));
+  }
+  if (s.shared > kDefaultSharedLimit) {
+    // Without this opt-in a launch asking for more than 48 KiB fails with
+    // CUDA_ERROR_INVALID_VALUE. It applies to the device, so to all its contexts.
+    KPACK_RETURN_IF_ERROR(
+        d.Check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     optin - static_shared, kernel, device),
+                absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
+  }
+  if (s.num_ctas > 8) {
     KPACK_RETURN_IF_ERROR(d.Check(
-        d.DeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev),
-        "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)"));
-    int static_shared = 0, max_threads = 0;
-    KPACK_RETURN_IF_ERROR(d.Check(
-        d.KernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel, dev),
-        absl::StrCat("cuKernelGetAttribute(SHARED_SIZE_BYTES) for ", what)));
-    KPACK_RETURN_IF_ERROR(d.Check(
-        d.KernelGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, kernel, dev),
-        absl::StrCat("cuKernelGetAttribute(MAX_THREADS_PER_BLOCK) for ", what)));
-    if (static_cast<int64_t>(s.shared) + static_shared > optin) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, ": needs ", s.shared, " bytes of dynamic shared memory (plus ", static_shared,
-          " static), but device ", dev, " allows at most ", optin, " per block"));
-    }
-    if (v.block_x > static_cast<uint32_t>(max_threads)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, ": num_warps ", s.num_warps, " needs ", v.block_x,
-          " threads per block, but the kernel can run at most ", max_threads, " on device ", dev));
-    }
-    if (s.shared > kDefaultSharedLimit) {
-      // Without this opt-in a launch asking for more than 48 KiB fails with
-      // CUDA_ERROR_INVALID_VALUE. Set once per device; it applies to all its contexts.
-      KPACK_RETURN_IF_ERROR(
-          d.Check(d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                       optin - static_shared, kernel, dev),
-                  absl::StrCat("cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) for ", what)));
-    }
-    if (s.num_ctas > 8) {
-      KPACK_RETURN_IF_ERROR(d.Check(
-          d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, dev),
-          absl::StrCat("cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for ", what)));
-    }
+        d.KernelSetAttribute(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, kernel, device),
+        absl::StrCat("cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) for ", what)));
   }
   return absl::OkStatus();
 }
 
+absl::StatusOr<CUfunction> RuntimeImpl::FunctionFor(const VariantData& v, uint64_t context,
+                                                    CUstream stream) const {
+  for (const ContextFunction* c = v.contexts.load(std::memory_order_acquire); c != nullptr;
+       c = c->next) {
+    if (c->context == context) return c->function;
+  }
+  // Not loaded for this context yet. Loading (the library, or only cuKernelGetFunction)
+  // is not allowed while a stream is captured; refuse rather than invalidate the
+  // caller's capture.
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = driver_->StreamIsCapturing(stream, &status);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+      (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(v), " is not loaded in this CUDA context, and the launch's stream is being "
+        "captured into a CUDA graph, during which kpack does not load kernels: call "
+        "Runtime::Preload() or Kernel::Preload() in this context before beginning the capture"));
+  }
+  KPACK_RETURN_IF_ERROR(driver_->Check(r, "cuStreamIsCapturing"));
+  return Load(v);
+}
+
 absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
-  std::lock_guard<std::mutex> lock(v.load_mu);
-  if (CUfunction f = v.function.load(std::memory_order_acquire)) return f;
   const Driver& d = *driver_;
   const VariantSpec& s = *v.spec;
   const std::string what = Describe(v);
-
-  CUcontext ctx = nullptr;
-  KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent"));
-  if (ctx == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "loading ", what,
-        ": no CUDA context is current on this thread; make one current "
-        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+  unsigned long long context = 0;  // NOLINT(runtime/int)
+  if (CUresult r = d.CtxGetId(nullptr, &context); r != CUDA_SUCCESS) {
+    return ContextError(d, r, absl::StrCat("loading ", what));
   }
+
+  std::lock_guard<std::mutex> lock(v.load_mu);
+  CUfunction home = v.home_function.load(std::memory_order_acquire);
+  if (home != nullptr && v.home_context == context) return home;
+  for (const ContextFunction* c = v.contexts.load(std::memory_order_acquire); c != nullptr;
+       c = c->next) {
+    if (c->context == context) return c->function;
+  }
+
   CUdevice device = 0;
   KPACK_RETURN_IF_ERROR(d.Check(d.CtxGetDevice(&device), "cuCtxGetDevice"));
   KPACK_ASSIGN_OR_RETURN(int cc, ComputeCapability(d, device));
   if (!ArchRunsOn(s.arch, cc)) {
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the cubin was built for arch ", s.arch, " (sm_", s.arch, s.arch >= 90 ? "a" : "",
-        "), but the current device ", device, " has compute capability ", cc / 10, ".", cc % 10));
+        "), but the current device has compute capability ", cc / 10, ".", cc % 10));
   }
 
-  CUlibrary library = nullptr;
-  KPACK_RETURN_IF_ERROR(
-      d.Check(d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
-              absl::StrCat("cuLibraryLoadData for ", what)));
-  CUkernel kernel = nullptr;
-  absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
-                                absl::StrCat("cuLibraryGetKernel('", s.entry, "') for ", what));
-  if (status.ok()) status = CheckAndPrepare(v, kernel);
-  CUfunction home_function = nullptr;
+  // The library: loaded once, for every context (cuLibraryLoadData is context-free).
+  const bool first_load = v.library == nullptr;
+  if (first_load) {
+    CUlibrary library = nullptr;
+    KPACK_RETURN_IF_ERROR(d.Check(
+        d.LibraryLoadData(&library, v.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+        absl::StrCat("cuLibraryLoadData for ", what)));
+    CUkernel kernel = nullptr;
+    absl::Status status = d.Check(d.LibraryGetKernel(&kernel, library, s.entry.c_str()),
+                                  absl::StrCat("cuLibraryGetKernel('", s.entry, "') for ", what));
+    if (status.ok()) status = CheckLayout(v, kernel);
+    if (!status.ok()) {
+      d.LibraryUnload(library);
+      return status;
+    }
+    v.library = library;
+    v.kernel_handle = kernel;
+  }
+  // This context: the device's limits and attributes, then its CUfunction (which loads
+  // the kernel into the context now rather than lazily at a launch).
+  CUfunction function = nullptr;
+  absl::Status status = CheckDevice(v, v.kernel_handle, device);
   if (status.ok()) {
-    status = d.Check(d.KernelGetFunction(&home_function, kernel),
+    status = d.Check(d.KernelGetFunction(&function, v.kernel_handle),
                      absl::StrCat("cuKernelGetFunction for ", what));
   }
   if (!status.ok()) {
-    d.LibraryUnload(library);
+    if (first_load) {  // a variant no context can use stays unloaded
+      d.LibraryUnload(v.library);
+      v.library = nullptr;
+      v.kernel_handle = nullptr;
+    }
     return status;
   }
-  v.home_context = ctx;
-  v.home_function = home_function;
-  v.library = library;
-  std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
-  libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
-  Log().info("loaded {} (entry '{}', {} warps, {} ctas, {} B shared)", what, s.entry, s.num_warps,
-             s.num_ctas, s.shared);
-  auto function = reinterpret_cast<CUfunction>(kernel);
-  v.function.store(function, std::memory_order_release);
+  if (first_load) {
+    std::vector<std::byte>().swap(v.cubin);  // the driver has its own copy now
+    libraries_loaded_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (home == nullptr) {
+    v.home_context = context;
+    v.home_function.store(function, std::memory_order_release);
+  } else {
+    v.context_nodes.push_back(std::make_unique<ContextFunction>(
+        ContextFunction{context, function, v.contexts.load(std::memory_order_relaxed)}));
+    v.contexts.store(v.context_nodes.back().get(), std::memory_order_release);
+  }
+  Log().info("loaded {} for context {} (entry '{}', {} warps, {} ctas, {} B shared)", what,
+             context, s.entry, s.num_warps, s.num_ctas, s.shared);
   return function;
 }
 }  // namespace kpack::internal

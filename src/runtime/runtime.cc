@@ -56,12 +56,26 @@ absl::Status Kernel::Preload() const {
 absl::Status Kernel::LaunchArgs(const Grid& grid, CUstream stream,
                                 std::span<const Arg> args) const {
   if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
-  return data_->runtime->LaunchArgs(*data_, &grid, stream, args);
+  return data_->runtime->LaunchArgs(*data_, &grid, stream, args, nullptr);
 }
 
 absl::Status Kernel::LaunchArgs(CUstream stream, std::span<const Arg> args) const {
   if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
-  return data_->runtime->LaunchArgs(*data_, nullptr, stream, args);
+  return data_->runtime->LaunchArgs(*data_, nullptr, stream, args, nullptr);
+}
+
+absl::Status Kernel::LaunchArgs(const Grid& grid, CUstream stream, std::span<const Arg> args,
+                                const ScratchAllocator& scratch) const {
+  if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
+  return data_->runtime->LaunchArgs(*data_, &grid, stream, args,
+                                    scratch.allocate != nullptr ? &scratch : nullptr);
+}
+
+absl::Status Kernel::LaunchArgs(CUstream stream, std::span<const Arg> args,
+                                const ScratchAllocator& scratch) const {
+  if (ABSL_PREDICT_FALSE(data_ == nullptr)) return EmptyKernel();
+  return data_->runtime->LaunchArgs(*data_, nullptr, stream, args,
+                                    scratch.allocate != nullptr ? &scratch : nullptr);
 }
 
 absl::StatusOr<std::string_view> Kernel::SelectVariant(std::span<const Arg> args) const {
@@ -171,15 +185,40 @@ void BoundLaunch::set_grid(const Grid& grid) {
   state_->grid_from_expressions = false;
 }
 void BoundLaunch::set_stream(CUstream stream) { state_->stream = stream; }
+void BoundLaunch::set_scratch_allocator(const ScratchAllocator& allocator) {
+  state_->scratch = allocator;
+}
 
 absl::Status BoundLaunch::Launch() {
-  const internal::BoundState& st = *state_;
+  internal::BoundState& st = *state_;
   const internal::RuntimeImpl& rt = *st.kernel->runtime;
+  const ScratchAllocator* scratch = st.scratch.allocate != nullptr ? &st.scratch : nullptr;
   if (!st.grid_from_expressions) {
-    return rt.LaunchPacked(*st.variant, st.grid, st.stream, state_->buf, st.fallback);
+    return rt.LaunchPacked(*st.variant, st.grid, st.stream, scratch, st.buf, st.fallback);
   }
   KPACK_ASSIGN_OR_RETURN(Grid grid, rt.EvalGrid(*st.variant, st.args));
-  return rt.LaunchPacked(*st.variant, grid, st.stream, state_->buf, st.fallback);
+  return rt.LaunchPacked(*st.variant, grid, st.stream, scratch, st.buf, st.fallback);
+}
+
+absl::StatusOr<PreparedLaunch> BoundLaunch::Prepare() {
+  internal::BoundState& st = *state_;
+  const internal::RuntimeImpl& rt = *st.kernel->runtime;
+  Grid grid = st.grid;
+  if (st.grid_from_expressions) {
+    KPACK_ASSIGN_OR_RETURN(grid, rt.EvalGrid(*st.variant, st.args));
+  }
+  internal::RuntimeImpl::DriverLaunch& p = st.prepared;
+  KPACK_RETURN_IF_ERROR(rt.Prepare(*st.variant, grid, st.stream,
+                                   st.scratch.allocate != nullptr ? &st.scratch : nullptr, st.buf,
+                                   &p));
+  PreparedLaunch out;
+  out.function = p.function;
+  if (p.function == nullptr) return out;  // an empty grid: nothing to launch
+  out.config = p.config;
+  out.params = st.buf;
+  out.param_bytes = p.param_bytes;
+  out.extra = p.param_bytes != 0 ? p.extra : nullptr;
+  return out;
 }
 
 // ---- Runtime ----
@@ -192,6 +231,7 @@ Runtime::~Runtime() = default;
 absl::StatusOr<Runtime> Runtime::Open(std::string_view dir, const Options& options) {
   KPACK_ASSIGN_OR_RETURN(std::unique_ptr<internal::RuntimeImpl> impl,
                          internal::RuntimeImpl::Create(internal::AbslView(dir), options));
+  impl->set_scratch_allocator(options.scratch_allocator);
   Runtime runtime(std::move(impl));
   if (options.preload) KPACK_RETURN_IF_ERROR(runtime.Preload());
   return runtime;
@@ -216,14 +256,14 @@ absl::Status Runtime::LaunchArgs(std::string_view name, const Grid& grid, CUstre
                                  std::span<const Arg> args) const {
   const internal::KernelData* k = impl_->FindKernel(name);
   if (ABSL_PREDICT_FALSE(k == nullptr)) return Find(name).status();
-  return impl_->LaunchArgs(*k, &grid, stream, args);
+  return impl_->LaunchArgs(*k, &grid, stream, args, nullptr);
 }
 
 absl::Status Runtime::LaunchArgs(std::string_view name, CUstream stream,
                                  std::span<const Arg> args) const {
   const internal::KernelData* k = impl_->FindKernel(name);
   if (ABSL_PREDICT_FALSE(k == nullptr)) return Find(name).status();
-  return impl_->LaunchArgs(*k, nullptr, stream, args);
+  return impl_->LaunchArgs(*k, nullptr, stream, args, nullptr);
 }
 
 absl::Status Runtime::Preload() {
@@ -237,11 +277,17 @@ absl::Status Runtime::ReserveScratch(CUstream stream, size_t bytes) {
   return impl_->scratch().Reserve(stream, bytes);
 }
 
+absl::Status Runtime::ReleaseScratch(CUstream stream) { return impl_->scratch().Release(stream); }
+
 Runtime::Stats Runtime::stats() const {
+  const internal::ScratchArenas::Stats scratch = impl_->scratch().stats();
   Stats s;
   s.libraries_loaded = impl_->libraries_loaded();
-  s.scratch_arenas = impl_->scratch().arenas();
-  s.scratch_bytes = impl_->scratch().bytes();
+  s.scratch_arenas = scratch.stream_arenas;
+  s.scratch_reserved = scratch.reserved;
+  s.scratch_in_graphs = scratch.in_graphs;
+  s.scratch_idle = scratch.idle;
+  s.scratch_bytes = scratch.bytes;
   return s;
 }
 

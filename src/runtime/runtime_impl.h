@@ -1,6 +1,7 @@
 // The state behind kpack::Runtime, Kernel and BoundLaunch. Everything here is built at
-// Open and immutable afterwards, except each variant's load state (published once,
-// through an atomic) and the scratch arenas (see launch/scratch.h).
+// Open and immutable afterwards, except each variant's load state (its library, and its
+// CUfunction per context, each published once through an atomic) and the scratch arenas
+// (see launch/scratch.h).
 
 #ifndef KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
 #define KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
@@ -58,6 +59,14 @@ inline size_t ThreadShard() {
   return shard;
 }
 
+// A variant's CUfunction in one CUDA context (cuKernelGetFunction there), in a list that
+// only grows, newest first; nodes are immutable and live as long as their variant.
+struct ContextFunction {
+  uint64_t context = 0;  // cuCtxGetId: a context's handle may be reused, its id never
+  CUfunction function = nullptr;
+  const ContextFunction* next = nullptr;
+};
+
 // The launch-time view of a variant. The fields copied from VariantSpec are copied on
 // purpose: a launch reads only this struct. A real driver's launch evicts the launcher's
 // data from L1 between launches, so what every launch reads is packed into the first
@@ -65,14 +74,13 @@ inline size_t ThreadShard() {
 struct alignas(64) VariantData {
   // ---- read by every launch
   const KernelData* kernel = nullptr;
-  // Load state. `function` is the CUkernel (cast to CUfunction, as cuLaunchKernelEx
-  // accepts), published with release order once every load-time check has passed; the
-  // home_* fields are written before it and immutable after. A CUkernel launch makes the
-  // driver resolve the kernel for the context per call, so launches in the context that
-  // loaded the variant (the common case) use that context's CUfunction directly.
-  mutable std::atomic<CUfunction> function{nullptr};
-  mutable CUcontext home_context = nullptr;
-  mutable CUfunction home_function = nullptr;
+  // The variant's CUfunction in the first context that loaded it ("home"), published with
+  // release order once every load-time check for that context has passed; home_context
+  // (its cuCtxGetId) is written before and immutable after. Launches in other contexts
+  // find theirs in `contexts`; each context gets its own through cuKernelGetFunction,
+  // which loads the kernel there, so that no launch loads anything (see Load).
+  mutable std::atomic<CUfunction> home_function{nullptr};
+  mutable uint64_t home_context = 0;
   std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
   uint32_t param_bytes = 0;
   uint32_t block_x = 0;
@@ -81,8 +89,8 @@ struct alignas(64) VariantData {
   unsigned num_attrs = 0;
   int32_t global_scratch_offset = -1;  // slot offset, -1 if the layout has none
   int32_t profile_scratch_offset = -1;
-  // Bytes per program of each scratch kind, and where profile scratch starts in the
-  // arena relative to the end of global scratch (its alignment).
+  // Bytes per program of each scratch kind and their alignments (in an arena, profile
+  // scratch starts at the first multiple of its alignment after global scratch).
   uint64_t global_scratch_size = 0;
   uint64_t profile_scratch_size = 0;
   uint64_t profile_scratch_align = 1;
@@ -94,10 +102,16 @@ struct alignas(64) VariantData {
   mutable std::array<CounterShard, kCounterShards> counters;
 
   // ---- load time and errors
+  // Other contexts' CUfunctions (published with release order, read with acquire).
+  mutable std::atomic<const ContextFunction*> contexts{nullptr};
   const VariantSpec* spec = nullptr;
   mutable std::mutex load_mu;
-  mutable CUlibrary library = nullptr;   // guarded by load_mu
-  mutable std::vector<std::byte> cubin;  // guarded by load_mu; freed once loaded
+  // Guarded by load_mu: the context-independent library and kernel (loaded once), the
+  // cubin (freed once loaded), and the nodes of `contexts`.
+  mutable CUlibrary library = nullptr;
+  mutable CUkernel kernel_handle = nullptr;
+  mutable std::vector<std::byte> cubin;
+  mutable std::vector<std::unique_ptr<ContextFunction>> context_nodes;
 };
 
 struct alignas(64) KernelData {
@@ -133,12 +147,22 @@ class RuntimeImpl {
   const std::string& dir() const { return pack_.dir; }
   ScratchArenas& scratch() const { return *scratch_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
+  // Options::scratch_allocator; set by Runtime::Open before the runtime is shared.
+  void set_scratch_allocator(const ScratchAllocator& allocator) { scratch_allocator_ = allocator; }
 
-  // Loads `v` into the driver if it is not yet (slow path; takes the variant's mutex).
+  // `v`'s CUfunction in the current context, whose cuCtxGetId is `context`: the list
+  // lookup, then Load. A launch on a `stream` that is being captured refuses to load
+  // (FAILED_PRECONDITION naming Preload): loading during a capture is not allowed.
+  absl::StatusOr<CUfunction> FunctionFor(const VariantData& v, uint64_t context,
+                                         CUstream stream) const;
+  // Loads `v` for the current context unless it is already (slow path; takes the
+  // variant's mutex): the library once, then cuKernelGetFunction and the checks against
+  // the context's device. Preload and the first launch in each context call it.
   absl::StatusOr<CUfunction> Load(const VariantData& v) const;
-  // `grid` null: the grid from the kernel's grid expressions.
+  // `grid` null: the grid from the kernel's grid expressions. `scratch`: the caller's
+  // allocator for this launch, or null.
   absl::Status LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
-                          std::span<const Arg> args) const;
+                          std::span<const Arg> args, const ScratchAllocator* scratch) const;
   // The launch path's steps, defined inline in runtime/launch.h (include it to call
   // them). Select: the variant these arguments select; checks the count. Errors name
   // the kernel, the argument and the assumption that failed.
@@ -148,29 +172,37 @@ class RuntimeImpl {
   absl::Status PackArgs(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
   // The grid from the variant's grid expressions.
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
-  // Everything a launch of `v` needs but the driver call: loads lazily, fills the
-  // scratch pointers in `buf`, builds the config. An empty grid leaves p->function null.
-  // `p` points into `buf`, which must outlive its use.
-  struct PreparedLaunch {
+  // Everything a launch of `v` needs but the driver call: the CUfunction for the current
+  // context (loading it there on first use), the scratch pointers in `buf` (from
+  // `scratch`, else the Options' allocator, else kpack's arenas), the config. An empty
+  // grid leaves p->function null. `p->extra` points into `p` and at `buf`.
+  struct DriverLaunch {
     CUlaunchConfig config;
     CUfunction function;
     size_t param_bytes;
     void* extra[5];
   };
-  absl::Status Prepare(const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
-                       PreparedLaunch* p) const;
+  absl::Status Prepare(const VariantData& v, const Grid& grid, CUstream stream,
+                       const ScratchAllocator* scratch, std::byte* buf, DriverLaunch* p) const;
   // Sends a packed buffer: Prepare, an NVTX range around cuLaunchKernelEx, and the
   // counters (launches, and whether it was a fallback).
-  absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream, std::byte* buf,
-                            bool fallback) const;
+  absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
+                            const ScratchAllocator* scratch, std::byte* buf, bool fallback) const;
 
   static Kernel MakeKernel(const KernelData* k) { return Kernel(k); }
 
  private:
   RuntimeImpl() = default;
-  absl::Status CheckAndPrepare(const VariantData& v, CUkernel kernel) const;
+  // Prepare's scratch step, for variants with scratch (out of line: they pay driver calls).
+  absl::Status FillScratch(const VariantData& v, const Grid& grid, uint64_t context,
+                           CUstream stream, const ScratchAllocator* scratch, std::byte* buf) const;
+  // Load's checks: the library's parameter layout (once), and the current device's limits
+  // and attributes (per context).
+  absl::Status CheckLayout(const VariantData& v, CUkernel kernel) const;
+  absl::Status CheckDevice(const VariantData& v, CUkernel kernel, CUdevice device) const;
 
   std::shared_ptr<const Driver> driver_;
+  ScratchAllocator scratch_allocator_;  // Options::scratch_allocator
   PackContents pack_;
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
@@ -182,6 +214,10 @@ class RuntimeImpl {
 // "kernel 'K' variant 'V'", the prefix of every per-variant error message.
 std::string Describe(const VariantData& v);
 
+// The status for cuCtxGetId(NULL) failing with `r` while `doing` something:
+// FAILED_PRECONDITION when no context is current on the thread, else the driver's error.
+absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing);
+
 // The public API speaks std::string_view; Debian's abseil has its own string_view type.
 inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());
@@ -192,7 +228,8 @@ struct KernelAccess {
 };
 
 // A BoundLaunch's packed call. `args` keeps the values so that a Set that changes the
-// dispatch re-selects the variant and repacks.
+// dispatch re-selects the variant and repacks. `prepared` is what BoundLaunch::Prepare
+// last handed out (its extra array points into it and at `buf`).
 struct BoundState {
   const KernelData* kernel = nullptr;
   const VariantData* variant = nullptr;
@@ -200,7 +237,9 @@ struct BoundState {
   bool grid_from_expressions = false;
   Grid grid;
   CUstream stream = nullptr;
+  ScratchAllocator scratch;
   std::vector<Arg> args;
+  RuntimeImpl::DriverLaunch prepared{};
   alignas(16) std::byte buf[kMaxParamBytes];
 };
 

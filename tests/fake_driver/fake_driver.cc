@@ -119,9 +119,17 @@ struct Object {
   virtual ~Object() = default;
 };
 
+// Ids for contexts, streams and captures: unique for the process, as libcuda's are.
+std::atomic<uint64_t> g_next_id{1};
+uint64_t NewId() { return g_next_id.fetch_add(1, std::memory_order_relaxed); }
+
 struct Context : Object {
-  int device = 0;
+  int device = 0;  // ordinal
   int refcount = 0;
+  bool primary = false;
+  // Read without the lock by cuCtxGetId(NULL) on the thread that has it current.
+  std::atomic<uint64_t> id{0};
+  uint64_t legacy_stream_id = 0;  // cuStreamGetId of its NULL/legacy stream
 };
 
 struct Image;
@@ -143,25 +151,55 @@ struct Image : Object {
   std::vector<std::unique_ptr<Entry>> entries;
 };
 
+struct UserObject : Object {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned refcount = 0;
+};
+
+// User-object references held by a graph or an executable graph.
+using UserObjectRefs = absl::flat_hash_map<UserObject*, unsigned>;
+
 struct Graph : Object {
   std::vector<LaunchRecord> launches;
+  UserObjectRefs user_objects;
 };
 
 struct GraphExec : Object {
   std::vector<LaunchRecord> launches;
+  UserObjectRefs user_objects;
 };
 
 struct Stream : Object {
   Context* context = nullptr;
+  uint64_t id = 0;
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   std::thread::id capture_thread;
+  uint64_t capture_id = 0;
   std::unique_ptr<Graph> capture_graph;
 };
 
 struct Allocation {
   CUdeviceptr base;
   size_t size;  // as requested
+  const Context* context;
+};
+
+// User-object destructors that fell due during a call, run once the call has released
+// the fake's lock, on another thread (as libcuda runs them on a thread of its own).
+class Destructors {
+ public:
+  void Add(CUhostFn fn, void* ptr) { calls_.emplace_back(fn, ptr); }
+  ~Destructors() {
+    if (calls_.empty()) return;
+    std::thread([this] {
+      for (auto [fn, ptr] : calls_) fn(ptr);
+    }).join();
+  }
+
+ private:
+  std::vector<std::pair<CUhostFn, void*>> calls_;
 };
 
 struct Failure {
@@ -211,7 +249,8 @@ struct State {
 
   std::vector<DeviceConfig> devices ABSL_GUARDED_BY(mu);
   KernelLimits limits ABSL_GUARDED_BY(mu);
-  bool auto_context ABSL_GUARDED_BY(mu) = true;
+  int device_handle_offset ABSL_GUARDED_BY(mu) = 0;
+  bool reuse_handles ABSL_GUARDED_BY(mu) = false;
   CUresult init_error ABSL_GUARDED_BY(mu) = CUDA_SUCCESS;
   std::array<std::vector<Failure>, kFnCount> failures ABSL_GUARDED_BY(mu);
   std::array<bool, kFnCount> hidden ABSL_GUARDED_BY(mu) = {};
@@ -223,9 +262,10 @@ struct State {
   // cuKernelGetFunction handles: one per (library kernel, context), launchable only in
   // that context, like the real driver's context-bound CUfunction. The map owns the
   // handle objects (their addresses are the handles).
-  struct BoundFunction {
-    Entry* entry;
-    Context* context;
+  // A destroyed context's handles are retired with it, never reused.
+  struct BoundFunction : Object {
+    Entry* entry = nullptr;
+    Context* context = nullptr;
   };
   absl::flat_hash_map<std::pair<const Entry*, const Context*>, std::unique_ptr<BoundFunction>>
       bound_functions ABSL_GUARDED_BY(mu);
@@ -233,8 +273,18 @@ struct State {
   Registry<Stream> streams ABSL_GUARDED_BY(mu);
   Registry<Graph> graphs ABSL_GUARDED_BY(mu);
   Registry<GraphExec> execs ABSL_GUARDED_BY(mu);
+  Registry<UserObject> user_objects ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<Object>> retired ABSL_GUARDED_BY(mu);
+  // Destroyed contexts and streams whose handles SetHandleReuse may hand out again.
+  std::vector<std::unique_ptr<Context>> dead_contexts ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<Stream>> dead_streams ABSL_GUARDED_BY(mu);
+  // cuStreamGetId of CU_STREAM_PER_THREAD: one id per (thread, context).
+  absl::flat_hash_map<std::pair<std::thread::id, const Context*>, uint64_t> per_thread_stream_ids
+      ABSL_GUARDED_BY(mu);
   int active_captures ABSL_GUARDED_BY(mu) = 0;
+
+  absl::flat_hash_map<std::string, KernelEmulator> emulators ABSL_GUARDED_BY(mu);
+  std::vector<std::string> faults ABSL_GUARDED_BY(mu);
 
   std::vector<Allocation> allocations ABSL_GUARDED_BY(mu);
   int64_t live_bytes ABSL_GUARDED_BY(mu) = 0;
@@ -246,11 +296,27 @@ struct State {
   int64_t launch_count ABSL_GUARDED_BY(mu) = 0;
 };
 
+// A new context of `device` (an ordinal), or with SetHandleReuse the last destroyed one
+// brought back under its old handle with a new id.
+Context* NewContext(State& s, int device, bool primary) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  std::unique_ptr<Context> context;
+  if (s.reuse_handles && !s.dead_contexts.empty()) {
+    context = std::move(s.dead_contexts.back());
+    s.dead_contexts.pop_back();
+  } else {
+    context = std::make_unique<Context>();
+  }
+  context->device = device;
+  context->refcount = 0;
+  context->primary = primary;
+  context->id.store(NewId(), std::memory_order_relaxed);
+  context->legacy_stream_id = NewId();
+  return s.contexts.Add(std::move(context));
+}
+
 void CreatePrimaries(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   for (size_t device = 0; device < s.devices.size(); ++device) {
-    auto context = std::make_unique<Context>();
-    context->device = static_cast<int>(device);
-    s.primaries.push_back(s.contexts.Add(std::move(context)));
+    s.primaries.push_back(NewContext(s, static_cast<int>(device), /*primary=*/true));
   }
 }
 
@@ -263,6 +329,7 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.streams.clear();
   s.graphs.clear();
   s.execs.clear();
+  s.user_objects.clear();  // destructors not run: the objects they would free are gone too
   s.entries.clear();
   s.bound_by_handle.clear();
   s.bound_functions.clear();
@@ -270,12 +337,18 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.primaries.clear();
   s.contexts.clear();
   s.retired.clear();
+  s.dead_contexts.clear();
+  s.dead_streams.clear();
+  s.per_thread_stream_ids.clear();
   s.active_captures = 0;
+  s.reuse_handles = false;
+  s.device_handle_offset = 0;
   s.devices = {DeviceConfig{}};
   CreatePrimaries(s);
   s.limits = KernelLimits{};
-  s.auto_context = true;
   s.init_error = CUDA_SUCCESS;
+  s.emulators.clear();
+  s.faults.clear();
   for (std::vector<Failure>& pending : s.failures) pending.clear();
   s.pending_failures.store(0);
   s.hidden.fill(false);
@@ -325,11 +398,11 @@ ThreadContexts& ThisThread(State& s) {
   return tls_contexts;
 }
 
-Context* CurrentContext(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+// The calling thread's current context: the top of its stack, or none (as in libcuda,
+// a thread starts with none). Needs no lock: the stack is the thread's own.
+Context* CurrentContext(State& s) {
   ThreadContexts& thread = ThisThread(s);
-  if (thread.depth > 0) return thread.stack[thread.depth - 1];
-  if (s.auto_context && !s.primaries.empty()) return s.primaries[0];
-  return nullptr;
+  return thread.depth > 0 ? thread.stack[thread.depth - 1] : nullptr;
 }
 
 bool NeedsInit(Fn fn) {
@@ -364,8 +437,16 @@ CUresult Enter(Fn fn) {
   return CUDA_SUCCESS;
 }
 
-bool ValidDevice(const State& s, CUdevice device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  return device >= 0 && static_cast<size_t>(device) < s.devices.size();
+// The ordinal of CUdevice handle `device`, or -1 when it is none.
+int Ordinal(const State& s, CUdevice device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  const int64_t ordinal = int64_t{device} - s.device_handle_offset;
+  return ordinal >= 0 && static_cast<size_t>(ordinal) < s.devices.size()
+             ? static_cast<int>(ordinal)
+             : -1;
+}
+
+CUdevice Handle(const State& s, int ordinal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  return ordinal + s.device_handle_offset;
 }
 
 // Whether a cubin for `arch` runs on `device`: an sm_90a-style cubin (arch >= 90) only on
@@ -526,6 +607,55 @@ void RecordLaunch(State& s, const LaunchRecord& record, Stream* stream)
   ++s.launch_count;
 }
 
+// CUDA_ERROR_ILLEGAL_ADDRESS once an emulated kernel has touched memory it does not own:
+// like a faulted GPU context, every later synchronization and copy reports it.
+CUresult StickyError(const State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  return s.faults.empty() ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+// Drops the references in `refs`; objects left without one are retired and their
+// destructors queued on `destructors`.
+void ReleaseUserObjects(State& s, UserObjectRefs& refs, Destructors& destructors)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  for (auto& [object, count] : refs) {
+    object->refcount -= std::min(object->refcount, count);
+    if (object->refcount == 0) {
+      destructors.Add(object->destroy, object->ptr);
+      s.retired.push_back(s.user_objects.Take(object));
+    }
+  }
+  refs.clear();
+}
+
+void DestroyStream(State& s, Stream* stream, Destructors& destructors)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    --s.active_captures;
+    stream->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (stream->capture_graph != nullptr) {
+      ReleaseUserObjects(s, stream->capture_graph->user_objects, destructors);
+      s.retired.push_back(std::move(stream->capture_graph));
+    }
+  }
+  s.dead_streams.push_back(s.streams.Take(stream));
+}
+
+KernelEmulator FindEmulator(const State& s, const std::string& entry)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  auto it = s.emulators.find(entry);
+  return it == s.emulators.end() ? nullptr : it->second;
+}
+
+// Runs an emulator on a recorded launch; called without the lock (it reaches memory
+// through DeviceMemory, which takes it).
+void Emulate(KernelEmulator emulator, const LaunchRecord& record) {
+  emulator(EmulatedLaunch{record.entry.data(), record.grid, record.block, record.stream,
+                          record.params.data(),
+                          std::min(record.param_size, kMaxRecordedParamBytes),
+                          std::min(record.num_params, kMaxRecordedParams),
+                          record.param_layout.data()});
+}
+
 // ---------------------------------------------------------------------------------------
 // The driver functions, one per driver_symbols.h line, named Fake<name>.
 
@@ -626,8 +756,10 @@ CUresult FakeDeviceGet(CUdevice* device, int ordinal) {
   if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
-  if (!ValidDevice(s, ordinal)) return CUDA_ERROR_INVALID_DEVICE;
-  *device = ordinal;
+  if (ordinal < 0 || static_cast<size_t>(ordinal) >= s.devices.size()) {
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  *device = Handle(s, ordinal);
   return CUDA_SUCCESS;
 }
 
@@ -647,8 +779,9 @@ CUresult FakeDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevi
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
-  const DeviceConfig& config = s.devices[device];
+  const int ordinal = Ordinal(s, device);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  const DeviceConfig& config = s.devices[ordinal];
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
       *value = config.cc_major;
@@ -701,8 +834,9 @@ CUresult FakeDeviceGetName(char* name, int length, CUdevice device) {
   if (name == nullptr || length <= 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
-  const std::string& full = s.devices[device].name;
+  const int ordinal = Ordinal(s, device);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  const std::string& full = s.devices[ordinal].name;
   const size_t copied = std::min(full.size(), static_cast<size_t>(length) - 1);
   std::memcpy(name, full.data(), copied);
   name[copied] = '\0';
@@ -714,9 +848,10 @@ CUresult FakeDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
-  ++s.primaries[device]->refcount;
-  *context = reinterpret_cast<CUcontext>(s.primaries[device]);
+  const int ordinal = Ordinal(s, device);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  ++s.primaries[ordinal]->refcount;
+  *context = reinterpret_cast<CUcontext>(s.primaries[ordinal]);
   return CUDA_SUCCESS;
 }
 
@@ -724,24 +859,19 @@ CUresult FakeDevicePrimaryCtxRelease(CUdevice device) {
   if (CUresult r = Enter(Fn::kDevicePrimaryCtxRelease); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
-  if (s.primaries[device]->refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  --s.primaries[device]->refcount;
+  const int ordinal = Ordinal(s, device);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (s.primaries[ordinal]->refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --s.primaries[ordinal]->refcount;
   return CUDA_SUCCESS;
 }
 
 CUresult FakeCtxGetCurrent(CUcontext* context) {
   if (CUresult r = Enter(Fn::kCtxGetCurrent); r != CUDA_SUCCESS) return r;
   if (context == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  State& s = S();
-  // A thread-local read when the thread has a context, as in the real driver: benchmarks
-  // of the launch path must not measure (or contend on) the fake's lock.
-  if (const ThreadContexts& thread = ThisThread(s); thread.depth > 0) {
-    *context = reinterpret_cast<CUcontext>(thread.stack[thread.depth - 1]);
-    return CUDA_SUCCESS;
-  }
-  MutexLock lock(&s.mu);
-  *context = reinterpret_cast<CUcontext>(CurrentContext(s));
+  // A thread-local read, as in the real driver: benchmarks of the launch path must not
+  // measure (or contend on) the fake's lock.
+  *context = reinterpret_cast<CUcontext>(CurrentContext(S()));
   return CUDA_SUCCESS;
 }
 
@@ -769,7 +899,26 @@ CUresult FakeCtxGetDevice(CUdevice* device) {
   MutexLock lock(&s.mu);
   const Context* context = CurrentContext(s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  *device = context->device;
+  *device = Handle(s, context->device);
+  return CUDA_SUCCESS;
+}
+
+// cuCtxGetId(NULL) reads the current context's id without the lock, like cuCtxGetCurrent:
+// kpack calls it on every launch.
+CUresult FakeCtxGetId(CUcontext handle, unsigned long long* id) {  // NOLINT(runtime/int)
+  if (CUresult r = Enter(Fn::kCtxGetId); r != CUDA_SUCCESS) return r;
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  if (handle == nullptr) {
+    const Context* current = CurrentContext(s);
+    if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    *id = current->id.load(std::memory_order_relaxed);
+    return CUDA_SUCCESS;
+  }
+  MutexLock lock(&s.mu);
+  const Context* context = s.contexts.Find(handle);
+  if (context == nullptr) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  *id = context->id.load(std::memory_order_relaxed);
   return CUDA_SUCCESS;
 }
 
@@ -803,7 +952,71 @@ CUresult FakeCtxSynchronize() {
   State& s = S();
   MutexLock lock(&s.mu);
   if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  return CheckUnsafeCall(s);
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  return StickyError(s);
+}
+
+// A new context on `device`, pushed onto the calling thread's stack (cuCtxCreate_v4;
+// creation parameters are not modelled and must be null).
+CUresult FakeCtxCreate(CUcontext* handle, CUctxCreateParams* params, unsigned int flags,
+                       CUdevice device) {
+  if (CUresult r = Enter(Fn::kCtxCreate); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr || params != nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const int ordinal = Ordinal(s, device);
+  if (ordinal < 0) return CUDA_ERROR_INVALID_DEVICE;
+  ThreadContexts& thread = ThisThread(s);
+  if (thread.depth == kMaxContextDepth) return CUDA_ERROR_OUT_OF_MEMORY;
+  Context* context = NewContext(s, ordinal, /*primary=*/false);
+  thread.stack[thread.depth++] = context;
+  *handle = reinterpret_cast<CUcontext>(context);
+  return CUDA_SUCCESS;
+}
+
+// Everything that belongs to a context goes with it: its streams (and their captures),
+// modules, CUfunctions and memory. If it is current on the calling thread it is popped.
+CUresult FakeCtxDestroy(CUcontext handle) {
+  if (CUresult r = Enter(Fn::kCtxDestroy); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  Destructors destructors;
+  MutexLock lock(&s.mu);
+  Context* context = s.contexts.Find(handle);
+  if (context == nullptr || context->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  std::vector<const void*> streams;
+  for (auto& [key, stream] : s.streams) {
+    if (stream->context == context) streams.push_back(key);
+  }
+  for (const void* key : streams) DestroyStream(s, s.streams.Find(key), destructors);
+  std::vector<Image*> modules;
+  for (auto& [key, image] : s.images) {
+    if (image->module_context == context) modules.push_back(image.get());
+  }
+  for (Image* image : modules) UnloadImage(s, image);
+  for (auto it = s.bound_functions.begin(); it != s.bound_functions.end();) {
+    if (it->first.second == context) {
+      s.bound_by_handle.erase(it->second.get());
+      s.retired.push_back(std::move(it->second));
+      s.bound_functions.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (size_t i = 0; i < s.allocations.size();) {
+    if (s.allocations[i].context == context) {
+      std::free(reinterpret_cast<void*>(s.allocations[i].base));
+      s.live_bytes -= static_cast<int64_t>(s.allocations[i].size);
+      s.allocations[i] = s.allocations.back();
+      s.allocations.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  ThreadContexts& thread = ThisThread(s);
+  if (thread.depth > 0 && thread.stack[thread.depth - 1] == context) --thread.depth;
+  context->id.store(0, std::memory_order_relaxed);
+  s.dead_contexts.push_back(s.contexts.Take(handle));
+  return CUDA_SUCCESS;
 }
 
 CUresult FakeLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* /*options*/,
@@ -849,14 +1062,15 @@ CUresult FakeLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* n
 }
 
 CUresult FakeKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel kernel,
-                                CUdevice device) {
+                                CUdevice device_handle) {
   if (CUresult r = Enter(Fn::kKernelGetAttribute); r != CUDA_SUCCESS) return r;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
   const Entry* entry = FindLibraryEntry(s, kernel);
   if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  const int device = Ordinal(s, device_handle);
+  if (device < 0) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
       *value = std::min(s.limits.max_threads_per_block, s.devices[device].max_threads_per_block);
@@ -896,13 +1110,14 @@ CUresult FakeKernelGetAttribute(int* value, CUfunction_attribute attribute, CUke
 // Only the attributes the real driver lets one set; read-only ones are
 // CUDA_ERROR_INVALID_VALUE there too.
 CUresult FakeKernelSetAttribute(CUfunction_attribute attribute, int value, CUkernel kernel,
-                                CUdevice device) {
+                                CUdevice device_handle) {
   if (CUresult r = Enter(Fn::kKernelSetAttribute); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
   Entry* entry = FindLibraryEntry(s, kernel);
   if (entry == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (!ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  const int device = Ordinal(s, device_handle);
+  if (device < 0) return CUDA_ERROR_INVALID_DEVICE;
   bool valid = false;
   switch (attribute) {
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
@@ -930,7 +1145,7 @@ CUresult FakeKernelSetAttribute(CUfunction_attribute attribute, int value, CUker
   if (!valid) return CUDA_ERROR_INVALID_VALUE;
   entry->attributes[{device, static_cast<int>(attribute)}] = value;
   s.attribute_sets.push_back(
-      {.entry = entry->name, .attribute = attribute, .value = value, .device = device});
+      {.entry = entry->name, .attribute = attribute, .value = value, .device = device_handle});
   return CUDA_SUCCESS;
 }
 
@@ -947,8 +1162,8 @@ CUresult FakeKernelGetParamInfo(CUkernel kernel, size_t index, size_t* offset, s
   return CUDA_SUCCESS;
 }
 
-// The fake's CUfunction for a library kernel is the kernel handle itself; the real driver
-// returns a distinct per-context handle, but launches accept either.
+// A CUfunction per (library kernel, context), launchable only in that context, like the
+// real driver's; asking again in the same context gives the same handle.
 CUresult FakeKernelGetFunction(CUfunction* function, CUkernel kernel) {
   if (CUresult r = Enter(Fn::kKernelGetFunction); r != CUDA_SUCCESS) return r;
   if (function == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -963,8 +1178,9 @@ CUresult FakeKernelGetFunction(CUfunction* function, CUkernel kernel) {
   }
   auto& bound = s.bound_functions[{entry, context}];
   if (bound == nullptr) {
-    bound = std::make_unique<State::BoundFunction>(
-        State::BoundFunction{const_cast<Entry*>(entry), const_cast<Context*>(context)});
+    bound = std::make_unique<State::BoundFunction>();
+    bound->entry = const_cast<Entry*>(entry);
+    bound->context = const_cast<Context*>(context);
     s.bound_by_handle[bound.get()] = bound.get();
   }
   *function = reinterpret_cast<CUfunction>(bound.get());
@@ -1081,6 +1297,10 @@ CUresult CopyParams(const Entry& entry, void** kernel_params, void** extra, Laun
   return CUDA_SUCCESS;
 }
 
+CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
+                                 void** kernel_params, void** extra, LaunchRecord* out,
+                                 KernelEmulator* emulator);
+
 CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
                             void** extra) {
   if (CUresult r = Enter(Fn::kLaunchKernelEx); r != CUDA_SUCCESS) return r;
@@ -1089,6 +1309,25 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   if (config == nullptr || (config->numAttrs > 0 && config->attrs == nullptr)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // On the stack, not the heap: the launch path must not allocate.
+  LaunchRecord record{};
+  KernelEmulator emulator = nullptr;
+  if (CUresult r = ValidateAndRecordLaunch(s, *config, function, kernel_params, extra, &record,
+                                           &emulator);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (emulator != nullptr) Emulate(emulator, record);
+  return CUDA_SUCCESS;
+}
+
+// cuLaunchKernelEx's checks and recording, under the lock. `emulator`: the entry's
+// emulator when the launch executes now (is not captured).
+CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
+                                 void** kernel_params, void** extra, LaunchRecord* out,
+                                 KernelEmulator* emulator) {
+  const CUlaunchConfig* config = &launch;
+  LaunchRecord& record = *out;
   MutexLock lock(&s.mu);
   Context* context = CurrentContext(s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -1112,8 +1351,6 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   }
   if (CUresult r = CheckShape(s, *config, *entry, context->device); r != CUDA_SUCCESS) return r;
 
-  // On the stack, not the heap: the launch path must not allocate.
-  LaunchRecord record{};
   const size_t name_size = std::min(entry->name.size(), kMaxRecordedEntryName - 1);
   std::memcpy(record.entry.data(), entry->name.data(), name_size);
   record.grid = {config->gridDimX, config->gridDimY, config->gridDimZ};
@@ -1123,12 +1360,21 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   record.context = reinterpret_cast<CUcontext>(context);
   record.function = function;
   record.num_attrs = config->numAttrs;
+  record.num_params = static_cast<unsigned>(entry->params.size());
+  for (const internal::CubinParam& param : entry->params) {
+    if (param.ordinal < kMaxRecordedParams) {
+      record.param_layout[param.ordinal] = {static_cast<uint16_t>(param.offset),
+                                            static_cast<uint16_t>(param.size)};
+    }
+  }
   const unsigned copied = std::min<unsigned>(config->numAttrs, kMaxRecordedLaunchAttrs);
   std::copy_n(config->attrs, copied, record.attrs.begin());
   if (CUresult r = CopyParams(*entry, kernel_params, extra, &record); r != CUDA_SUCCESS) {
     return r;
   }
   RecordLaunch(s, record, stream);
+  const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (!captured) *emulator = FindEmulator(s, entry->name);
   return CUDA_SUCCESS;
 }
 
@@ -1148,7 +1394,7 @@ CUresult FakeMemAlloc(CUdeviceptr* pointer, size_t size) {
   if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(memory, kUninitializedByte, rounded);
   const auto base = reinterpret_cast<CUdeviceptr>(memory);
-  s.allocations.push_back({.base = base, .size = size});
+  s.allocations.push_back({.base = base, .size = size, .context = CurrentContext(s)});
   s.live_bytes += static_cast<int64_t>(size);
   *pointer = base;
   return CUDA_SUCCESS;
@@ -1176,6 +1422,7 @@ CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   *host = nullptr;
   if (size == 0) return CUDA_SUCCESS;
   for (const Allocation& allocation : s.allocations) {
@@ -1229,8 +1476,16 @@ CUresult FakeStreamCreate(CUstream* handle, unsigned int flags) {
   MutexLock lock(&s.mu);
   Context* context = CurrentContext(s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  auto stream = std::make_unique<Stream>();
+  std::unique_ptr<Stream> stream;
+  if (s.reuse_handles && !s.dead_streams.empty()) {
+    stream = std::move(s.dead_streams.back());
+    s.dead_streams.pop_back();
+    *stream = Stream{};
+  } else {
+    stream = std::make_unique<Stream>();
+  }
   stream->context = context;
+  stream->id = NewId();
   *handle = reinterpret_cast<CUstream>(s.streams.Add(std::move(stream)));
   return CUDA_SUCCESS;
 }
@@ -1238,11 +1493,11 @@ CUresult FakeStreamCreate(CUstream* handle, unsigned int flags) {
 CUresult FakeStreamDestroy(CUstream handle) {
   if (CUresult r = Enter(Fn::kStreamDestroy); r != CUDA_SUCCESS) return r;
   State& s = S();
+  Destructors destructors;
   MutexLock lock(&s.mu);
   Stream* stream = s.streams.Find(handle);
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) --s.active_captures;
-  s.retired.push_back(s.streams.Take(handle));
+  DestroyStream(s, stream, destructors);
   return CUDA_SUCCESS;
 }
 
@@ -1251,7 +1506,7 @@ CUresult FakeStreamSynchronize(CUstream handle) {
   State& s = S();
   MutexLock lock(&s.mu);
   if (IsDefaultStream(handle)) {
-    return CurrentContext(s) == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+    return CurrentContext(s) == nullptr ? CUDA_ERROR_INVALID_CONTEXT : StickyError(s);
   }
   Stream* stream = s.streams.Find(handle);
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -1259,6 +1514,31 @@ CUresult FakeStreamSynchronize(CUstream handle) {
     stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
+  return StickyError(s);
+}
+
+// Real streams have their own id; the legacy stream one per context; the per-thread
+// stream one per (thread, context).
+CUresult FakeStreamGetId(CUstream handle, unsigned long long* id) {  // NOLINT(runtime/int)
+  if (CUresult r = Enter(Fn::kStreamGetId); r != CUDA_SUCCESS) return r;
+  if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(handle)) {
+    const Context* current = CurrentContext(s);
+    if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (handle != CU_STREAM_PER_THREAD) {
+      *id = current->legacy_stream_id;
+      return CUDA_SUCCESS;
+    }
+    uint64_t& per_thread = s.per_thread_stream_ids[{std::this_thread::get_id(), current}];
+    if (per_thread == 0) per_thread = NewId();
+    *id = per_thread;
+    return CUDA_SUCCESS;
+  }
+  const Stream* stream = s.streams.Find(handle);
+  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *id = stream->id;
   return CUDA_SUCCESS;
 }
 
@@ -1296,6 +1576,7 @@ CUresult FakeStreamBeginCapture(CUstream handle, CUstreamCaptureMode mode) {
   stream->capture_thread = std::this_thread::get_id();
   stream->capture_graph = std::make_unique<Graph>();
   stream->capture_graph->launches.reserve(kCaptureReserve);
+  stream->capture_id = NewId();
   ++s.active_captures;
   return CUDA_SUCCESS;
 }
@@ -1304,6 +1585,7 @@ CUresult FakeStreamEndCapture(CUstream handle, CUgraph* graph) {
   if (CUresult r = Enter(Fn::kStreamEndCapture); r != CUDA_SUCCESS) return r;
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
+  Destructors destructors;
   MutexLock lock(&s.mu);
   if (IsDefaultStream(handle)) return CUDA_ERROR_ILLEGAL_STATE;
   Stream* stream = s.streams.Find(handle);
@@ -1318,6 +1600,7 @@ CUresult FakeStreamEndCapture(CUstream handle, CUgraph* graph) {
   --s.active_captures;
   if (invalidated) {
     *graph = nullptr;
+    ReleaseUserObjects(s, stream->capture_graph->user_objects, destructors);
     s.retired.push_back(std::move(stream->capture_graph));
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
@@ -1340,6 +1623,86 @@ CUresult FakeStreamIsCapturing(CUstream handle, CUstreamCaptureStatus* status) {
   return CUDA_SUCCESS;
 }
 
+// Status, id and graph of a stream's capture; no dependency or edge data (kpack asks for
+// none). The default streams report no capture.
+CUresult FakeStreamGetCaptureInfo(CUstream handle, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                  CUgraph* graph, const CUgraphNode** dependencies,
+                                  const CUgraphEdgeData** edges, size_t* num_dependencies) {
+  if (CUresult r = Enter(Fn::kStreamGetCaptureInfo); r != CUDA_SUCCESS) return r;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Stream* stream = nullptr;
+  if (!IsDefaultStream(handle)) {
+    stream = s.streams.Find(handle);
+    if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *status = stream != nullptr ? stream->capture : CU_STREAM_CAPTURE_STATUS_NONE;
+  const bool active = *status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  if (id != nullptr && active) *id = stream->capture_id;
+  if (graph != nullptr && active) *graph = reinterpret_cast<CUgraph>(stream->capture_graph.get());
+  if (dependencies != nullptr && active) *dependencies = nullptr;
+  if (edges != nullptr && active) *edges = nullptr;
+  if (num_dependencies != nullptr && active) *num_dependencies = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeUserObjectCreate(CUuserObject* object, void* ptr, CUhostFn destroy,
+                              unsigned int initial_refcount, unsigned int flags) {
+  if (CUresult r = Enter(Fn::kUserObjectCreate); r != CUDA_SUCCESS) return r;
+  // libcuda requires exactly this flag (destructors never synchronize with the GPU).
+  if (object == nullptr || destroy == nullptr || initial_refcount == 0 ||
+      flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  auto user = std::make_unique<UserObject>();
+  user->ptr = ptr;
+  user->destroy = destroy;
+  user->refcount = initial_refcount;
+  *object = reinterpret_cast<CUuserObject>(s.user_objects.Add(std::move(user)));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeUserObjectRelease(CUuserObject object, unsigned int count) {
+  if (CUresult r = Enter(Fn::kUserObjectRelease); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  Destructors destructors;
+  MutexLock lock(&s.mu);
+  UserObject* user = s.user_objects.Find(object);
+  if (user == nullptr || count == 0 || count > user->refcount) return CUDA_ERROR_INVALID_VALUE;
+  UserObjectRefs refs{{user, count}};
+  ReleaseUserObjects(s, refs, destructors);
+  return CUDA_SUCCESS;
+}
+
+// `graph` may be a finished graph or one being captured (cuStreamGetCaptureInfo's).
+CUresult FakeGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count,
+                                   unsigned int flags) {
+  if (CUresult r = Enter(Fn::kGraphRetainUserObject); r != CUDA_SUCCESS) return r;
+  if (count == 0 || (flags != 0 && flags != CU_GRAPH_USER_OBJECT_MOVE)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Graph* target = s.graphs.Find(graph);
+  for (auto it = s.streams.begin(); target == nullptr && it != s.streams.end(); ++it) {
+    if (it->second->capture_graph.get() == static_cast<const void*>(graph)) {
+      target = it->second->capture_graph.get();
+    }
+  }
+  UserObject* user = s.user_objects.Find(object);
+  if (target == nullptr || user == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags == CU_GRAPH_USER_OBJECT_MOVE) {
+    if (count > user->refcount) return CUDA_ERROR_INVALID_VALUE;  // more than the caller has
+  } else {
+    user->refcount += count;
+  }
+  target->user_objects[user] += count;
+  return CUDA_SUCCESS;
+}
+
 CUresult FakeGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
                                        unsigned long long flags) {  // NOLINT(runtime/int)
   if (CUresult r = Enter(Fn::kGraphInstantiateWithFlags); r != CUDA_SUCCESS) return r;
@@ -1355,6 +1718,10 @@ CUresult FakeGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
   if (source == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   auto instance = std::make_unique<GraphExec>();
   instance->launches = source->launches;
+  for (const auto& [user, count] : source->user_objects) {  // one reference per object
+    ++user->refcount;
+    instance->user_objects[user] = 1;
+  }
   *exec = reinterpret_cast<CUgraphExec>(s.execs.Add(std::move(instance)));
   return CUDA_SUCCESS;
 }
@@ -1363,20 +1730,30 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
   if (CUresult r = Enter(Fn::kGraphLaunch); r != CUDA_SUCCESS) return r;
   if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
-  MutexLock lock(&s.mu);
-  const GraphExec* instance = s.execs.Find(exec);
-  if (instance == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  const Context* context = CurrentContext(s);
-  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  Stream* stream = nullptr;
-  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
-  for (const LaunchRecord& captured : instance->launches) {
-    LaunchRecord replay = captured;
-    replay.stream = handle;
-    replay.captured = false;
-    replay.graph_replay = true;
-    RecordLaunch(s, replay, stream);
+  // Emulated kernels run after the lock is released, in the graph's order.
+  std::vector<std::pair<KernelEmulator, LaunchRecord>> executed;
+  {
+    MutexLock lock(&s.mu);
+    const GraphExec* instance = s.execs.Find(exec);
+    if (instance == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    const Context* context = CurrentContext(s);
+    if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    Stream* stream = nullptr;
+    if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
+    const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    for (const LaunchRecord& node : instance->launches) {
+      LaunchRecord replay = node;
+      replay.stream = handle;
+      replay.captured = false;
+      replay.graph_replay = true;
+      RecordLaunch(s, replay, stream);
+      if (KernelEmulator emulator = FindEmulator(s, std::string(replay.entry.data()));
+          emulator != nullptr && !captured) {
+        executed.emplace_back(emulator, replay);
+      }
+    }
   }
+  for (const auto& [emulator, record] : executed) Emulate(emulator, record);
   return CUDA_SUCCESS;
 }
 
@@ -1384,8 +1761,11 @@ CUresult FakeGraphDestroy(CUgraph graph) {
   if (CUresult r = Enter(Fn::kGraphDestroy); r != CUDA_SUCCESS) return r;
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
+  Destructors destructors;
   MutexLock lock(&s.mu);
-  if (s.graphs.Find(graph) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Graph* target = s.graphs.Find(graph);
+  if (target == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  ReleaseUserObjects(s, target->user_objects, destructors);
   s.retired.push_back(s.graphs.Take(graph));
   return CUDA_SUCCESS;
 }
@@ -1394,8 +1774,11 @@ CUresult FakeGraphExecDestroy(CUgraphExec exec) {
   if (CUresult r = Enter(Fn::kGraphExecDestroy); r != CUDA_SUCCESS) return r;
   if (exec == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
+  Destructors destructors;
   MutexLock lock(&s.mu);
-  if (s.execs.Find(exec) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  GraphExec* instance = s.execs.Find(exec);
+  if (instance == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  ReleaseUserObjects(s, instance->user_objects, destructors);
   s.retired.push_back(s.execs.Take(exec));
   return CUDA_SUCCESS;
 }
@@ -1490,10 +1873,52 @@ void SetInitError(CUresult code) {
   s.init_error = code;
 }
 
-void SetAutoContext(bool on) {
+void SetDeviceHandleOffset(int offset) {
   State& s = S();
   MutexLock lock(&s.mu);
-  s.auto_context = on;
+  s.device_handle_offset = offset;
+}
+
+void SetHandleReuse(bool on) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.reuse_handles = on;
+}
+
+void SetKernelEmulator(std::string_view entry, KernelEmulator emulator) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (emulator == nullptr) {
+    s.emulators.erase(std::string(entry));
+  } else {
+    s.emulators[std::string(entry)] = emulator;
+  }
+}
+
+void* DeviceMemory(CUdeviceptr pointer, size_t bytes, std::string_view what) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  for (const Allocation& allocation : s.allocations) {
+    if (pointer >= allocation.base && bytes <= allocation.size &&
+        pointer - allocation.base <= allocation.size - bytes) {
+      return reinterpret_cast<void*>(pointer);
+    }
+  }
+  s.faults.push_back(std::string(what) + ": " + std::to_string(bytes) + " bytes at 0x" +
+                     [&] {
+                       char hex[32];
+                       std::snprintf(hex, sizeof(hex), "%llx",
+                                     static_cast<unsigned long long>(pointer));  // NOLINT
+                       return std::string(hex);
+                     }() +
+                     " are outside every live allocation");
+  return nullptr;
+}
+
+std::vector<std::string> Faults() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.faults;
 }
 
 void SetLaunchNoop(bool on) { S().launch_noop.store(on); }
@@ -1550,7 +1975,9 @@ int64_t LibraryLoads() {
 int PrimaryContextRefCount(int device) {
   State& s = S();
   MutexLock lock(&s.mu);
-  return ValidDevice(s, device) ? s.primaries[device]->refcount : -1;
+  return device >= 0 && static_cast<size_t>(device) < s.primaries.size()
+             ? s.primaries[device]->refcount
+             : -1;
 }
 
 int LiveStreams() {
@@ -1563,6 +1990,19 @@ int LiveGraphs() {
   State& s = S();
   MutexLock lock(&s.mu);
   return static_cast<int>(s.graphs.size() + s.execs.size());
+}
+
+int LiveUserObjects() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int>(s.user_objects.size());
+}
+
+uint64_t ContextId(CUcontext context) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Context* found = s.contexts.Find(context);
+  return found != nullptr ? found->id.load(std::memory_order_relaxed) : 0;
 }
 
 }  // namespace kpack::fake

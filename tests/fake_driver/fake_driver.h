@@ -13,9 +13,14 @@
 //    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND (the fake cannot vouch for a newer ABI).
 //  - cuInit first; everything except cuGetErrorName/String and cuDriverGetVersion fails
 //    with CUDA_ERROR_NOT_INITIALIZED before it.
-//  - Devices as configured; one primary context per device with a retain count; a
-//    per-thread context stack. With auto context on (the default), a thread whose stack is
-//    empty sees device 0's primary context as current.
+//  - Devices as configured; one primary context per device with a retain count, plus
+//    contexts made with cuCtxCreate; a per-thread context stack. As in libcuda, a thread
+//    has no current context until it makes one current (cuCtxSetCurrent/PushCurrent/
+//    Create). Every context has a process-unique id (cuCtxGetId), every stream too
+//    (cuStreamGetId). CUdevice handles are the ordinals plus SetDeviceHandleOffset's
+//    offset (0 by default, as libcuda's are in practice), so code that takes an ordinal
+//    for a handle shows up. With SetHandleReuse(true), a new context or stream takes the
+//    address of the last one destroyed, as a heap allocator may hand it out again.
 //  - Libraries and modules are parsed with kpack's cubin reader (anything else is
 //    CUDA_ERROR_INVALID_IMAGE); kernels answer param info, attributes and launches from the
 //    parsed layout. A cubin for arch >= 90 runs only on exactly that compute capability, an
@@ -33,6 +38,18 @@
 //    each again. While a capture is active, cuMemAlloc/Free, synchronous copies, memset and
 //    cuCtxSynchronize fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the capture mode
 //    dictates (and invalidate the calling thread's capture), as the real driver does.
+//    cuStreamGetCaptureInfo reports the capture's id and graph. User objects are
+//    reference-counted; a graph holds the references given to it (cuGraphRetainUserObject),
+//    every executable instantiated from it one more per object, and the destructor runs
+//    when the last reference goes, on another thread (as libcuda runs it on its own), and
+//    before the call that dropped the reference returns.
+//  - Kernel emulation: a test may register a host function per entry symbol
+//    (SetKernelEmulator); the fake runs it for every launch that executes (an uncaptured
+//    launch, or a graph replay), after the launch is recorded, with the launch's grid,
+//    block and parameter bytes. Emulators reach device memory through DeviceMemory(),
+//    which checks that the range lies in one live allocation; an access outside records a
+//    fault (Faults()) and, like an illegal address on a GPU, makes every later
+//    synchronization and copy fail with CUDA_ERROR_ILLEGAL_ADDRESS until Reset().
 //  - cuGetErrorName/String name an unknown code CUDA_ERROR_UNKNOWN / "unknown error" and
 //    succeed, where the real driver fails with CUDA_ERROR_INVALID_VALUE and a null string.
 //  - A handle that is not live (never created, destroyed, unloaded) is answered with
@@ -51,6 +68,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,6 +98,7 @@ inline constexpr int kMaxRecordedLaunchAttrs = 8;
 inline constexpr size_t kMaxRecordedParamBytes = 4096;
 inline constexpr size_t kMaxRecordedEntryName = 256;
 inline constexpr int64_t kLaunchRingCapacity = 1024;
+inline constexpr unsigned kMaxRecordedParams = 64;
 
 // One accepted cuLaunchKernelEx, or one kernel replayed by cuGraphLaunch.
 struct LaunchRecord {
@@ -95,6 +115,8 @@ struct LaunchRecord {
   unsigned num_attrs;     // as passed; only the first kMaxRecordedLaunchAttrs are copied
   std::array<CUlaunchAttribute, kMaxRecordedLaunchAttrs> attrs;
   size_t param_size;  // the kernel's parameter buffer size
+  unsigned num_params;  // the kernel's parameters, and the (offset, size) of the first 64
+  std::array<std::array<uint16_t, 2>, kMaxRecordedParams> param_layout;
   // The parameter buffer as the kernel would see it (bytes between parameters are zero
   // when passed as kernelParams). Only the first kMaxRecordedParamBytes are kept.
   std::array<std::byte, kMaxRecordedParamBytes> params;
@@ -109,8 +131,9 @@ struct KernelAttributeSet {
 };
 
 // Back to the initial state: one default device, not initialized, no contexts current on
-// any thread, everything freed and unloaded, counters, failures and hidden symbols
-// cleared, auto context on, launch no-op off, default kernel limits.
+// any thread, everything freed and unloaded, counters, failures, hidden symbols,
+// emulators and faults cleared, launch no-op and handle reuse off, device handle offset
+// 0, default kernel limits. Ids keep counting: they stay unique for the process.
 KPACK_FAKE_EXPORT void Reset();
 
 // Replaces the devices (an empty list makes cuInit fail with CUDA_ERROR_NO_DEVICE). Drops
@@ -133,7 +156,53 @@ KPACK_FAKE_EXPORT void HideSymbol(std::string_view fn);
 // CUDA_SUCCESS restores normal behaviour.
 KPACK_FAKE_EXPORT void SetInitError(CUresult code);
 
-KPACK_FAKE_EXPORT void SetAutoContext(bool on);
+// CUdevice handles become ordinal + offset (cuDeviceGet's answer); every function taking
+// a CUdevice refuses a plain ordinal then, unless it happens to be a valid handle too.
+KPACK_FAKE_EXPORT void SetDeviceHandleOffset(int offset);
+
+// On: a context or stream created after one of its kind was destroyed gets the
+// destroyed one's handle (the most recently destroyed first), with a new id.
+KPACK_FAKE_EXPORT void SetHandleReuse(bool on);
+
+// A launch of entry symbol `entry` as an emulator sees it.
+struct EmulatedLaunch {
+  const char* entry;
+  std::array<unsigned, 3> grid;
+  std::array<unsigned, 3> block;
+  CUstream stream;
+  const std::byte* params;  // the kernel's parameter buffer
+  size_t param_size;
+  unsigned num_params;  // as the cubin declares them, hidden ones included
+  const std::array<uint16_t, 2>* param_layout;  // (offset, size) per parameter
+  // The parameter of type T at `offset` in the buffer.
+  template <typename T>
+  T Param(size_t offset) const {
+    T v{};
+    if (offset + sizeof(T) <= param_size) std::memcpy(&v, params + offset, sizeof(T));
+    return v;
+  }
+  // Parameter `index` (in the cubin's order) as a T; it must be sizeof(T) bytes wide.
+  template <typename T>
+  T Arg(unsigned index) const {
+    if (index >= num_params || param_layout[index][1] != sizeof(T)) std::abort();
+    return Param<T>(param_layout[index][0]);
+  }
+};
+using KernelEmulator = void (*)(const EmulatedLaunch& launch);
+
+// Runs `emulator` for every executing launch of `entry` (null: no emulation).
+KPACK_FAKE_EXPORT void SetKernelEmulator(std::string_view entry, KernelEmulator emulator);
+
+// For emulators: the host address of device range [pointer, pointer + bytes) when it lies
+// in one live allocation; otherwise null, and a fault naming `what` is recorded.
+KPACK_FAKE_EXPORT void* DeviceMemory(CUdeviceptr pointer, size_t bytes, std::string_view what);
+template <typename T>
+T* DeviceArray(CUdeviceptr pointer, size_t count, std::string_view what) {
+  return static_cast<T*>(DeviceMemory(pointer, count * sizeof(T), what));
+}
+
+// Emulation faults since Reset(), one message each.
+KPACK_FAKE_EXPORT std::vector<std::string> Faults();
 
 // On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
 // nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks. The environment
@@ -164,9 +233,14 @@ KPACK_FAKE_EXPORT int64_t LibraryLoads();
 // The retain count of `device`'s primary context (-1 for no such device).
 KPACK_FAKE_EXPORT int PrimaryContextRefCount(int device);
 
-// Streams not destroyed; graphs plus graph execs not destroyed.
+// Streams not destroyed; graphs plus graph execs not destroyed; user objects whose
+// destructor has not run.
 KPACK_FAKE_EXPORT int LiveStreams();
 KPACK_FAKE_EXPORT int LiveGraphs();
+KPACK_FAKE_EXPORT int LiveUserObjects();
+
+// The id cuCtxGetId reports for `context` (0 if it is not a live context).
+KPACK_FAKE_EXPORT uint64_t ContextId(CUcontext context);
 
 }  // namespace kpack::fake
 

@@ -7,6 +7,7 @@
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -175,7 +176,15 @@ class FakeDriverTest : public ::testing::Test {
     if (handle_ != nullptr) dlclose(handle_);
   }
 
-  void Init() { ASSERT_EQ(cu.Init(0), CUDA_SUCCESS); }
+  // cuInit, and device 0's primary context made current (a fresh thread has none).
+  void Init() {
+    ASSERT_EQ(cu.Init(0), CUDA_SUCCESS);
+    CUdevice device;
+    ASSERT_EQ(cu.DeviceGet(&device, 0), CUDA_SUCCESS);
+    CUcontext primary;
+    ASSERT_EQ(cu.DevicePrimaryCtxRetain(&primary, device), CUDA_SUCCESS);
+    ASSERT_EQ(cu.CtxSetCurrent(primary), CUDA_SUCCESS);
+  }
 
   // Initializes and loads the fixture as a library; sets library_ and kernel_.
   void LoadAdd() {
@@ -316,19 +325,17 @@ TEST_F(FakeDriverTest, DeviceProperties) {
 }
 
 TEST_F(FakeDriverTest, ContextsArePerThread) {
-  Init();
+  ASSERT_EQ(cu.Init(0), CUDA_SUCCESS);
   CUcontext primary = nullptr;
   ASSERT_EQ(cu.DevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
   EXPECT_EQ(PrimaryContextRefCount(0), 1);
 
-  // Auto context: a thread with an empty stack sees device 0's primary context.
-  CUcontext current = nullptr;
-  ASSERT_EQ(cu.CtxGetCurrent(&current), CUDA_SUCCESS);
-  EXPECT_EQ(current, primary);
-
-  SetAutoContext(false);
+  // As in libcuda, a thread has no current context until it makes one current.
+  CUcontext current = primary;
   ASSERT_EQ(cu.CtxGetCurrent(&current), CUDA_SUCCESS);
   EXPECT_EQ(current, nullptr);
+  unsigned long long id = 0;  // NOLINT(runtime/int)
+  EXPECT_EQ(cu.CtxGetId(nullptr, &id), CUDA_ERROR_INVALID_CONTEXT);
   CUdevice device = -1;
   EXPECT_EQ(cu.CtxGetDevice(&device), CUDA_ERROR_INVALID_CONTEXT);
   EXPECT_EQ(cu.CtxPopCurrent(&current), CUDA_ERROR_INVALID_CONTEXT);
@@ -359,6 +366,88 @@ TEST_F(FakeDriverTest, ContextsArePerThread) {
   EXPECT_EQ(cu.DevicePrimaryCtxRelease(0), CUDA_SUCCESS);
   EXPECT_EQ(PrimaryContextRefCount(0), 0);
   EXPECT_EQ(cu.DevicePrimaryCtxRelease(0), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+TEST_F(FakeDriverTest, ContextIdsAreUniqueAndDestroyTakesEverythingWithIt) {
+  Init();
+  CUcontext primary = nullptr;
+  ASSERT_EQ(cu.CtxGetCurrent(&primary), CUDA_SUCCESS);
+  unsigned long long primary_id = 0, id = 0;  // NOLINT(runtime/int)
+  ASSERT_EQ(cu.CtxGetId(nullptr, &primary_id), CUDA_SUCCESS);
+  ASSERT_EQ(cu.CtxGetId(primary, &id), CUDA_SUCCESS);
+  EXPECT_EQ(id, primary_id);
+  EXPECT_EQ(ContextId(primary), primary_id);
+  EXPECT_EQ(cu.CtxDestroy(primary), CUDA_ERROR_INVALID_CONTEXT) << "a primary context";
+
+  // cuCtxCreate pushes the new context; cuCtxDestroy pops it and frees what it owned.
+  SetHandleReuse(true);
+  CUdevice device;
+  ASSERT_EQ(cu.DeviceGet(&device, 0), CUDA_SUCCESS);
+  CUcontext created = nullptr;
+  EXPECT_EQ(cu.CtxCreate(&created, nullptr, 1, device), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.CtxCreate(&created, nullptr, 0, device), CUDA_SUCCESS);
+  CUcontext current = nullptr;
+  ASSERT_EQ(cu.CtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, created);
+  unsigned long long created_id = 0;  // NOLINT(runtime/int)
+  ASSERT_EQ(cu.CtxGetId(nullptr, &created_id), CUDA_SUCCESS);
+  EXPECT_NE(created_id, primary_id);
+  ASSERT_EQ(cu.LibraryLoadData(&library_, image_.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cu.LibraryGetKernel(&kernel_, library_, "add_kernel"), CUDA_SUCCESS);
+  CUfunction in_created = nullptr;
+  ASSERT_EQ(cu.KernelGetFunction(&in_created, kernel_), CUDA_SUCCESS);
+  CUdeviceptr memory;
+  ASSERT_EQ(cu.MemAlloc(&memory, 64), CUDA_SUCCESS);
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  EXPECT_EQ(LiveAllocations(), 1);
+
+  ASSERT_EQ(cu.CtxDestroy(created), CUDA_SUCCESS);
+  ASSERT_EQ(cu.CtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, primary) << "popped";
+  EXPECT_EQ(LiveAllocations(), 0);
+  EXPECT_EQ(LiveStreams(), 0);
+  EXPECT_EQ(cu.CtxGetId(created, &id), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+
+  // With handle reuse the next context gets the same handle, but a new id, and none of
+  // the old one's functions.
+  CUcontext again = nullptr;
+  ASSERT_EQ(cu.CtxCreate(&again, nullptr, 0, device), CUDA_SUCCESS);
+  EXPECT_EQ(again, created);
+  ASSERT_EQ(cu.CtxGetId(nullptr, &id), CUDA_SUCCESS);
+  EXPECT_NE(id, created_id);
+  EXPECT_NE(id, primary_id);
+  auto params = AddParams(0, 0, 0, 0);
+  function_ = in_created;
+  EXPECT_EQ(LaunchExtra(Config(nullptr), params), CUDA_ERROR_INVALID_HANDLE)
+      << "a CUfunction of the destroyed context";
+  ASSERT_EQ(cu.KernelGetFunction(&function_, kernel_), CUDA_SUCCESS);
+  EXPECT_EQ(LaunchExtra(Config(nullptr), params), CUDA_SUCCESS);
+  ASSERT_EQ(cu.CtxDestroy(again), CUDA_SUCCESS);
+}
+
+TEST_F(FakeDriverTest, DeviceHandlesNeedNotBeOrdinals) {
+  SetDevices({DeviceConfig{}, DeviceConfig{.cc_major = 8, .cc_minor = 6}});
+  SetDeviceHandleOffset(100);
+  ASSERT_EQ(cu.Init(0), CUDA_SUCCESS);
+  CUdevice device;
+  ASSERT_EQ(cu.DeviceGet(&device, 1), CUDA_SUCCESS);
+  EXPECT_EQ(device, 101);
+  int value = 0;
+  EXPECT_EQ(cu.DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1),
+            CUDA_ERROR_INVALID_DEVICE)
+      << "an ordinal is not a handle";
+  ASSERT_EQ(cu.DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device),
+            CUDA_SUCCESS);
+  EXPECT_EQ(value, 8);
+  CUcontext context;
+  ASSERT_EQ(cu.DevicePrimaryCtxRetain(&context, device), CUDA_SUCCESS);
+  ASSERT_EQ(cu.CtxSetCurrent(context), CUDA_SUCCESS);
+  CUdevice current = -1;
+  ASSERT_EQ(cu.CtxGetDevice(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, 101);
+  EXPECT_EQ(PrimaryContextRefCount(1), 1) << "the control API speaks ordinals";
 }
 
 TEST_F(FakeDriverTest, LibraryKernelsAnswerFromTheCubin) {
@@ -545,7 +634,7 @@ TEST_F(FakeDriverTest, LaunchValidation) {
   ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
   EXPECT_EQ(LaunchExtra(Config(stream), params), CUDA_ERROR_INVALID_HANDLE);
 
-  SetAutoContext(false);
+  ASSERT_EQ(cu.CtxSetCurrent(nullptr), CUDA_SUCCESS);
   EXPECT_EQ(LaunchExtra(Config(nullptr), params), CUDA_ERROR_INVALID_CONTEXT);
   EXPECT_EQ(LaunchCount(), 0);
 }
@@ -629,7 +718,7 @@ TEST_F(FakeDriverTest, ModuleApiMirrorsTheLibraryApi) {
   EXPECT_EQ(cu.LaunchKernelEx(&config, function, nullptr, extra), CUDA_ERROR_INVALID_HANDLE);
   EXPECT_EQ(LoadedLibraries(), 0);
 
-  SetAutoContext(false);
+  ASSERT_EQ(cu.CtxSetCurrent(nullptr), CUDA_SUCCESS);
   EXPECT_EQ(cu.ModuleLoadData(&module, image_.data()), CUDA_ERROR_INVALID_CONTEXT);
 }
 
@@ -748,6 +837,178 @@ TEST_F(FakeDriverTest, CapturedLaunchesReplayWithTheGraph) {
   ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
   ASSERT_EQ(cu.StreamDestroy(other), CUDA_SUCCESS);
   EXPECT_EQ(LiveStreams(), 0);
+}
+
+TEST_F(FakeDriverTest, StreamIdsAndCaptureInfo) {
+  Init();
+  CUstream a, b;
+  ASSERT_EQ(cu.StreamCreate(&a, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&b, 0), CUDA_SUCCESS);
+  unsigned long long id_a = 0, id_b = 0, legacy = 0, null_id = 0;  // NOLINT(runtime/int)
+  ASSERT_EQ(cu.StreamGetId(a, &id_a), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamGetId(b, &id_b), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamGetId(CU_STREAM_LEGACY, &legacy), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamGetId(nullptr, &null_id), CUDA_SUCCESS);
+  EXPECT_NE(id_a, id_b);
+  EXPECT_EQ(legacy, null_id) << "NULL is the legacy stream";
+  unsigned long long mine = 0, theirs = 0;  // NOLINT(runtime/int)
+  ASSERT_EQ(cu.StreamGetId(CU_STREAM_PER_THREAD, &mine), CUDA_SUCCESS);
+  CUcontext context;
+  ASSERT_EQ(cu.CtxGetCurrent(&context), CUDA_SUCCESS);
+  std::thread([&] {
+    ASSERT_EQ(cu.CtxSetCurrent(context), CUDA_SUCCESS);
+    ASSERT_EQ(cu.StreamGetId(CU_STREAM_PER_THREAD, &theirs), CUDA_SUCCESS);
+  }).join();
+  EXPECT_NE(mine, theirs) << "each thread has its own per-thread stream";
+
+  // A destroyed stream's handle may come back (SetHandleReuse), with a new id.
+  SetHandleReuse(true);
+  ASSERT_EQ(cu.StreamDestroy(b), CUDA_SUCCESS);
+  CUstream c;
+  ASSERT_EQ(cu.StreamCreate(&c, 0), CUDA_SUCCESS);
+  EXPECT_EQ(c, b);
+  unsigned long long id_c = 0;  // NOLINT(runtime/int)
+  ASSERT_EQ(cu.StreamGetId(c, &id_c), CUDA_SUCCESS);
+  EXPECT_NE(id_c, id_b);
+
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  cuuint64_t capture = 0;
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamGetCaptureInfo(a, &status, &capture, &graph, nullptr, nullptr, nullptr),
+            CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  ASSERT_EQ(cu.StreamBeginCapture(a, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamGetCaptureInfo(a, &status, &capture, &graph, nullptr, nullptr, nullptr),
+            CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_NE(capture, 0u);
+  CUgraph ended = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(a, &ended), CUDA_SUCCESS);
+  EXPECT_EQ(ended, graph) << "the graph being captured is the one EndCapture returns";
+  ASSERT_EQ(cu.StreamBeginCapture(a, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  cuuint64_t second = 0;
+  ASSERT_EQ(cu.StreamGetCaptureInfo(a, &status, &second, nullptr, nullptr, nullptr, nullptr),
+            CUDA_SUCCESS);
+  EXPECT_NE(second, capture);
+  CUgraph other = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(a, &other), CUDA_SUCCESS);
+  for (CUgraph g : {ended, other}) ASSERT_EQ(cu.GraphDestroy(g), CUDA_SUCCESS);
+}
+
+std::atomic<int> g_destroyed{0};
+std::atomic<bool> g_destroyed_on_caller{false};
+thread_local bool t_is_caller = false;
+void CountDestroy(void* ptr) {
+  g_destroyed.fetch_add(*static_cast<int*>(ptr));
+  if (t_is_caller) g_destroyed_on_caller = true;
+}
+
+TEST_F(FakeDriverTest, UserObjectsLiveWhileAGraphOrExecutableHoldsThem) {
+  Init();
+  t_is_caller = true;
+  g_destroyed = 0;
+  g_destroyed_on_caller = false;
+  int one = 1;
+  CUuserObject object;
+  EXPECT_EQ(cu.UserObjectCreate(&object, &one, CountDestroy, 1, 0), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.UserObjectCreate(&object, &one, CountDestroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            CUDA_SUCCESS);
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUstreamCaptureStatus status;
+  CUgraph capturing = nullptr;
+  ASSERT_EQ(cu.StreamGetCaptureInfo(stream, &status, nullptr, &capturing, nullptr, nullptr,
+                                    nullptr),
+            CUDA_SUCCESS);
+  // The caller's reference moves to the graph being captured.
+  ASSERT_EQ(cu.GraphRetainUserObject(capturing, object, 1, CU_GRAPH_USER_OBJECT_MOVE),
+            CUDA_SUCCESS);
+  CUgraph graph;
+  ASSERT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  CUgraphExec exec;
+  ASSERT_EQ(cu.GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(g_destroyed.load(), 0) << "the executable still holds it";
+  EXPECT_EQ(LiveUserObjects(), 1);
+  ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(g_destroyed.load(), 1) << "run before the last release returns";
+  EXPECT_FALSE(g_destroyed_on_caller.load()) << "and on another thread";
+  EXPECT_EQ(LiveUserObjects(), 0);
+
+  // An invalidated capture drops what its graph held.
+  ASSERT_EQ(cu.UserObjectCreate(&object, &one, CountDestroy, 2, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamGetCaptureInfo(stream, &status, nullptr, &capturing, nullptr, nullptr,
+                                    nullptr),
+            CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphRetainUserObject(capturing, object, 1, CU_GRAPH_USER_OBJECT_MOVE),
+            CUDA_SUCCESS);
+  CUdeviceptr pointer;
+  EXPECT_EQ(cu.MemAlloc(&pointer, 16), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  EXPECT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(g_destroyed.load(), 1) << "one reference left";
+  ASSERT_EQ(cu.UserObjectRelease(object, 1), CUDA_SUCCESS);
+  EXPECT_EQ(g_destroyed.load(), 2);
+  EXPECT_EQ(cu.UserObjectRelease(object, 1), CUDA_ERROR_INVALID_VALUE);
+  t_is_caller = false;
+}
+
+// An emulated add_kernel: out[i] = x[i] + y[i] for i < n, one block of 1024 per program.
+void EmulateAdd(const EmulatedLaunch& launch) {
+  const int32_t n = launch.Param<int32_t>(24);
+  const size_t count = std::min<size_t>(n, size_t{launch.grid[0]} * 1024);
+  const float* x = DeviceArray<float>(launch.Param<CUdeviceptr>(0), count, "x");
+  const float* y = DeviceArray<float>(launch.Param<CUdeviceptr>(8), count, "y");
+  float* out = DeviceArray<float>(launch.Param<CUdeviceptr>(16), count, "out");
+  if (x == nullptr || y == nullptr || out == nullptr) return;
+  for (size_t i = 0; i < count; ++i) out[i] = x[i] + y[i];
+}
+
+TEST_F(FakeDriverTest, EmulatorsRunWhenALaunchExecutesNotWhenItIsCaptured) {
+  LoadAdd();
+  SetKernelEmulator("add_kernel", EmulateAdd);
+  CUdeviceptr x, y, out;
+  for (CUdeviceptr* p : {&x, &y, &out}) ASSERT_EQ(cu.MemAlloc(p, 16 * 4), CUDA_SUCCESS);
+  std::vector<float> hx(16), hy(16), got(16, -1);
+  for (int i = 0; i < 16; ++i) hx[i] = i, hy[i] = 100 * i;
+  ASSERT_EQ(cu.MemcpyHtoD(x, hx.data(), 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyHtoD(y, hy.data(), 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemsetD8(out, 0, 64), CUDA_SUCCESS);
+  auto params = AddParams(x, y, out, 10);
+  ASSERT_EQ(LaunchExtra(Config(nullptr, 1), params), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_SUCCESS);
+  EXPECT_EQ(got[9], 909.0f);
+  EXPECT_EQ(got[10], 0.0f) << "i >= n untouched";
+
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemsetD8(out, 0, 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  params = AddParams(x, y, out, 16);
+  ASSERT_EQ(LaunchExtra(Config(stream, 1), params), CUDA_SUCCESS);
+  CUgraph graph;
+  ASSERT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_SUCCESS);
+  EXPECT_EQ(got[15], 0.0f) << "captured, not run";
+  CUgraphExec exec;
+  ASSERT_EQ(cu.GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphLaunch(exec, nullptr), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_SUCCESS);
+  EXPECT_EQ(got[15], 1515.0f) << "run by the replay";
+  EXPECT_TRUE(Faults().empty());
+
+  // n past the allocations: a fault, and every later synchronization fails.
+  params = AddParams(x, y, out, 17);
+  ASSERT_EQ(LaunchExtra(Config(nullptr, 1), params), CUDA_SUCCESS);
+  ASSERT_EQ(Faults().size(), 3u) << "x, y and out";
+  EXPECT_THAT(Faults()[0], ::testing::HasSubstr("x: 68 bytes at 0x"));
+  EXPECT_EQ(cu.StreamSynchronize(stream), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(cu.CtxSynchronize(), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_ERROR_ILLEGAL_ADDRESS);
+  ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {

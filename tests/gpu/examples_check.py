@@ -31,7 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SKIP = 77
+from gpu_check import gpu_missing, unavailable
+
 os.environ["TRITON_DISABLE_LINE_INFO"] = "1"  # the pack's cubins are built without it
 
 # Check shapes per kernel: (shape, aligned?) per bucket. "Aligned" shapes satisfy every
@@ -57,19 +58,6 @@ for _dtype in ("fp16", "bf16"):
 
 # Tolerances against the torch references: each spec's `tolerance` (see each example's
 # docstring), as the tuner uses them.
-
-
-def gpu_missing(binary):
-    doctor = subprocess.run([binary, "doctor"], capture_output=True, text=True).stdout
-    if "driver: not available" in doctor or "devices: 0" in doctor:
-        return f"kpack doctor: {doctor.strip()}"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    return None
 
 
 def holds(spec, special, args):
@@ -156,8 +144,7 @@ def main():
     opts = parser.parse_args()
     missing = gpu_missing(opts.binary)
     if missing:
-        print(f"SKIPPED: {missing}")
-        return 1 if os.environ.get("KPACK_REQUIRE_GPU") == "1" else SKIP
+        return unavailable("examples check", missing)
 
     import torch
     import triton

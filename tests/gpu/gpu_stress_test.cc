@@ -1,9 +1,12 @@
-// Eight threads, each on its own stream, launch 10,000 times each on a fresh Runtime whose
-// kernels load lazily under the race of their first launches: vector add, a kernel with
-// global scratch (per-stream arenas) and the dispatch pack's axpy with n changing across
-// its buckets. The last results of every thread are checked on the host.
+// Eight threads launch 10,000 times each on a fresh Runtime whose kernels load lazily under
+// the race of their first launches: vector add, a kernel with global scratch and the
+// dispatch pack's axpy with n changing across its buckets. The last results of every
+// thread are checked on the host. Run twice: each thread on a stream of its own (one
+// scratch arena per stream), and every thread on CU_STREAM_PER_THREAD (one handle, a
+// different stream per thread: one scratch arena per thread, none shared).
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -21,7 +24,10 @@ namespace {
 
 using internal::Driver;
 
-TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
+class GpuStressTest : public ::testing::TestWithParam<bool> {};  // per-thread stream?
+
+TEST_P(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
+  const bool per_thread = GetParam();
   auto loaded = Driver::Load("");
   KPACK_SKIP_WITHOUT_GPU(loaded.status());
   const Driver& d = **loaded;
@@ -35,7 +41,11 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
   Kernel add = *test_pack->Find("add"), scratch = *test_pack->Find("scratch");
   Kernel axpy = *dispatch_pack->Find("axpy");
 
-  constexpr int kThreads = 8, kIterations = 10000 / 3 + 1;  // 3 launches per iteration
+  // 3 launches per iteration, 10,000 per thread; KPACK_STRESS_LAUNCHES sets another count
+  // (e.g. fewer under compute-sanitizer, which slows every launch).
+  constexpr int kThreads = 8;
+  const char* launches = std::getenv("KPACK_STRESS_LAUNCHES");
+  const int kIterations = (launches != nullptr ? std::atoi(launches) : 10000) / 3 + 1;
   constexpr int kN = 8192, kRows = 64, kCols = 128;         // kCols: a multiple of 4 (TMA)
   std::atomic<int> failures{0};
   std::vector<std::string> errors(kThreads);
@@ -46,8 +56,8 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
         if (failures.fetch_add(1) == 0 || errors[t].empty()) errors[t] = what;
       };
       if (d.CtxSetCurrent(ctx) != CUDA_SUCCESS) return fail("cuCtxSetCurrent");
-      CUstream stream;
-      if (d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+      CUstream stream = CU_STREAM_PER_THREAD;
+      if (!per_thread && d.StreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
         return fail("cuStreamCreate");
       }
       std::mt19937 gen(100 + t);
@@ -90,8 +100,12 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
         volatile float prod = 0.5f * x[i];
         if (got[i] != prod + y[i]) return fail("axpy result");
       }
+      if (!per_thread) {
+        absl::Status released = test_pack->ReleaseScratch(stream);
+        if (!released.ok()) return fail(std::string(released.message()));
+        d.StreamDestroy(stream);
+      }
       for (CUdeviceptr p : {dx, dy, out_add, out_scratch, out_axpy}) d.MemFree(p);
-      d.StreamDestroy(stream);
     });
   }
   for (auto& th : threads) th.join();
@@ -99,12 +113,23 @@ TEST(GpuStressTest, EightThreadsTenThousandLaunchesEachWithLazyLoadingRacing) {
     EXPECT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
   }
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(test_pack->stats().scratch_arenas, size_t{kThreads}) << "one arena per stream";
+  // Streams of their own were released before being destroyed; each thread's per-thread
+  // stream keeps its arena.
+  EXPECT_EQ(test_pack->stats().scratch_arenas, per_thread ? size_t{kThreads} : 0u)
+      << "one arena per thread's per-thread stream";
   uint64_t axpy_launches = 0;
   for (const auto& v : axpy.variant_stats()) axpy_launches += v.launches;
   EXPECT_EQ(axpy_launches, uint64_t{kThreads} * kIterations);
+  std::printf("%s: %d threads x %d iterations, %zu scratch arenas, %zu scratch bytes\n",
+              per_thread ? "CU_STREAM_PER_THREAD" : "own streams", kThreads, kIterations,
+              test_pack->stats().scratch_arenas, test_pack->stats().scratch_bytes);
   d.DevicePrimaryCtxRelease(dev);
 }
+
+INSTANTIATE_TEST_SUITE_P(Streams, GpuStressTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "PerThreadDefaultStream" : "OwnStreams";
+                         });
 
 }  // namespace
 }  // namespace kpack

@@ -34,17 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-SKIP = 77
+from gpu_check import gpu_missing, unavailable
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-
-
-def unavailable(reason):
-    print(f"record check: {reason}")
-    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
-        print("record check: KPACK_REQUIRE_GPU=1, so this is a failure, not a skip")
-        return 1
-    return SKIP
 
 
 def run(command, **kwargs):
@@ -98,16 +91,10 @@ def pack_failures(manifest, record, autotuned_checked):
 
 def main():
     binary = sys.argv[1]
-    doctor = subprocess.run([binary, "doctor"], capture_output=True, text=True).stdout
-    if "driver: not available" in doctor or "devices: 0" in doctor:
-        print(doctor)
-        return unavailable("no usable GPU")
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            return unavailable("torch sees no CUDA device")
-    except ImportError:
-        return unavailable("torch is not installed")
+    missing = gpu_missing(binary)
+    if missing:
+        return unavailable("record check", missing)
+    import torch
     import triton
     print(f"record check: torch {torch.__version__}, triton {triton.__version__}")
 

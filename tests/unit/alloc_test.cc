@@ -93,7 +93,7 @@ struct Counts {
 class LaunchPathTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { setenv("KPACK_LOG_LEVEL", "trace", 1); }
-  void SetUp() override { fake::Reset(); }
+  void SetUp() override { testing::ResetFake(); }
 
   Counts Snapshot() const {
     return {g_allocations.load(), g_locks.load(), sink_ ? sink_->messages.load() : 0};
@@ -137,8 +137,20 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
   auto bound = add.BindArgs(Grid{4}, nullptr, kX, kY, kOut, 4096);
   ASSERT_TRUE(bound.ok());
   const Arg dynamic[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(4096)};
-  // Warm the scratch arena: its growth is the documented slow path.
-  ASSERT_TRUE(scratch.Launch(Grid{8, 8}, nullptr, kX, kOut, 256, 256, 256).ok());
+  // Warm the scratch arenas: their growth is the documented slow path.
+  CUstream stream = nullptr;
+  ASSERT_EQ(testing::FakeDriver().StreamCreate(&stream, 0), CUDA_SUCCESS);
+  for (CUstream s : {CUstream{nullptr}, CU_STREAM_PER_THREAD, stream}) {
+    ASSERT_TRUE(scratch.Launch(Grid{8, 8}, s, kX, kOut, 256, 256, 256).ok());
+  }
+  // A caller's allocator, as Triton's: a bump pointer here.
+  static CUdeviceptr next = 0x7f00000000;
+  const ScratchAllocator allocator{[](size_t bytes, size_t, CUstream, void*) {
+                                     next += (bytes + 255) / 256 * 256;
+                                     return next;
+                                   },
+                                   nullptr};
+  const Arg scratch_args[] = {Arg(kX), Arg(kOut), Arg(128), Arg(128), Arg(128)};
   fake::SetLaunchNoop(true);
 
   const int64_t launches_before = fake::CallCount("LaunchKernelEx");
@@ -154,10 +166,13 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
         scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40).ok();
     ok &= cluster.Launch(Grid{3}, nullptr, kX, kOut, i).ok();
     ok &= scratch.Launch(Grid{4, 4}, nullptr, kX, kOut, 128, 128, 128).ok();
+    ok &= scratch.Launch(Grid{4, 4}, CU_STREAM_PER_THREAD, kX, kOut, 128, 128, 128).ok();
+    ok &= scratch.Launch(Grid{4, 4}, stream, kX, kOut, 128, 128, 128).ok();
+    ok &= scratch.LaunchArgs(Grid{4, 4}, stream, scratch_args, allocator).ok();
   }
   Counts after = Snapshot();
   EXPECT_TRUE(ok);
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 7000);
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 10000);
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";

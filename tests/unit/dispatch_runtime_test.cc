@@ -29,7 +29,7 @@ const CUdeviceptr kX = 0x100000, kY = 0x200000, kOut = 0x300000;
 class DispatchRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    fake::Reset();
+    testing::ResetFake();
     auto rt = OpenFake(kPack);
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_ = std::make_unique<Runtime>(std::move(*rt));

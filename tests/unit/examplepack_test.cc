@@ -29,7 +29,7 @@ const CUdeviceptr kA = 0x100000, kB = 0x200000, kC = 0x300000, kD = 0x400000;
 class ExamplePackTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    fake::Reset();
+    testing::ResetFake();
     auto rt = OpenFake(kPack);
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_ = std::make_unique<Runtime>(std::move(*rt));

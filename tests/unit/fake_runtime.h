@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "driver/driver.h"
 #include "fake_driver.h"
 #include "kpack/kpack.h"
 #include "nlohmann/json.hpp"
@@ -32,6 +33,38 @@ T At(const fake::LaunchRecord& r, size_t offset) {
 }
 
 inline fake::LaunchRecord LastLaunch() { return fake::GetLaunch(fake::LaunchCount() - 1); }
+
+// The fake's driver table, as kpack loads it, initialized (again after fake::Reset()).
+inline const internal::Driver& FakeDriver() {
+  static const std::shared_ptr<const internal::Driver> driver = [] {
+    auto loaded = internal::Driver::Load(KPACK_FAKE_DRIVER);
+    if (!loaded.ok()) std::abort();
+    return *loaded;
+  }();
+  driver->Init(0);
+  return *driver;
+}
+
+// Makes device `ordinal`'s primary context current on the calling thread, as an
+// application does before launching: with the fake, as with libcuda, a thread starts
+// with no current context.
+inline CUcontext UsePrimaryContext(int ordinal = 0) {
+  const internal::Driver& d = FakeDriver();
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  if (d.DeviceGet(&device, ordinal) != CUDA_SUCCESS ||
+      d.DevicePrimaryCtxRetain(&context, device) != CUDA_SUCCESS ||
+      d.CtxSetCurrent(context) != CUDA_SUCCESS) {
+    std::abort();
+  }
+  return context;
+}
+
+// fake::Reset(), then device 0's primary context current on this thread.
+inline void ResetFake() {
+  fake::Reset();
+  UsePrimaryContext();
+}
 
 inline Options FakeOptions() {
   Options o;

@@ -19,7 +19,7 @@ const CUdeviceptr kX = 0x10000, kY = 0x20000, kOut = 0x30000;
 class NvtxTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    fake::Reset();
+    testing::ResetFake();
     kpack_nvtx_inject_reset();
   }
   void TearDown() override { unsetenv("KPACK_NVTX"); }

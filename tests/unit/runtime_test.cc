@@ -1,13 +1,19 @@
-// The runtime against the recording fake driver: what reaches cuLaunchKernelEx for every
-// kind of parameter and launch attribute, load-time checks, scratch arenas, driver faults,
-// hostile packs, and concurrent launches.
+// The runtime against the recording fake driver, where only the fake can tell: what
+// reaches the driver (parameter bytes, launch attributes, which CUfunction, which scratch
+// pointer, how many driver calls a launch makes), load-time checks against configured
+// devices, hostile packs, and concurrent launches under TSan. The runtime's behaviour as
+// an application sees it is tested once for both drivers in tests/conformance; driver
+// faults in driver_fault_test.cc.
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -39,7 +45,7 @@ const CUdeviceptr kX = 0x7f0000001000, kY = 0x7f0000002000, kOut = 0x7f000000300
 
 class RuntimeTest : public ::testing::Test {
  protected:
-  void SetUp() override { fake::Reset(); }
+  void SetUp() override { testing::ResetFake(); }
   void TearDown() override { fake::Reset(); }
 
   Runtime Open(const std::string& dir = KPACK_TEST_PACK_DIR) {
@@ -47,12 +53,11 @@ class RuntimeTest : public ::testing::Test {
     EXPECT_TRUE(rt.ok()) << rt.status();
     return std::move(*rt);
   }
+  const internal::Driver& d() { return testing::FakeDriver(); }
   // A real (fake) stream, created through the same driver table kpack uses.
   CUstream NewStream() {
-    auto driver = internal::Driver::Load(KPACK_FAKE_DRIVER);
-    EXPECT_TRUE(driver.ok()) << driver.status();
     CUstream s = nullptr;
-    EXPECT_EQ((*driver)->StreamCreate(&s, 0), CUDA_SUCCESS);
+    EXPECT_EQ(d().StreamCreate(&s, 0), CUDA_SUCCESS);
     return s;
   }
 };
@@ -129,32 +134,9 @@ TEST_F(RuntimeTest, DriverMissingAFunctionIsUnavailable) {
 
 // ---- finding and loading ----
 
-TEST_F(RuntimeTest, OpensTestPackLazily) {
-  Runtime rt = Open();
-  EXPECT_THAT(rt.kernel_names(), ::testing::ElementsAre("add", "scalars", "matmul", "cluster",
-                                                        "pdl", "scratch", "softmax"));
-  EXPECT_EQ(fake::LibraryLoads(), 0) << "Open must not load kernels (lazy by default)";
-  auto add = rt.Find("add");
-  ASSERT_TRUE(add.ok());
-  EXPECT_EQ(add->num_args(), 4u);
-  EXPECT_EQ(add->arg_name(3), "n");
-  EXPECT_EQ(add->arg_type(0), "*fp32");
-  EXPECT_EQ(*add->ArgIndex("out_ptr"), 2u);
-  EXPECT_EQ(add->ArgIndex("BLOCK").status().code(), absl::StatusCode::kNotFound);
-
-  auto missing = rt.Find("sub");
-  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Msg(missing.status()), AllOf(HasSubstr("'sub'"), HasSubstr("testpack")));
-
-  KP_ASSERT_OK(add->Launch(Grid{1}, nullptr, kX, kY, kOut, 10));
-  KP_ASSERT_OK(add->Launch(Grid{1}, nullptr, kX, kY, kOut, 10));
-  EXPECT_EQ(fake::LibraryLoads(), 1) << "one load per variant, on first use";
-  EXPECT_EQ(rt.stats().libraries_loaded, 1u);
-}
-
 TEST_F(RuntimeTest, PreloadLoadsEverythingOnceAndNeedsAContext) {
   {
-    fake::SetAutoContext(false);
+    ASSERT_EQ(testing::FakeDriver().CtxSetCurrent(nullptr), CUDA_SUCCESS);
     auto rt = OpenFake();
     ASSERT_TRUE(rt.ok());
     absl::Status s = rt->Preload();
@@ -162,7 +144,7 @@ TEST_F(RuntimeTest, PreloadLoadsEverythingOnceAndNeedsAContext) {
     EXPECT_THAT(Msg(s), HasSubstr("no CUDA context is current"));
     EXPECT_EQ(fake::LoadedLibraries(), 0);
   }
-  fake::Reset();
+  testing::ResetFake();
   Options o = FakeOptions();
   o.preload = true;
   auto rt = Runtime::Open(KPACK_TEST_PACK_DIR, o);
@@ -262,36 +244,6 @@ TEST_F(RuntimeTest, DynamicArgsAndBoundLaunchPatchOnlyTheirSlot) {
   EXPECT_EQ(At<int32_t>(LastLaunch(), 24), 99) << "a refused Set leaves the slot as it was";
 }
 
-TEST_F(RuntimeTest, WrongArgumentsAreErrorsAndNeverLaunch) {
-  Runtime rt = Open();
-  absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'add' takes 4 arguments"), HasSubstr("n: i32"),
-                            HasSubstr("got 3")));
-  s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1, 2);
-  EXPECT_THAT(Msg(s), HasSubstr("got 5"));
-  s = rt.Launch("add", Grid{1}, nullptr, kX, 3.0f, kOut, 1);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("argument 1 ('y_ptr')"), HasSubstr("expects *fp32"),
-                            HasSubstr("got a float")));
-  s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, int64_t{1} << 33);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("'n'"), HasSubstr("does not fit")));
-  s = rt.Launch("scalars", Grid{1}, nullptr, kX, kOut, 1, 1.0, 1.0, 1.0, 1, int64_t{0});
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("'flag'"), HasSubstr("expects i1")));
-  s = rt.Launch("nope", Grid{1}, nullptr);
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(Kernel().Launch(Grid{1}, nullptr).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
-}
-
-TEST_F(RuntimeTest, EmptyGridLaunchesNothing) {
-  Runtime rt = Open();
-  KP_ASSERT_OK(rt.Launch("add", Grid{0}, nullptr, kX, kY, kOut, 0));
-  KP_ASSERT_OK(rt.Launch("matmul", Grid{3, 0}, nullptr, kX, kY, kOut, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
-  // Arguments are still checked.
-  EXPECT_FALSE(rt.Launch("add", Grid{0}, nullptr, kX, kY, kOut).ok());
-}
-
 // ---- launch attributes and load-time device checks ----
 
 TEST_F(RuntimeTest, ClusterKernelMultipliesGridAndSetsClusterAttributes) {
@@ -334,25 +286,32 @@ TEST_F(RuntimeTest, CooperativeVariantSetsCooperativeAttribute) {
   EXPECT_EQ(r.attrs[0].value.cooperative, 1);
 }
 
-TEST_F(RuntimeTest, LargeSharedMemoryOptsInOncePerDevice) {
+// Device handles are not ordinals here (cuDeviceGet's answer is ordinal + 100): the
+// checks and attributes must use the handle of the context's device.
+TEST_F(RuntimeTest, LargeSharedMemoryOptsInOncePerContextsDevice) {
   fake::SetDevices({fake::DeviceConfig{}, fake::DeviceConfig{}});
+  fake::SetDeviceHandleOffset(100);
   fake::SetKernelLimits({.max_threads_per_block = 1024, .static_shared_bytes = 1024});
+  testing::UsePrimaryContext(0);
   Runtime rt = Open();
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
   EXPECT_TRUE(fake::KernelAttributeSets().empty()) << "no opt-in at or below 48 KiB";
-  for (int i = 0; i < 3; ++i) {
-    KP_ASSERT_OK(rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 128, 128, 128, 128, 1, 128,
-                           1, 128, 1));
+  for (int device : {0, 1}) {
+    testing::UsePrimaryContext(device);
+    for (int i = 0; i < 3; ++i) {
+      KP_ASSERT_OK(rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 128, 128, 128, 128, 1,
+                             128, 1, 128, 1));
+    }
   }
   EXPECT_EQ(LastLaunch().shared_bytes, 65536u);
   EXPECT_EQ(LastLaunch().block[0], 256u);
   std::vector<fake::KernelAttributeSet> sets = fake::KernelAttributeSets();
-  ASSERT_EQ(sets.size(), 2u) << "once per device, not per launch";
+  ASSERT_EQ(sets.size(), 2u) << "once per context's device, not per launch";
   for (int dev = 0; dev < 2; ++dev) {
     EXPECT_EQ(sets[dev].entry, "matmul_kernel");
     EXPECT_EQ(sets[dev].attribute, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
     EXPECT_EQ(sets[dev].value, 232448 - 1024) << "opt-in limit minus static shared";
-    EXPECT_EQ(sets[dev].device, dev);
+    EXPECT_EQ(sets[dev].device, 100 + dev) << "the device's handle, not its ordinal";
   }
 }
 
@@ -360,6 +319,7 @@ TEST_F(RuntimeTest, SharedMemoryBeyondTheDeviceIsALoadError) {
   fake::DeviceConfig small;
   small.max_shared_memory_per_block_optin = 48 * 1024;
   fake::SetDevices({small});
+  testing::UsePrimaryContext();
   Runtime rt = Open();
   absl::Status s =
       rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 1, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -387,6 +347,7 @@ TEST_F(RuntimeTest, ArchMismatchIsALoadErrorNamingTheVariant) {
     dev.cc_major = major;
     dev.cc_minor = minor;
     fake::SetDevices({dev});
+    testing::UsePrimaryContext();
     Runtime rt = Open();
     absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -447,27 +408,99 @@ TEST_F(RuntimeTest, MissingEntrySymbolIsALoadError) {
   EXPECT_EQ(fake::LoadedLibraries(), 0);
 }
 
-TEST_F(RuntimeTest, LoadingContextUsesItsFunctionOtherContextsTheContextFreeKernel) {
+// ---- contexts ----
+
+// Each context launches with its own CUfunction (cuKernelGetFunction in it); the library
+// is loaded once for all. Preload in a context loads for that context, so a launch there
+// (even inside a capture) loads nothing.
+TEST_F(RuntimeTest, EachContextLaunchesWithItsOwnFunction) {
   fake::SetDevices({fake::DeviceConfig{}, fake::DeviceConfig{}});
+  const CUcontext first = testing::UsePrimaryContext(0);
   Runtime rt = Open();
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));  // loads in device 0
   const CUfunction home = LastLaunch().function;
+  EXPECT_EQ(fake::CallCount("KernelGetFunction"), 1);
 
-  auto driver = internal::Driver::Load(KPACK_FAKE_DRIVER);
-  ASSERT_TRUE(driver.ok());
-  CUcontext other = nullptr;
-  ASSERT_EQ((*driver)->DevicePrimaryCtxRetain(&other, 1), CUDA_SUCCESS);
-  ASSERT_EQ((*driver)->CtxPushCurrent(other), CUDA_SUCCESS);
-  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
-  fake::LaunchRecord r = LastLaunch();
-  EXPECT_EQ(r.context, other);
+  const CUcontext second = testing::UsePrimaryContext(1);
+  KP_ASSERT_OK(rt.Preload());
+  EXPECT_EQ(fake::CallCount("KernelGetFunction"), 8) << "every variant, for this context";
+  EXPECT_EQ(fake::LibraryLoads(), 7) << "the libraries are shared";
+  CUstream stream = NewStream();
+  KP_ASSERT_OK(rt.ReserveScratch(stream, 1 << 20));
+  ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, stream, kX, kY, kOut, 1));
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{1, 1}, stream, kX, kOut, 32, 32, 32));
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(fake::CallCount("KernelGetFunction"), 8) << "nothing loaded during the capture";
+  fake::LaunchRecord r = fake::GetLaunch(fake::LaunchCount() - 2);
+  EXPECT_EQ(r.context, second);
   EXPECT_NE(r.function, home) << "device 1 must not get device 0's CUfunction";
-  CUcontext popped;
-  (*driver)->CtxPopCurrent(&popped);
-  (*driver)->DevicePrimaryCtxRelease(1);
+  EXPECT_NE(r.function, nullptr);
+
+  ASSERT_EQ(d().CtxSetCurrent(first), CUDA_SUCCESS);
   KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
   EXPECT_EQ(LastLaunch().function, home);
-  EXPECT_EQ(fake::LibraryLoads(), 1) << "one load serves both devices";
+  EXPECT_EQ(fake::CallCount("KernelGetFunction"), 8);
+}
+
+// A context destroyed and another created at the same address (the fake hands the
+// handle out again) is a new context: kpack must not launch the old one's CUfunction.
+TEST_F(RuntimeTest, AContextAtADestroyedOnesAddressGetsItsOwnFunction) {
+  fake::SetHandleReuse(true);
+  Runtime rt = Open();
+  CUdevice device = 0;
+  ASSERT_EQ(d().CtxGetDevice(&device), CUDA_SUCCESS);
+  CUcontext first = nullptr, second = nullptr;
+  ASSERT_EQ(d().CtxCreate(&first, nullptr, 0, device), CUDA_SUCCESS);
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
+  const CUfunction old_function = LastLaunch().function;
+  ASSERT_EQ(d().CtxDestroy(first), CUDA_SUCCESS);
+  ASSERT_EQ(d().CtxCreate(&second, nullptr, 0, device), CUDA_SUCCESS);
+  ASSERT_EQ(second, first) << "the fake reuses the handle";
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1));
+  EXPECT_NE(LastLaunch().function, old_function);
+  EXPECT_EQ(fake::CallCount("KernelGetFunction"), 2);
+  ASSERT_EQ(d().CtxDestroy(second), CUDA_SUCCESS);
+}
+
+// ---- the launch path's driver calls ----
+
+// A launch of a kernel without scratch makes one driver call besides cuLaunchKernelEx
+// (cuCtxGetId, a thread-local read): detecting captures adds nothing to it. A kernel
+// with scratch asks for the stream's capture status and id too.
+TEST_F(RuntimeTest, DriverCallsPerLaunch) {
+  Runtime rt = Open();
+  CUstream stream = NewStream();
+  KP_ASSERT_OK(rt.Launch("add", Grid{1}, stream, kX, kY, kOut, 1));
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{1, 1}, stream, kX, kOut, 32, 32, 32));
+  auto calls = [] {
+    std::map<std::string, int64_t> c;
+#define KPACK_DRIVER_SYMBOL(name, version) c[#name] = fake::CallCount(#name);
+#include "driver/driver_symbols.h"
+#undef KPACK_DRIVER_SYMBOL
+    return c;
+  };
+  auto delta = [&](const std::map<std::string, int64_t>& before) {
+    std::map<std::string, int64_t> d;
+    for (const auto& [fn, n] : calls()) {
+      if (n != before.at(fn)) d[fn] = n - before.at(fn);
+    }
+    return d;
+  };
+  using Calls = std::map<std::string, int64_t>;
+  auto before = calls();
+  for (int i = 0; i < 10; ++i) KP_ASSERT_OK(rt.Launch("add", Grid{1}, stream, kX, kY, kOut, 1));
+  EXPECT_EQ(delta(before), (Calls{{"CtxGetId", 10}, {"LaunchKernelEx", 10}}));
+  before = calls();
+  for (int i = 0; i < 10; ++i) {
+    KP_ASSERT_OK(rt.Launch("scratch", Grid{1, 1}, stream, kX, kOut, 32, 32, 32));
+  }
+  EXPECT_EQ(delta(before), (Calls{{"CtxGetId", 10},
+                                  {"LaunchKernelEx", 10},
+                                  {"StreamGetCaptureInfo", 10},
+                                  {"StreamGetId", 10}}));
 }
 
 // ---- scratch ----
@@ -530,59 +563,160 @@ TEST_F(RuntimeTest, ProfileScratchFollowsGlobalScratchAtItsAlignment) {
   EXPECT_GE(fake::LiveBytes(), 512 + 3 * 64);
 }
 
-// ---- driver faults: each call failing in turn gives a clean status, leaks nothing, and
-// leaves a runtime that still serves its other kernels ----
-
-struct Fault {
-  const char* fn;
-  const char* kernel;
-  CUresult code;
-};
-
-class DriverFaultTest : public RuntimeTest, public ::testing::WithParamInterface<Fault> {};
-
-absl::Status LaunchNamed(Runtime& rt, const std::string& kernel) {
-  if (kernel == "matmul") {
-    return rt.Launch("matmul", Grid{1, 1}, nullptr, kX, kY, kOut, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+// CU_STREAM_PER_THREAD is one handle for a different stream on each thread: each thread
+// gets its own arena, never one shared by concurrent launches.
+TEST_F(RuntimeTest, EachThreadsPerThreadStreamGetsItsOwnArena) {
+  Runtime rt = Open();
+  CUcontext context = nullptr;
+  ASSERT_EQ(d().CtxGetCurrent(&context), CUDA_SUCCESS);
+  std::mutex mu;
+  std::set<uint64_t> pointers;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      ASSERT_EQ(d().CtxSetCurrent(context), CUDA_SUCCESS);
+      for (int i = 0; i < 3; ++i) {
+        KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, CU_STREAM_PER_THREAD, kX, kOut, 64, 64, 64));
+        std::lock_guard<std::mutex> lock(mu);
+        pointers.insert(At<uint64_t>(LastLaunch(), 32));
+      }
+    });
   }
-  if (kernel == "scratch") return rt.Launch("scratch", Grid{2, 2}, nullptr, kX, kOut, 64, 64, 64);
-  return rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(pointers.size(), 4u) << "one arena per thread, reused by its launches";
+  EXPECT_EQ(rt.stats().scratch_arenas, 4u);
+  // Released per thread: the calling thread's.
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, CU_STREAM_PER_THREAD, kX, kOut, 64, 64, 64));
+  EXPECT_EQ(rt.stats().scratch_arenas, 5u);
+  KP_ASSERT_OK(rt.ReleaseScratch(CU_STREAM_PER_THREAD));
+  EXPECT_EQ(rt.stats().scratch_arenas, 4u);
 }
 
-TEST_P(DriverFaultTest, CleanStatusNoLeakStillServes) {
-  const Fault& f = GetParam();
-  {
-    Runtime rt = Open();
-    fake::FailNext(f.fn, f.code);
-    absl::Status s = LaunchNamed(rt, f.kernel);
-    ASSERT_FALSE(s.ok()) << f.fn;
-    EXPECT_THAT(Msg(s), HasSubstr(std::string("cu") + f.fn)) << s;
-    EXPECT_THAT(Msg(s), HasSubstr(f.code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
-                                                                     : "CUDA_ERROR_INVALID_VALUE"));
-    // The same kernel works once the fault is gone, and so do the others.
-    KP_ASSERT_OK(LaunchNamed(rt, f.kernel));
-    KP_ASSERT_OK(LaunchNamed(rt, "add"));
-    KP_ASSERT_OK(LaunchNamed(rt, "scratch"));
-  }
-  EXPECT_EQ(fake::LoadedLibraries(), 0);
+// Inside a capture a launch gets the arena reserved for the stream, owned by the graph
+// through a user object; the stream's own arena stays the stream's.
+TEST_F(RuntimeTest, CapturedScratchIsTheGraphsNotTheStreams) {
+  Runtime rt = Open();
+  CUstream stream = NewStream(), replay = NewStream();
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, stream, kX, kOut, 64, 64, 64));
+  const uint64_t eager = At<uint64_t>(LastLaunch(), 32);
+  KP_ASSERT_OK(rt.ReserveScratch(stream, 4096));
+  const int64_t allocations = fake::CallCount("MemAlloc");
+  ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, stream, kX, kOut, 64, 64, 64));
+  const uint64_t captured = At<uint64_t>(LastLaunch(), 32);
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{1, 1}, stream, kX, kOut, 32, 32, 32));
+  EXPECT_EQ(At<uint64_t>(LastLaunch(), 32), captured) << "one arena per capture and stream";
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(fake::CallCount("MemAlloc"), allocations) << "nothing allocated while capturing";
+  EXPECT_NE(captured, eager);
+  EXPECT_EQ(fake::LiveUserObjects(), 1);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d().GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(d().GraphLaunch(exec, replay), CUDA_SUCCESS);
+  EXPECT_EQ(At<uint64_t>(LastLaunch(), 32), captured) << "replayed with the graph's arena";
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, stream, kX, kOut, 64, 64, 64));
+  EXPECT_EQ(At<uint64_t>(LastLaunch(), 32), eager) << "the stream keeps its own";
+  ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(rt.stats().scratch_in_graphs, 1u) << "the executable holds it";
+  ASSERT_EQ(d().GraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(fake::LiveUserObjects(), 0);
+  EXPECT_EQ(rt.stats().scratch_in_graphs, 0u);
+  EXPECT_EQ(rt.stats().scratch_idle, 1u);
+}
+
+// During a capture nothing loads and nothing is allocated: refused with a precise status,
+// and the capture goes on.
+TEST_F(RuntimeTest, ACaptureIsNeverInvalidatedByLoadingOrAllocating) {
+  Runtime rt = Open();
+  CUstream stream = NewStream();
+  ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  absl::Status s = rt.Launch("add", Grid{1}, stream, kX, kY, kOut, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'add' variant 'default'"), HasSubstr("Preload")));
+  CUstreamCaptureStatus status;
+  ASSERT_EQ(d().StreamIsCapturing(stream, &status), CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  KP_ASSERT_OK(rt.Preload());
+  ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  s = rt.Launch("scratch", Grid{3, 2}, stream, kX, kOut, 96, 64, 64);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("ReserveScratch(stream, 768)")));
+  EXPECT_EQ(rt.ReserveScratch(stream, 768).code(), absl::StatusCode::kFailedPrecondition)
+      << "not during the capture";
+  EXPECT_EQ(rt.ReleaseScratch(stream).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(fake::CallCount("LibraryLoadData"), 7) << "all by Preload";
+}
+
+TEST_F(RuntimeTest, ReleaseScratchFreesAStreamsArenaAndItsSlotServesAgain) {
+  Runtime rt = Open();
+  CUstream stream = NewStream();
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, stream, kX, kOut, 64, 64, 64));
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{40, 40}, stream, kX, kOut, 1280, 1280, 1280));  // grows
+  KP_ASSERT_OK(rt.ReserveScratch(stream, 8192));
+  EXPECT_EQ(fake::LiveAllocations(), 3) << "the grown arena, the old one, the reservation";
+  KP_ASSERT_OK(rt.ReleaseScratch(stream));
   EXPECT_EQ(fake::LiveAllocations(), 0);
+  EXPECT_EQ(rt.stats().scratch_arenas, 0u);
+  EXPECT_EQ(rt.stats().scratch_bytes, 0u);
+  KP_ASSERT_OK(rt.ReleaseScratch(stream));  // nothing left: fine
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, stream, kX, kOut, 64, 64, 64));
+  EXPECT_EQ(rt.stats().scratch_arenas, 1u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EachCall, DriverFaultTest,
-    ::testing::Values(Fault{"CtxGetCurrent", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"CtxGetDevice", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"LibraryLoadData", "add", CUDA_ERROR_OUT_OF_MEMORY},
-                      Fault{"LibraryGetKernel", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"KernelGetParamInfo", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"DeviceGetCount", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"DeviceGetAttribute", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"KernelGetAttribute", "add", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"KernelSetAttribute", "matmul", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"LaunchKernelEx", "add", CUDA_ERROR_OUT_OF_MEMORY},
-                      Fault{"StreamGetCtx", "scratch", CUDA_ERROR_INVALID_VALUE},
-                      Fault{"MemAlloc", "scratch", CUDA_ERROR_OUT_OF_MEMORY}),
-    [](const ::testing::TestParamInfo<Fault>& info) { return info.param.fn; });
+// A stream destroyed without ReleaseScratch and a new one at its address: the new one
+// gets a new arena (by stream id), and the destroyed one's is freed then.
+TEST_F(RuntimeTest, AStreamAtADestroyedOnesAddressFreesTheOldArena) {
+  fake::SetHandleReuse(true);
+  Runtime rt = Open();
+  CUstream first = NewStream();
+  KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, first, kX, kOut, 64, 64, 64));
+  ASSERT_EQ(d().StreamDestroy(first), CUDA_SUCCESS);
+  for (int i = 0; i < 2000; ++i) {  // past the 1024 streams the table once held for good
+    CUstream next = NewStream();
+    ASSERT_EQ(next, first);
+    KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, next, kX, kOut, 64, 64, 64));
+    ASSERT_EQ(d().StreamDestroy(next), CUDA_SUCCESS);
+  }
+  EXPECT_EQ(fake::LiveAllocations(), 1);
+  EXPECT_EQ(rt.stats().scratch_arenas, 1u);
+}
+
+// Streams that live at once are not capped (the arena table once held 1024 streams for
+// good); releasing one's arena frees its memory and its slot.
+TEST_F(RuntimeTest, MoreThan1024StreamsWithScratchAtOnce) {
+  Runtime rt = Open();
+  std::vector<CUstream> streams;
+  for (int i = 0; i < 1100; ++i) {
+    streams.push_back(NewStream());
+    KP_ASSERT_OK(rt.Launch("scratch", Grid{1, 1}, streams.back(), kX, kOut, 32, 32, 32));
+  }
+  EXPECT_EQ(rt.stats().scratch_arenas, 1100u);
+  for (int i = 0; i < 1100; i += 2) KP_ASSERT_OK(rt.ReleaseScratch(streams[i]));
+  EXPECT_EQ(rt.stats().scratch_arenas, 550u);
+  EXPECT_EQ(fake::LiveAllocations(), 550);
+  for (CUstream s : streams) ASSERT_EQ(d().StreamDestroy(s), CUDA_SUCCESS);
+}
+
+// Scratch sizes are products of grid, num_ctas and per-program sizes: checked, so that a
+// huge grid is an error and never a short buffer.
+TEST_F(RuntimeTest, ScratchSizesThatOverflowAreErrors) {
+  Runtime rt = Open();
+  absl::Status s =
+      rt.Launch("scratch", Grid{(1u << 31) - 1, 65535, 65535}, nullptr, kX, kOut, 1, 1, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("overflows")));
+  EXPECT_EQ(fake::CallCount("MemAlloc"), 0);
+  // 2^31 * 2^31 * 4 programs is 2^64: not an empty grid.
+  s = rt.Launch("add", Grid{1u << 31, 1u << 31, 4}, nullptr, kX, kY, kOut, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+}
 
 // ---- hostile pack files ----
 
@@ -686,10 +820,13 @@ TEST_F(RuntimeTest, ManyThreadsLaunchWhileTheKernelLoadsLazily) {
   constexpr int kThreads = 8, kLaunches = 300;
   std::vector<CUstream> streams;
   for (int t = 0; t < kThreads; ++t) streams.push_back(NewStream());
+  CUcontext context = nullptr;
+  ASSERT_EQ(d().CtxGetCurrent(&context), CUDA_SUCCESS);
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      if (d().CtxSetCurrent(context) != CUDA_SUCCESS) failures.fetch_add(1);
       for (int i = 0; i < kLaunches; ++i) {
         const uint32_t blocks = 1 + (t * kLaunches + i) % 17;  // grows the shared arena
         absl::Status s[] = {

@@ -305,16 +305,17 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
     err << "kpack bench: cuStreamCreate failed\n";
     return kFailed;
   }
-  // The raw path sends the very buffer, config and function kpack would: the difference
-  // between the two rows is kpack's own work per launch.
-  const internal::KernelData* k = internal::KernelAccess::Get(s.kernel());
-  alignas(16) std::byte buf[internal::kMaxParamBytes];
-  internal::RuntimeImpl::PreparedLaunch raw;
-  absl::Status st = k->runtime->PackArgs(*plan->variant, s.args(), buf);
-  if (st.ok()) st = k->runtime->Prepare(*plan->variant, plan->grid, stream, buf, &raw);
-  if (st.ok() && raw.function == nullptr) st = absl::InvalidArgumentError("the grid is empty");
-  if (!st.ok()) {
-    err << "kpack bench: " << st.message() << "\n";
+  // The raw path sends the very buffer, config and function kpack would (a prepared
+  // BoundLaunch of the same call): the difference between the two rows is kpack's own
+  // work per launch.
+  absl::StatusOr<BoundLaunch> bound =
+      s.grid().has_value() ? s.kernel().Bind(*s.grid(), stream, s.args())
+                           : s.kernel().Bind(stream, s.args());
+  absl::StatusOr<PreparedLaunch> raw =
+      bound.ok() ? bound->Prepare() : absl::StatusOr<PreparedLaunch>(bound.status());
+  if (raw.ok() && raw->function == nullptr) raw = absl::InvalidArgumentError("the grid is empty");
+  if (!raw.ok()) {
+    err << "kpack bench: " << raw.status().message() << "\n";
     d.StreamDestroy(stream);
     return kFailed;
   }
@@ -335,7 +336,7 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
   bool ok = true;
   std::vector<double> kpack_us = time_batches([&] { ok &= s.Launch(stream).ok(); });
   std::vector<double> raw_us = time_batches([&] {
-    ok &= d.LaunchKernelEx(&raw.config, raw.function, nullptr, raw.extra) == CUDA_SUCCESS;
+    ok &= d.LaunchKernelEx(&raw->config, raw->function, nullptr, raw->extra) == CUDA_SUCCESS;
   });
   d.StreamDestroy(stream);
   if (!ok) {

@@ -1,0 +1,232 @@
+// The conformance suite on the recording fake driver (CPU tier). The fake runs the test
+// packs' kernels as host emulators (their math is tools/README.md's), reaching device
+// memory only through fake::DeviceArray, so an argument or scratch pointer outside the
+// memory a kernel was given is a recorded fault, which fails the test. The fake hands
+// out CUdevice handles that are not ordinals and reuses destroyed contexts' and streams'
+// handles, so that kpack's code can rely on neither.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "conformance.h"
+#include "fake_driver.h"
+#include "gmock/gmock.h"
+#include "unit/fake_runtime.h"
+
+namespace kpack::conformance {
+namespace {
+
+using fake::DeviceArray;
+using fake::EmulatedLaunch;
+
+uint64_t Programs(const EmulatedLaunch& l) { return uint64_t{l.grid[0]} * l.grid[1] * l.grid[2]; }
+
+float HalfToFloat(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24)
+                         : (e == 31 ? (m ? NAN : INFINITY) : std::ldexp(1024.0f + m, e - 25));
+  return (h & 0x8000) ? -v : v;
+}
+
+// float -> fp16, round to nearest even, as the GPU's cvt.rn.f16.f32.
+uint16_t FloatToHalf(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, mant = x & 0x7fffffu;
+  if (exp == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  const int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (e <= 0) {
+    if (e < -10) return static_cast<uint16_t>(sign);
+    const uint32_t sig = mant | 0x800000u;
+    const int shift = 14 - e;
+    uint32_t h = sig >> shift;
+    const uint32_t rem = sig & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = sign | (static_cast<uint32_t>(e) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(h);
+}
+
+// ---- kernels/testpack ----
+
+void Add(const EmulatedLaunch& l) {
+  const size_t n = std::min<uint64_t>(l.Arg<int32_t>(3), Programs(l) * 1024);
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "add x_ptr");
+  const float* y = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "add y_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(2), n, "add out_ptr");
+  if (x == nullptr || y == nullptr || out == nullptr) return;
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
+void Scalars(const EmulatedLaunch& l) {
+  const size_t n = std::min<uint64_t>(l.Arg<int32_t>(2), Programs(l) * 256);
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "scalars x_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "scalars out_ptr");
+  if (x == nullptr || out == nullptr) return;
+  const float alpha = l.Arg<float>(3);
+  const float beta = std::bit_cast<float>(uint32_t{l.Arg<uint16_t>(4)} << 16);
+  const float gamma = HalfToFloat(l.Arg<uint16_t>(5));
+  const float e = l.Arg<uint8_t>(6) ? static_cast<float>(l.Arg<int64_t>(7) - (int64_t{1} << 40))
+                                    : -1.0f;
+  for (size_t i = 0; i < n; ++i) {
+    volatile float t = x[i] * alpha;  // each operation rounded on its own, as compiled
+    t = t + beta;
+    t = t + gamma;
+    out[i] = t + e;
+  }
+}
+
+void Matmul(const EmulatedLaunch& l) {
+  const int64_t M = std::min<int64_t>(l.Arg<int32_t>(3), int64_t{l.grid[0]} * 128);
+  const int64_t N = std::min<int64_t>(l.Arg<int32_t>(4), int64_t{l.grid[1]} * 128);
+  const int64_t K = l.Arg<int32_t>(5);
+  const int64_t sam = l.Arg<int32_t>(6), sak = l.Arg<int32_t>(7), sbk = l.Arg<int32_t>(8),
+                sbn = l.Arg<int32_t>(9), scm = l.Arg<int32_t>(10), scn = l.Arg<int32_t>(11);
+  if (M <= 0 || N <= 0) return;
+  const uint16_t* a = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(0),
+                                            (M - 1) * sam + (K - 1) * sak + 1, "matmul a_ptr");
+  const uint16_t* b = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(1),
+                                            (K - 1) * sbk + (N - 1) * sbn + 1, "matmul b_ptr");
+  uint16_t* c = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(2), (M - 1) * scm + (N - 1) * scn + 1,
+                                      "matmul c_ptr");
+  if (a == nullptr || b == nullptr || c == nullptr) return;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += HalfToFloat(a[m * sam + k * sak]) * HalfToFloat(b[k * sbk + n * sbn]);
+      c[m * scm + n * scn] = FloatToHalf(acc);
+    }
+  }
+}
+
+void Cluster(const EmulatedLaunch& l) {  // num_ctas 2: two CTAs per program
+  const size_t n = std::min<uint64_t>(l.Arg<int32_t>(2), Programs(l) / 2 * 1024);
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "cluster x_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "cluster out_ptr");
+  if (x == nullptr || out == nullptr) return;
+  for (size_t i = 0; i < n; ++i) out[i] = std::fma(x[i], 3.0f, 1.0f);
+}
+
+void Pdl(const EmulatedLaunch& l) {
+  const size_t n = std::min<uint64_t>(l.Arg<int32_t>(2), Programs(l) * 1024);
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "pdl x_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "pdl out_ptr");
+  if (x == nullptr || out == nullptr) return;
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] * 2;
+}
+
+// Each program builds a TMA descriptor in its 128 bytes of global scratch (here: writes
+// its id there), then copies its 32x32 tile of x, doubled, to out.
+void Scratch(const EmulatedLaunch& l) {
+  const CUdeviceptr scratch = l.Arg<CUdeviceptr>(5);
+  const uint64_t programs = Programs(l);
+  if (scratch % 128 != 0) {
+    DeviceArray<char>(0, 1, "scratch $global_scratch not 128-byte aligned");
+    return;
+  }
+  uint64_t* descriptors = DeviceArray<uint64_t>(scratch, programs * 16, "scratch $global_scratch");
+  if (descriptors == nullptr) return;
+  for (uint64_t p = 0; p < programs; ++p) descriptors[p * 16] = p;
+  const int64_t M = l.Arg<int32_t>(2), N = l.Arg<int32_t>(3), stride = l.Arg<int32_t>(4);
+  const int64_t rows = std::min<int64_t>(M, int64_t{l.grid[0]} * 32);
+  const int64_t cols = std::min<int64_t>(N, int64_t{l.grid[1]} * 32);
+  if (rows <= 0 || cols <= 0) return;
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), (rows - 1) * stride + cols, "scratch x_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(1), (rows - 1) * stride + cols, "scratch out_ptr");
+  if (x == nullptr || out == nullptr) return;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t n = 0; n < cols; ++n) out[m * stride + n] = x[m * stride + n] * 2;
+  }
+}
+
+void Softmax(const EmulatedLaunch& l) {
+  const int64_t rows = l.grid[0], in_stride = l.Arg<int32_t>(2), out_stride = l.Arg<int32_t>(3),
+                cols = std::min<int64_t>(l.Arg<int32_t>(4), 1024);
+  if (rows <= 0 || cols <= 0) return;
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(0), (rows - 1) * out_stride + cols, "softmax out_ptr");
+  const float* in = DeviceArray<float>(l.Arg<CUdeviceptr>(1), (rows - 1) * in_stride + cols, "softmax in_ptr");
+  if (out == nullptr || in == nullptr) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t c = 0; c < cols; ++c) m = std::max<double>(m, in[r * in_stride + c]);
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(in[r * in_stride + c] - m);
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * out_stride + c] = static_cast<float>(std::exp(in[r * in_stride + c] - m) / sum);
+    }
+  }
+}
+
+// ---- kernels/dispatchpack: axpy, whose variants differ in BLOCK (by num_warps), in
+// whether stride_x == 1 was compiled away (one parameter fewer) and in n's width ----
+
+void Axpy(const EmulatedLaunch& l) {
+  const uint64_t block = l.block[0] == 64 ? 256 : (l.block[0] == 128 ? 1024 : 4096);
+  const bool unit = l.num_params == 7;
+  const int64_t n_param = l.param_layout[3][1] == 8 ? l.Arg<int64_t>(3) : l.Arg<int32_t>(3);
+  const int64_t stride = unit ? 1 : l.Arg<int32_t>(4);
+  const float alpha = l.Arg<float>(unit ? 4 : 5);
+  const int64_t n = std::min<int64_t>(n_param, static_cast<int64_t>(Programs(l) * block));
+  if (n <= 0) return;
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), (n - 1) * stride + 1, "axpy x_ptr");
+  const float* y = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "axpy y_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(2), n, "axpy out_ptr");
+  if (x == nullptr || y == nullptr || out == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    volatile float prod = alpha * x[i * stride];
+    out[i] = prod + y[i];
+  }
+}
+
+// ---- kernels/scalarpack: fill stores each scalar's bits ----
+
+void Fill(const EmulatedLaunch& l) {
+  const size_t n = std::min<uint64_t>(l.Arg<int32_t>(4), Programs(l) * 128);
+  uint16_t* h = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(0), n, "fill h_ptr");
+  uint16_t* b = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(1), n, "fill b_ptr");
+  uint32_t* f = DeviceArray<uint32_t>(l.Arg<CUdeviceptr>(2), n, "fill f_ptr");
+  uint64_t* d = DeviceArray<uint64_t>(l.Arg<CUdeviceptr>(3), n, "fill d_ptr");
+  if (h == nullptr || b == nullptr || f == nullptr || d == nullptr) return;
+  std::fill_n(h, n, l.Arg<uint16_t>(5));
+  std::fill_n(b, n, l.Arg<uint16_t>(6));
+  std::fill_n(f, n, l.Arg<uint32_t>(7));
+  std::fill_n(d, n, l.Arg<uint64_t>(8));
+}
+
+class FakeBackend : public Backend {
+ public:
+  const char* name() const override { return "Fake"; }
+  std::string driver_path() const override { return KPACK_FAKE_DRIVER; }
+  absl::Status SetUp() override {
+    fake::Reset();
+    fake::SetDeviceHandleOffset(1000);
+    fake::SetHandleReuse(true);
+    for (auto [entry, emulator] :
+         {std::pair{"add_kernel", &Add}, {"scalars_kernel", &Scalars}, {"matmul_kernel", &Matmul},
+          {"cluster_kernel", &Cluster}, {"pdl_kernel", &Pdl}, {"scratch_kernel", &Scratch},
+          {"softmax_kernel", &Softmax}, {"axpy_kernel", &Axpy}, {"fill_kernel", &Fill}}) {
+      fake::SetKernelEmulator(entry, emulator);
+    }
+    testing::UsePrimaryContext(0);
+    return absl::OkStatus();
+  }
+  void TearDown() override {
+    EXPECT_THAT(fake::Faults(), ::testing::IsEmpty()) << "kernels touched memory not theirs";
+    fake::Reset();
+  }
+  const internal::Driver& driver() const override { return testing::FakeDriver(); }
+};
+
+}  // namespace
+
+Backend* TheBackend() {
+  static FakeBackend backend;
+  return &backend;
+}
+
+}  // namespace kpack::conformance
