@@ -8,6 +8,9 @@ package with gcc and clang (ctest kpack_examples_build_*). Verbatim means the sa
 in the same order, each compared without its leading and trailing whitespace (so a block
 may sit indented in a function); a line `...` in a block skips any number of lines.
 
+A list item's wrapped lines (a run right after a `//  - ` or `// - ` bullet line, with no
+bare `//` line between) are prose, not an example.
+
 A block that is not meant to compile says so:
   README.md: the line just before its fence is `<!-- not compiled: REASON -->`;
   a header:  the comment line just before it (a bare `//` line in between is allowed)
@@ -85,6 +88,8 @@ def header_blocks(path: pathlib.Path, rel: str) -> tuple[list[Block], int]:
         while i < len(lines) and lines[i].lstrip().startswith("//   "):
             i += 1
         before = start - 1
+        if before >= 0 and re.match(r"//\s{1,2}- ", lines[before].lstrip()):
+            continue  # the wrapped lines of a list item
         if before >= 0 and lines[before].strip() == "//":
             before -= 1
         if before >= 0 and "not compiled" in lines[before]:

@@ -7,14 +7,14 @@
 // Floating-point scalars. A float or double is converted exactly as Triton 3.6's launcher
 // converts a Python float of the same value (a float widens to double exactly), so a
 // kernel gets the same bits from kpack as from Triton's JIT:
-//   fp64  the double;
-//   fp32  the double rounded to float (4 bytes, never a double);
-//   fp16  the double rounded once to the nearest half, ties to even (CPython's
-//         PyFloat_Pack2). Not through float: 1 + 2^-11 + 2^-40 gives 0x3c01, not 0x3c00.
-//         NaN gives 0x7e00 (with its sign). A finite value that rounds beyond 65504 is
-//         INVALID_ARGUMENT and nothing launches (Triton raises OverflowError);
-//   bf16  the double rounded to float, then its upper 16 bits: truncated, not rounded
-//         (0.1 gives 0x3dcc, where the nearest bf16 is 0x3dcd).
+//  - fp64: the double;
+//  - fp32: the double rounded to float (4 bytes, never a double);
+//  - fp16: the double rounded once to the nearest half, ties to even (CPython's
+//    PyFloat_Pack2). Not through float: 1 + 2^-11 + 2^-40 gives 0x3c01, not 0x3c00.
+//    NaN gives 0x7e00 (with its sign). A finite value that rounds beyond 65504 is
+//    INVALID_ARGUMENT and nothing launches (Triton raises OverflowError);
+//  - bf16: the double rounded to float, then its upper 16 bits: truncated, not rounded
+//    (0.1 gives 0x3dcc, where the nearest bf16 is 0x3dcd).
 // For other bits pass kpack::Half / kpack::BFloat16, which go to the slot unchanged.
 //
 // C++ types and the parameters they fit (a table, not compiled):

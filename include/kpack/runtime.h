@@ -116,9 +116,8 @@ struct ScratchAllocator {
 };
 
 // A launch ready for the driver (BoundLaunch::Prepare): exactly what BoundLaunch::Launch
-// would pass to cuLaunchKernelEx, i.e.
-//   cuLaunchKernelEx(&p.config, p.function, nullptr, p.extra)
-// `function` is the variant's CUfunction in the context current at Prepare; `config`
+// would pass to cuLaunchKernelEx, i.e. `cuLaunchKernelEx(&p.config, p.function, nullptr,
+// p.extra)`. `function` is the variant's CUfunction in the context current at Prepare; `config`
 // holds the grid (x already multiplied by num_ctas), block, dynamic shared bytes, stream
 // and launch attributes (cluster, PDL, cooperative); `params` is the packed parameter
 // buffer with the scratch pointers filled in, and `extra` the CU_LAUNCH_PARAM_BUFFER_*

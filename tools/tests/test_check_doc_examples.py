@@ -110,3 +110,13 @@ def test_the_pre_examples_docs_fail(tmp_path, old):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     errors, _, _ = check_doc_examples.check(tmp_path)
     assert errors
+
+
+def test_wrapped_list_items_are_prose_but_an_example_after_a_list_is_checked(tmp_path):
+    header = ("// Scratch comes from:\n//  - a ScratchAllocator the caller passes, or\n"
+              "//    else the one in Options;\n// - a stream's arena,\n//   per stream.\n")
+    errors, checked, _ = make_tree(tmp_path, "", header)
+    assert (errors, checked) == ([], 0)
+    code_after_list = header + "//\n//   kpack::Grid grid{1};\n"
+    errors, checked, _ = make_tree(tmp_path / "b", "", code_after_list)
+    assert checked == 1 and len(errors) == 1 and "runtime.h:7" in errors[0]
