@@ -99,7 +99,8 @@ absl::StatusOr<int64_t> GetInt(const json& obj, absl::string_view key, const Whe
     return fallback;
   }
   if (!it->is_number_integer()) {
-    return where.Error(key, absl::StrCat("expected an integer, got ", TypeOf(*it)));
+    return where.Error(key, absl::StrCat("expected an integer in [", min, ", ", max, "], got ",
+                                         it->is_number() ? it->dump() : TypeOf(*it)));
   }
   int64_t value;
   if (it->is_number_unsigned()) {
@@ -303,6 +304,12 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
   }
   std::vector<bool> arg_seen(kernel.args.size(), false);
   bool global_seen = false, profile_seen = false;
+  // Triton's ordinals are the call parameters in declaration order, then its hidden
+  // pointers, global scratch first. Offsets and sizes alone cannot tell two same-size
+  // parameters (or the two scratch pointers) apart, so the order is checked by name: a
+  // swap would pass every other check and launch with the arguments exchanged.
+  int last_arg_slot = -1;     // layout index of the latest call parameter's slot
+  int first_hidden_slot = -1;  // layout index of the first hidden pointer's slot
   int64_t end = 0;
   for (size_t i = 0; i < layout->size(); ++i) {
     const json& s = (*layout)[i];
@@ -323,6 +330,13 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
         return where.Error(absl::StrCat(field, ".param"), absl::StrCat(param, " appears twice"));
       }
       seen = true;
+      if (param == "$global_scratch" && profile_seen) {
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("$global_scratch comes after $profile_scratch (layout[", first_hidden_slot,
+                         "]); Triton passes global scratch first, so the two would be exchanged"));
+      }
+      if (first_hidden_slot < 0) first_hidden_slot = static_cast<int>(i);
       slot.kind = param == "$global_scratch" ? SlotKind::kGlobalScratch : SlotKind::kProfileScratch;
       what = absl::StrCat("hidden pointer ", param);
     } else {
@@ -338,6 +352,22 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
                            absl::StrCat("parameter '", param, "' appears twice"));
       }
       arg_seen[it->second] = true;
+      if (first_hidden_slot >= 0) {
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("parameter '", param, "' comes after the hidden pointer ",
+                         SlotName(kernel, variant.layout[first_hidden_slot]), " (layout[",
+                         first_hidden_slot, "]); Triton passes its hidden pointers last"));
+      }
+      if (last_arg_slot >= 0 && variant.layout[last_arg_slot].arg > it->second) {
+        const std::string& before = kernel.arg(variant.layout[last_arg_slot].arg).name;
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("parameter '", param, "' comes after '", before, "' (layout[",
+                         last_arg_slot, "]), but the kernel declares '", param, "' first; slots "
+                         "follow the declaration order of the call parameters"));
+      }
+      last_arg_slot = static_cast<int>(i);
       slot.kind = SlotKind::kArg;
       slot.arg = it->second;
       const ParamSpec& p = kernel.arg(it->second);

@@ -228,9 +228,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_variant_field", [](json& m) { Variant(m)["num_warp"] = 4; }, kInvalid,
                 {"variant 'default'", "'num_warp'"}},
         BadCase{"num_warps_string", [](json& m) { Variant(m)["num_warps"] = "4"; }, kInvalid,
-                {"'num_warps'", "expected an integer, got string"}},
+                {"'num_warps'", "expected an integer in [1, 32], got string"}},
         BadCase{"num_warps_float", [](json& m) { Variant(m)["num_warps"] = 4.5; }, kInvalid,
-                {"'num_warps'", "expected an integer"}},
+                {"'num_warps'", "expected an integer in [1, 32], got 4.5"}},
+        // Every integer field states its range when the value is no integer at all.
+        BadCase{"num_warps_1e30", [](json& m) { Variant(m)["num_warps"] = 1e30; }, kInvalid,
+                {"'num_warps'", "expected an integer in [1, 32], got 1e+30"}},
+        BadCase{"arch_float", [](json& m) { Variant(m)["arch"] = 90.0; }, kInvalid,
+                {"'arch'", "expected an integer in [10, 1000], got 90.0"}},
+        BadCase{"shared_1e30", [](json& m) { Variant(m)["shared"] = 1e30; }, kInvalid,
+                {"'shared'", "expected an integer in [0, 1048576], got 1e+30"}},
+        BadCase{"layout_offset_float",
+                [](json& m) { Variant(m)["layout"][3]["offset"] = 24.5; }, kInvalid,
+                {"'offset'", "expected an integer in [0, 4096], got 24.5"}},
+        BadCase{"num_stages_bool", [](json& m) { Variant(m)["num_stages"] = true; }, kInvalid,
+                {"'num_stages'", "expected an integer in [0, 64], got boolean"}},
         BadCase{"num_warps_zero", [](json& m) { Variant(m)["num_warps"] = 0; }, kInvalid,
                 {"'num_warps'", "out of range"}},
         BadCase{"num_ctas_huge", [](json& m) { Variant(m)["num_ctas"] = 17; }, kInvalid,
@@ -295,6 +307,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"layout_param_twice",
                 [](json& m) { Variant(m)["layout"][1]["param"] = "x_ptr"; }, kInvalid,
                 {"'x_ptr' appears twice"}},
+        // Layout order: call parameters in declaration order, then the hidden pointers,
+        // global scratch first. Each of these swaps keeps every offset and size valid.
+        BadCase{"layout_swaps_same_size_params",
+                [](json& m) {
+                  Variant(m)["layout"][0]["param"] = "y_ptr";
+                  Variant(m)["layout"][1]["param"] = "x_ptr";
+                },
+                kInvalid,
+                {"kernel 'add'", "variant 'default'", "'layout[1].param'",
+                 "parameter 'x_ptr' comes after 'y_ptr' (layout[0])", "declares 'x_ptr' first"}},
+        BadCase{"layout_profile_before_global",
+                [](json& m) {
+                  Variant(m)["layout"][4]["param"] = "$profile_scratch";
+                  Variant(m)["layout"][5]["param"] = "$global_scratch";
+                },
+                kInvalid,
+                {"kernel 'add'", "variant 'default'", "'layout[5].param'",
+                 "$global_scratch comes after $profile_scratch (layout[4])"}},
+        BadCase{"layout_param_after_hidden",
+                [](json& m) {
+                  Variant(m)["layout"][3] = {{"param", "$global_scratch"}, {"offset", 24}, {"size", 8}};
+                  Variant(m)["layout"][4] = {{"param", "n"}, {"offset", 32}, {"size", 4}};
+                },
+                kInvalid,
+                {"'layout[4].param'",
+                 "parameter 'n' comes after the hidden pointer $global_scratch (layout[3])"}},
         BadCase{"layout_hidden_twice",
                 [](json& m) { Variant(m)["layout"][5]["param"] = "$global_scratch"; },
                 kInvalid, {"$global_scratch appears twice"}},
