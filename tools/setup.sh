@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 # clang-14 and its runtime serve the sanitizer and fuzzing stages of tools/test.sh.
 packages=(cmake ninja-build g++ clang-14 libclang-rt-14-dev pkg-config libabsl-dev
-          libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libelf-dev libgtest-dev
+          libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libelf-dev libssl-dev libgtest-dev
           libgmock-dev libbenchmark-dev valgrind python3 python3-venv python3-pip)
 missing=()
 for p in "${packages[@]}"; do
