@@ -1,8 +1,10 @@
 // kpack/runtime.h: open a kernel pack and launch its kernels.
 //
-// A pack is a directory holding `manifest.json` (format `kpack/1`, see docs/pack-format.md)
-// and the cubins it names. `Runtime::Open` reads and validates all of it, checks every
-// cubin's sha256 and loads the CUDA driver (dlopen, never linked). Kernels are loaded into
+// A pack is a directory holding `manifest.json` (format `kpack/1` or `kpack/2`, see
+// docs/pack-format.md) and the cubins it names. `Runtime::Open` reads and validates all
+// of it as `Pack::Read` does (kpack/pack.h: sha256, every cubin's ELF against the
+// manifest, grid expressions, dispatch tables) and loads the CUDA driver (dlopen, never
+// linked). Kernels are loaded into
 // the driver with the context-independent library API (`cuLibraryLoadData`), once for
 // every device and context: lazily at their first launch, or all at once by `Preload()`
 // (required before CUDA graph capture, which forbids loading).
@@ -51,6 +53,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kpack/arg.h"
+#include "kpack/pack.h"
 
 namespace kpack {
 
@@ -111,6 +114,10 @@ class Kernel {
   std::string_view arg_type(size_t index) const;  // Triton type string, e.g. "*fp32"
   // Index of the call parameter `name`, or NOT_FOUND.
   absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
+  // Everything the manifest says about this kernel: parameters, buckets, grid
+  // expressions, and every variant's metadata and layout (kpack/pack.h). Precondition:
+  // valid(). The reference lives as long as the Runtime.
+  const KernelInfo& info() const;
 
   // Loads every variant of this kernel now and checks it against the current device, as
   // Runtime::Preload does for all kernels. Needs a current CUDA context.
@@ -159,6 +166,11 @@ class Kernel {
   // The name of the variant these arguments would launch, or the error a launch would
   // return. Launches nothing.
   absl::StatusOr<std::string_view> SelectVariant(std::span<const Arg> args) const;
+  // The grid a launch without an explicit grid would get: the manifest's grid expressions
+  // evaluated for these arguments and the variant they select. FAILED_PRECONDITION if
+  // the kernel has no grid expressions; the error a launch would return for arguments no
+  // variant takes or a grid that does not evaluate. Launches nothing.
+  absl::StatusOr<Grid> GridFor(std::span<const Arg> args) const;
 
   // Launches per variant since Open, and how many of them were fallbacks: launches for
   // which a more specialized variant of the same bucket existed but one of its
@@ -183,10 +195,14 @@ class Kernel {
 
 class Runtime {
  public:
-  // Opens the pack in `dir`. Errors: UNAVAILABLE when no CUDA driver can be loaded or
-  // initialized (the message says what was tried); INVALID_ARGUMENT for anything wrong in
-  // the pack (the message names the file, kernel, variant and field); NOT_FOUND when the
-  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks.
+  // Opens the pack in `dir`: Pack::Read (every check that needs no device, with the same
+  // errors), then the driver, then the launch tables. A pack that Pack::Read accepts
+  // opens wherever a driver loads. Kernels load into the driver lazily (or here, with
+  // Options::preload), and only loading checks them against the devices. Errors:
+  // UNAVAILABLE when no CUDA driver can be loaded or initialized (the message says what
+  // was tried); INVALID_ARGUMENT for anything wrong in the pack (the message names the
+  // file, kernel, variant and field); NOT_FOUND when the directory or a cubin is missing;
+  // UNIMPLEMENTED for pack features this version lacks.
   static absl::StatusOr<Runtime> Open(std::string_view dir, const Options& options = {});
 
   Runtime(Runtime&&) noexcept;
@@ -196,9 +212,12 @@ class Runtime {
   // the scratch memory they use is freed, so synchronize their streams first.
   ~Runtime();
 
-  // Resolves a kernel by name: NOT_FOUND naming the pack if there is none.
+  // Resolves a kernel by name: NOT_FOUND naming the pack and listing its kernels if
+  // there is none.
   absl::StatusOr<Kernel> Find(std::string_view name) const;
   std::vector<std::string> kernel_names() const;
+  // The pack this Runtime opened, described (kpack/pack.h); lives as long as the Runtime.
+  const Pack& pack() const;
 
   // Launch by name: one hash lookup, then the same as Kernel::Launch.
   template <typename... Args>

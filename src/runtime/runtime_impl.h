@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,7 @@
 #include "kpack/runtime.h"
 #include "launch/scratch.h"
 #include "manifest/manifest.h"
-#include "manifest/pack.h"
+#include "pack/pack_state.h"
 
 namespace kpack::internal {
 
@@ -116,6 +117,7 @@ struct alignas(64) KernelData {
   DispatchTable dispatch;
   std::vector<std::unique_ptr<VariantData>> variants;
   const KernelSpec* spec = nullptr;
+  const KernelInfo* info = nullptr;  // the public description, in the runtime's Pack
 };
 
 class RuntimeImpl {
@@ -130,7 +132,8 @@ class RuntimeImpl {
   }
   const std::vector<std::unique_ptr<KernelData>>& kernels() const { return kernels_; }
   const Driver& driver() const { return *driver_; }
-  const std::string& dir() const { return pack_.dir; }
+  const Pack& pack() const { return *pack_; }
+  const std::string& dir() const { return pack_->dir(); }
   ScratchArenas& scratch() const { return *scratch_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
 
@@ -171,7 +174,9 @@ class RuntimeImpl {
   absl::Status CheckAndPrepare(const VariantData& v, CUkernel kernel) const;
 
   std::shared_ptr<const Driver> driver_;
-  PackContents pack_;
+  // The pack as read (always set once Create returns); the specs and descriptions that
+  // KernelData and VariantData point to live in it.
+  std::optional<Pack> pack_;
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
   std::unique_ptr<ScratchArenas> scratch_;
