@@ -2,7 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>  // struct open_how, RESOLVE_BENEATH
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -24,10 +28,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what) {
-  // POSIX rather than ifstream: Open reads a file per variant, and a stream's set-up
-  // costs as much as reading a small cubin.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+// Reads the regular file open as `fd` (closing it); -1 means open failed with `errno`.
+// `path` names it in messages.
+absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
+                                              absl::string_view what) {
   struct stat st;
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int error = errno;
@@ -54,22 +58,39 @@ absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::stri
   return data;
 }
 
-// `rel` must name a file inside `root` (canonical), also after following symlinks.
+// POSIX rather than ifstream: Open reads a file per variant, and a stream's set-up costs
+// as much as reading a small cubin. O_NONBLOCK: a FIFO is refused as "not a regular file"
+// instead of blocking the open.
+constexpr int kOpenFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+
+absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what) {
+  return ReadFd(::open(path.c_str(), kOpenFlags), path, what);
+}
+
+// Opens `rel` below the directory `dir` in one system call, the kernel refusing any
+// resolution (a "..", an absolute or an escaping symlink) that leaves it. -1 with errno
+// set when it cannot (ENOSYS before Linux 5.6 or under a seccomp filter that lacks
+// openat2), or for any refusal; the caller then takes the slow, precise path.
+int OpenBeneath(int dir, const std::string& rel) {
+#if defined(SYS_openat2) && defined(RESOLVE_BENEATH)
+  open_how how{};
+  how.flags = kOpenFlags;
+  how.resolve = RESOLVE_BENEATH;
+  return static_cast<int>(::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof(how)));
+#else
+  (void)dir;
+  (void)rel;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// `rel` (relative and free of "..", which the caller checked) must name a file inside
+// `root` (canonical), also after following symlinks.
 absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view rel,
                                        absl::string_view where) {
-  fs::path p{std::string(rel)};
-  if (p.is_absolute()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": field 'cubin': '", rel, "' is absolute; cubin paths are relative to the pack"));
-  }
-  for (const fs::path& part : p) {
-    if (part == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": field 'cubin': '", rel, "' contains '..'; cubins must stay inside the pack"));
-    }
-  }
   std::error_code ec;
-  fs::path full = fs::weakly_canonical(root / p, ec);
+  fs::path full = fs::weakly_canonical(root / fs::path(std::string(rel)), ec);
   if (ec) {
     return absl::NotFoundError(
         absl::StrCat(where, ": field 'cubin': cannot resolve '", rel, "': ", ec.message()));
@@ -152,20 +173,56 @@ absl::Status CheckCubin(const KernelSpec& kernel, const VariantSpec& variant,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+absl::StatusOr<PackDir> PackDir::Open(std::string root) {
+  const int fd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("pack '", root, "': cannot open the directory: ", std::strerror(errno)));
+  }
+  return PackDir(std::move(root), fd);
+}
+
+PackDir::PackDir(PackDir&& other) noexcept
+    : root_(std::move(other.root_)), fd_(std::exchange(other.fd_, -1)) {}
+
+PackDir::~PackDir() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::vector<std::byte>> PackDir::ReadFile(absl::string_view rel,
+                                                         absl::string_view where) const {
+  fs::path path{std::string(rel)};
+  if (path.is_absolute()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'cubin': '", rel, "' is absolute; cubin paths are relative to the pack"));
+  }
+  for (const fs::path& part : path) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": field 'cubin': '", rel, "' contains '..'; cubins must stay inside the pack"));
+    }
+  }
+  // The common case in one system call; everything else (a symlink, even one that stays
+  // inside; a missing file; an old kernel) through the path that says precisely why.
+  const int fd = OpenBeneath(fd_, path.native());
+  if (fd >= 0) return ReadFd(fd, (fs::path(root_) / path).lexically_normal(), where);
+  KPACK_ASSIGN_OR_RETURN(fs::path full, ResolveInside(fs::path(root_), rel, where));
+  return internal::ReadFile(full, where);
+}
+
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const PackDir& dir,
                                                         const KernelSpec& kernel,
                                                         const VariantSpec& variant,
                                                         absl::string_view where) {
-  KPACK_ASSIGN_OR_RETURN(fs::path path, ResolveInside(fs::path(root), variant.cubin, where));
-  KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, where));
+  KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, dir.ReadFile(variant.cubin, where));
   if (bytes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": cubin '", path.string(), "' is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cubin '", (fs::path(dir.root()) / variant.cubin).string(), "' is empty"));
   }
   std::string digest = Sha256Hex(bytes);
   if (digest != variant.sha256) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": field 'sha256': cubin '", path.string(), "' has sha256 ", digest,
+        where, ": field 'sha256': cubin '", variant.cubin, "' has sha256 ", digest,
         ", the manifest says ", variant.sha256, " (the file was changed or corrupted)"));
   }
   KPACK_RETURN_IF_ERROR(CheckCubin(kernel, variant, bytes, where));

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,11 +30,33 @@ absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* ro
 absl::Status CheckCubin(const KernelSpec& kernel, const VariantSpec& variant,
                         std::span<const std::byte> image, absl::string_view where);
 
-// Reads one variant's cubin: confined to `root` (not absolute, no "..", no symlink out of
-// it), non-empty, matching its sha256, and passing CheckCubin. NOT_FOUND for a missing
-// file; INVALID_ARGUMENT otherwise. `where` prefixes errors
+// A pack directory, open: its canonical path, and a descriptor below which its cubins are
+// opened (one openat2(RESOLVE_BENEATH) call per cubin where the kernel has it).
+class PackDir {
+ public:
+  // NOT_FOUND when `root` cannot be opened as a directory.
+  static absl::StatusOr<PackDir> Open(std::string root);
+  PackDir(PackDir&& other) noexcept;
+  PackDir& operator=(PackDir&&) = delete;
+  ~PackDir();
+
+  const std::string& root() const { return root_; }
+  // The bytes of the regular file `rel`, which must stay inside the directory: not
+  // absolute, no "..", no symlink leading out. INVALID_ARGUMENT for a path that leaves,
+  // NOT_FOUND for a missing file, each prefixed with `where` and naming field 'cubin'.
+  absl::StatusOr<std::vector<std::byte>> ReadFile(absl::string_view rel,
+                                                  absl::string_view where) const;
+
+ private:
+  PackDir(std::string root, int fd) : root_(std::move(root)), fd_(fd) {}
+  std::string root_;
+  int fd_ = -1;
+};
+
+// Reads one variant's cubin from `dir` (PackDir::ReadFile): non-empty, matching its
+// sha256, and passing CheckCubin. `where` prefixes errors
 // ("<manifest>: kernel 'k': variant 'v'").
-absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const PackDir& dir,
                                                         const KernelSpec& kernel,
                                                         const VariantSpec& variant,
                                                         absl::string_view where);

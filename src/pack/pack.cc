@@ -1,14 +1,9 @@
 // kpack::Pack and the pack reader behind it and Runtime::Open (pack/pack_state.h).
 
-#include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <system_error>
-#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +13,7 @@
 #include "kpack/pack.h"
 #include "manifest/pack.h"
 #include "pack/pack_state.h"
+#include "util/parallel.h"
 #include "util/status_macros.h"
 
 namespace kpack {
@@ -40,11 +36,11 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
 }
 
 // Everything about one variant that needs more than the manifest: its cubin, its grid.
-absl::Status ReadVariant(const std::string& root, const KernelSpec& kernel,
+absl::Status ReadVariant(const PackDir& dir, const KernelSpec& kernel,
                          const VariantSpec& variant, absl::string_view where, bool keep_cubin,
                          VariantTables& tables) {
   KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> cubin,
-                         ReadVariantCubin(root, kernel, variant, where));
+                         ReadVariantCubin(dir, kernel, variant, where));
   if (keep_cubin) tables.cubin = std::move(cubin);
   return CompileGrid(kernel, variant, where, tables.grid);
 }
@@ -97,51 +93,11 @@ KernelInfo DescribeKernel(const KernelSpec& k) {
   return info;
 }
 
-namespace {
-
-// Runs task(0) .. task(n - 1) on up to `threads` threads (the caller's included), claiming
-// them in increasing order; once a task returns false no further task is started. Tasks
-// claimed before it (all those with lower indices) still finish, so "the first failing
-// task in index order" is the same as in a serial run.
-void RunTasks(size_t n, unsigned threads, const std::function<bool(size_t)>& task) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
-  auto work = [&] {
-    while (!stop.load(std::memory_order_relaxed)) {
-      const size_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= n) return;
-      if (!task(i)) stop.store(true, std::memory_order_relaxed);
-    }
-  };
-  std::vector<std::thread> helpers;
-  for (unsigned t = 1; t < threads; ++t) {
-    try {
-      helpers.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had: the others do the work
-    }
-  }
-  work();
-  for (std::thread& h : helpers) h.join();
-}
-
-// Threads for reading a pack of `variants` variants: files, sha256 and ELF checks, grids,
-// dispatch tables and descriptions are independent per variant and per kernel, and on a
-// large pack they are most of Open. A small pack is not worth a thread's start.
-unsigned ReadThreads(size_t variants) {
-  constexpr size_t kVariantsPerThread = 64;
-  constexpr unsigned kMaxThreads = 8;
-  const size_t wanted = std::max<size_t>(1, variants / kVariantsPerThread);
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(std::min<size_t>({wanted, cores, kMaxThreads}));
-}
-
-}  // namespace
-
 absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOptions& options) {
   auto state = std::make_shared<PackState>();
   KPACK_ASSIGN_OR_RETURN(state->manifest, ReadManifest(dir, &state->dir));
   const std::string manifest_path = absl::StrCat(state->dir, "/manifest.json");
+  KPACK_ASSIGN_OR_RETURN(const PackDir pack_dir, PackDir::Open(state->dir));
   const std::vector<KernelSpec>& kernels = state->manifest.kernels;
 
   // One task per kernel (its dispatch table and description) followed by one per variant
@@ -168,7 +124,9 @@ absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOpt
   auto where = [&](const KernelSpec& kernel) {
     return absl::StrCat(manifest_path, ": kernel '", kernel.name, "'");
   };
-  RunTasks(tasks.size(), ReadThreads(variants), [&](size_t i) {
+  // Files, sha256 and ELF checks, grids, dispatch tables and descriptions are independent
+  // per variant and per kernel, and on a large pack they are most of Open.
+  ParallelFor(tasks.size(), ThreadsFor(variants, /*per_thread=*/64), [&](size_t i) {
     const KernelSpec& kernel = kernels[tasks[i].kernel];
     KernelTables& tables = result.tables[tasks[i].kernel];
     if (tasks[i].variant == kNone) {
@@ -182,7 +140,7 @@ absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOpt
       }
     } else {
       const VariantSpec& variant = kernel.variants[tasks[i].variant];
-      statuses[i] = ReadVariant(state->dir, kernel, variant,
+      statuses[i] = ReadVariant(pack_dir, kernel, variant,
                                 absl::StrCat(where(kernel), ": variant '", variant.name, "'"),
                                 options.keep_cubins, tables.variants[tasks[i].variant]);
     }

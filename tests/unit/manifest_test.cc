@@ -340,6 +340,67 @@ INSTANTIATE_TEST_SUITE_P(
                 {"'layout'", "expected an array"}}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
+// ParseManifest parses a manifest's kernels apart (on several threads when it is large);
+// it must always give what parsing the whole text gives, error messages included.
+void ExpectSameAsWhole(const std::string& text, bool in_parts) {
+  SCOPED_TRACE(text.size() > 200 ? text.substr(0, 100) + " ... " + text.substr(text.size() - 100) : text);
+  EXPECT_EQ(ParseManifestInParts(text, "m.json").has_value(), in_parts);
+  absl::StatusOr<ManifestSpec> split = ParseManifest(text, "m.json");
+  absl::StatusOr<ManifestSpec> whole = ParseManifestWhole(text, "m.json");
+  ASSERT_EQ(split.status(), whole.status());
+  if (!whole.ok()) return;
+  ASSERT_EQ(split->kernels.size(), whole->kernels.size());
+  for (size_t k = 0; k < whole->kernels.size(); ++k) {
+    EXPECT_EQ(split->kernels[k].name, whole->kernels[k].name);
+    EXPECT_EQ(split->kernels[k].variants.size(), whole->kernels[k].variants.size());
+  }
+  EXPECT_EQ(split->generator, whole->generator);
+}
+
+TEST(ManifestTest, KernelsParsedApartAgreeWithTheWholeText) {
+  const std::string add = AddManifest()["kernels"][0].dump();
+  json many = AddManifest();
+  many["kernels"] = json::array();
+  for (int i = 0; i < 400; ++i) {  // about 600 KB: parsed on more than one thread
+    json k = AddManifest()["kernels"][0];
+    k["name"] = "add_" + std::to_string(i);
+    many["kernels"].push_back(k);
+  }
+  json bad_middle = many;
+  bad_middle["kernels"][250]["variants"][0]["num_warps"] = 99;
+  json dup = many;
+  dup["kernels"][300]["name"] = "add_7";
+  // A syntax error in a late kernel is what the whole text's parse reports, even with an
+  // invalid kernel before it.
+  std::string syntax_late = bad_middle.dump(2);
+  syntax_late.insert(syntax_late.rfind("\"num_warps\""), "{");
+  const std::string prefix = R"({"format": "kpack/1", "kernels": [)";
+  // Parsed in parts (valid JSON, simply shaped), whatever the validation finds.
+  for (const std::string& text : {
+           AddManifest().dump(), AddManifest().dump(2), many.dump(2), bad_middle.dump(),
+           dup.dump(), std::string("\xEF\xBB\xBF") + AddManifest().dump(),
+           AddManifest().dump() + "  \n", std::string(R"({"format": "kpack/1", "kernels": []})"),
+           prefix + "1, \"x\", null, true]}", prefix + add + "," + add + "]}",
+           prefix + add + R"(], "generator": "x\"}"})", prefix + add + R"(], "generator": "a\\"})",
+           std::string(R"({"kernels": [)") + add + "]}",
+           std::string(R"({"format": "kpack/9", "kernels": [)") + add + "]}"}) {
+    ExpectSameAsWhole(text, /*in_parts=*/true);
+  }
+  // Parsed whole: syntax errors (the whole parse's message), escaped or repeated keys,
+  // other shapes.
+  for (const std::string& text : {
+           syntax_late, AddManifest().dump() + " x", prefix + add + " " + add + "]}",
+           prefix + add + ",]}", prefix + add + "]]}", prefix + R"({"a": 1]}]})",
+           std::string(R"({"format": "kpack/1", "kernels": [], "kernels": [)") + add + "]}",
+           prefix + add + R"(], "kern\u0065ls": []})",
+           std::string(R"({"format": "kpack/1", "kern\u0065ls": [], "kernels": [)") + add + "]}",
+           std::string(R"({"format": "kpack/1", "kernels": {}})"), prefix + add.substr(0, 100),
+           std::string(R"({"format": "kpack/1"})"), std::string("[]"), std::string("{}"),
+           std::string("{"), std::string("")}) {
+    ExpectSameAsWhole(text, /*in_parts=*/false);
+  }
+}
+
 TEST(ManifestTest, RejectsMalformedJson) {
   absl::StatusOr<ManifestSpec> m = ParseManifest("{\"format\": ", "m.json");
   ASSERT_FALSE(m.ok());
