@@ -91,12 +91,11 @@ void Report(benchmark::State& state, const GeneratedPack& pack, double cpu_secon
   state.counters["variants"] = pack.variants();
   // On an idle machine wall time is what a caller waits; on a busy one this is the
   // steadier figure.
-  state.counters["cpu_per_variant"] = benchmark::Counter(
-      cpu_seconds / pack.variants(), benchmark::Counter::kAvgIterations);
+  state.counters["cpu_per_variant"] =
+      benchmark::Counter(cpu_seconds / pack.variants(), benchmark::Counter::kAvgIterations);
   // Inverted rate: seconds per iteration / variants (printed as e.g. "20us").
   state.counters["per_variant"] = benchmark::Counter(
-      pack.variants(),
-      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      pack.variants(), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 // Times `open(dir)` (returning a StatusOr) on the generated pack of state.range(0) variants.

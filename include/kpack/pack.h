@@ -86,10 +86,10 @@ struct VariantInfo {
 
 struct KernelInfo {
   std::string name;
-  std::vector<ParamInfo> params;     // all, constexprs included, declaration order
-  std::vector<size_t> call_params;   // indices into params of the Launch arguments, in order
+  std::vector<ParamInfo> params;    // all, constexprs included, declaration order
+  std::vector<size_t> call_params;  // indices into params of the Launch arguments, in order
   std::vector<BucketDimInfo> buckets;
-  std::vector<std::string> grid;     // 0-3 grid expressions (x, y, z)
+  std::vector<std::string> grid;  // 0-3 grid expressions (x, y, z)
   std::vector<VariantInfo> variants;
 };
 

@@ -164,13 +164,12 @@ class Sections {
  public:
   // Reads and bounds-checks the table (and the extended section count and name-table
   // index that ELF keeps in section 0 when the header's fields overflow).
-  static absl::StatusOr<Sections> Read(std::span<const std::byte> image,
-                                       const Elf64_Ehdr& header) {
+  static absl::StatusOr<Sections> Read(std::span<const std::byte> image, const Elf64_Ehdr& header) {
     Sections s(image);
     if (header.e_shoff == 0) return s;  // no sections at all
     if (header.e_shentsize != sizeof(Elf64_Shdr)) {
-      return Malformed(absl::StrCat("e_shentsize is ", header.e_shentsize, ", not ",
-                                    sizeof(Elf64_Shdr)));
+      return Malformed(
+          absl::StrCat("e_shentsize is ", header.e_shentsize, ", not ", sizeof(Elf64_Shdr)));
     }
     const uint64_t size = image.size();
     if (!Within(size, header.e_shoff, sizeof(Elf64_Shdr))) {
@@ -262,8 +261,8 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
   // inside the bytes we have, including the parts this reader has no other use for.
   if (header.e_phnum != 0) {
     if (header.e_phentsize != sizeof(Elf64_Phdr)) {
-      return Malformed(absl::StrCat("e_phentsize is ", header.e_phentsize, ", not ",
-                                    sizeof(Elf64_Phdr)));
+      return Malformed(
+          absl::StrCat("e_phentsize is ", header.e_phentsize, ", not ", sizeof(Elf64_Phdr)));
     }
     if (!Within(image.size(), header.e_phoff, uint64_t{header.e_phnum} * sizeof(Elf64_Phdr))) {
       return Malformed("its program header table runs past the end of the image (truncated?)");
@@ -289,10 +288,10 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
       symtab = i;
       continue;
     }
-    const std::optional<absl::string_view> name = sections.String(sections.names(), section.sh_name);
+    const std::optional<absl::string_view> name =
+        sections.String(sections.names(), section.sh_name);
     if (!name.has_value()) {
-      return Malformed(
-          absl::StrCat("section ", i, " has a name outside the section-name table"));
+      return Malformed(absl::StrCat("section ", i, " has a name outside the section-name table"));
     }
     absl::string_view kernel = *name;
     if (!absl::ConsumePrefix(&kernel, kInfoPrefix)) continue;
@@ -334,8 +333,8 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
     }
     const Elf64_Shdr info_header = sections.Header(section->second);
     if (info_header.sh_type == SHT_NOBITS && info_header.sh_size != 0) {
-      return Malformed(absl::StrCat("section .nv.info.", kernel,
-                                    " has no readable contents (SHT_NOBITS)"));
+      return Malformed(
+          absl::StrCat("section .nv.info.", kernel, " has no readable contents (SHT_NOBITS)"));
     }
     absl::StatusOr<std::vector<CubinParam>> params =
         ReadParams(sections.Bytes(section->second), kernel);

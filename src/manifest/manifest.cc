@@ -312,7 +312,7 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
   // pointers, global scratch first. Offsets and sizes alone cannot tell two same-size
   // parameters (or the two scratch pointers) apart, so the order is checked by name: a
   // swap would pass every other check and launch with the arguments exchanged.
-  int last_arg_slot = -1;     // layout index of the latest call parameter's slot
+  int last_arg_slot = -1;      // layout index of the latest call parameter's slot
   int first_hidden_slot = -1;  // layout index of the first hidden pointer's slot
   int64_t end = 0;
   for (size_t i = 0; i < layout->size(); ++i) {
@@ -368,8 +368,8 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
         return where.Error(
             absl::StrCat(field, ".param"),
             absl::StrCat("parameter '", param, "' comes after '", before, "' (layout[",
-                         last_arg_slot, "]), but the kernel declares '", param, "' first; slots "
-                         "follow the declaration order of the call parameters"));
+                         last_arg_slot, "]), but the kernel declares '", param,
+                         "' first; slots follow the declaration order of the call parameters"));
       }
       last_arg_slot = static_cast<int>(i);
       slot.kind = SlotKind::kArg;
@@ -898,8 +898,8 @@ std::optional<absl::StatusOr<ManifestSpec>> ParseManifestInParts(absl::string_vi
                                                                  absl::string_view file) {
   std::optional<KernelSpans> spans = FindKernelSpans(text);
   if (!spans.has_value()) return std::nullopt;
-  std::string rest = absl::StrCat(text.substr(0, spans->array_begin), "[]",
-                                  text.substr(spans->array_end));
+  std::string rest =
+      absl::StrCat(text.substr(0, spans->array_begin), "[]", text.substr(spans->array_end));
   const json doc = json::parse(rest, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return std::nullopt;
   ManifestSpec manifest;

@@ -37,8 +37,8 @@ absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
     const int error = errno;
     if (fd >= 0) ::close(fd);
     if (fd < 0 && error != ENOENT && error != ENOTDIR) {
-      return absl::PermissionDeniedError(absl::StrCat(what, ": cannot open '", path.string(),
-                                                      "': ", std::strerror(error)));
+      return absl::PermissionDeniedError(
+          absl::StrCat(what, ": cannot open '", path.string(), "': ", std::strerror(error)));
     }
     return absl::NotFoundError(
         absl::StrCat(what, ": '", path.string(), "' does not exist or is not a regular file"));

@@ -1,5 +1,7 @@
 // kpack::Pack and the pack reader behind it and Runtime::Open (pack/pack_state.h).
 
+#include "kpack/pack.h"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kpack/pack.h"
 #include "manifest/pack.h"
 #include "pack/pack_state.h"
 #include "util/parallel.h"
@@ -36,9 +37,8 @@ absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string
 }
 
 // Everything about one variant that needs more than the manifest: its cubin, its grid.
-absl::Status ReadVariant(const PackDir& dir, const KernelSpec& kernel,
-                         const VariantSpec& variant, absl::string_view where, bool keep_cubin,
-                         VariantTables& tables) {
+absl::Status ReadVariant(const PackDir& dir, const KernelSpec& kernel, const VariantSpec& variant,
+                         absl::string_view where, bool keep_cubin, VariantTables& tables) {
   KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> cubin,
                          ReadVariantCubin(dir, kernel, variant, where));
   if (keep_cubin) tables.cubin = std::move(cubin);
@@ -165,8 +165,8 @@ absl::StatusOr<Pack> Pack::Read(std::string_view dir) {
 
 std::vector<absl::Status> Pack::Verify(std::string_view dir) {
   std::vector<absl::Status> problems;
-  absl::StatusOr<internal::ReadPackResult> read = internal::ReadPack(
-      absl::string_view(dir.data(), dir.size()), {.problems = &problems});
+  absl::StatusOr<internal::ReadPackResult> read =
+      internal::ReadPack(absl::string_view(dir.data(), dir.size()), {.problems = &problems});
   if (!read.ok()) problems.insert(problems.begin(), read.status());
   return problems;
 }
@@ -190,10 +190,9 @@ absl::StatusOr<const KernelInfo*> Pack::Find(std::string_view name) const {
   if (state_->kernels.size() > kListed) {
     more = absl::StrCat(" and ", state_->kernels.size() - kListed, " more");
   }
-  return absl::NotFoundError(absl::StrCat("no kernel named '",
-                                          absl::string_view(name.data(), name.size()),
-                                          "' in pack '", state_->dir, "' (it has: ",
-                                          absl::StrJoin(names, ", "), more, ")"));
+  return absl::NotFoundError(
+      absl::StrCat("no kernel named '", absl::string_view(name.data(), name.size()), "' in pack '",
+                   state_->dir, "' (it has: ", absl::StrJoin(names, ", "), more, ")"));
 }
 
 }  // namespace kpack

@@ -33,7 +33,8 @@ void ParallelFor(size_t n, unsigned threads, const std::function<bool(size_t)>& 
 unsigned ThreadsFor(size_t work, size_t per_thread) {
   constexpr size_t kMaxThreads = 8;
   const size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  return static_cast<unsigned>(std::clamp<size_t>(work / per_thread, 1, std::min(cores, kMaxThreads)));
+  return static_cast<unsigned>(
+      std::clamp<size_t>(work / per_thread, 1, std::min(cores, kMaxThreads)));
 }
 
 }  // namespace kpack::internal

@@ -343,7 +343,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ParseManifest parses a manifest's kernels apart (on several threads when it is large);
 // it must always give what parsing the whole text gives, error messages included.
 void ExpectSameAsWhole(const std::string& text, bool in_parts) {
-  SCOPED_TRACE(text.size() > 200 ? text.substr(0, 100) + " ... " + text.substr(text.size() - 100) : text);
+  SCOPED_TRACE(text.size() > 200 ? text.substr(0, 100) + " ... " + text.substr(text.size() - 100)
+                                 : text);
   EXPECT_EQ(ParseManifestInParts(text, "m.json").has_value(), in_parts);
   absl::StatusOr<ManifestSpec> split = ParseManifest(text, "m.json");
   absl::StatusOr<ManifestSpec> whole = ParseManifestWhole(text, "m.json");
@@ -376,27 +377,26 @@ TEST(ManifestTest, KernelsParsedApartAgreeWithTheWholeText) {
   syntax_late.insert(syntax_late.rfind("\"num_warps\""), "{");
   const std::string prefix = R"({"format": "kpack/1", "kernels": [)";
   // Parsed in parts (valid JSON, simply shaped), whatever the validation finds.
-  for (const std::string& text : {
-           AddManifest().dump(), AddManifest().dump(2), many.dump(2), bad_middle.dump(),
-           dup.dump(), std::string("\xEF\xBB\xBF") + AddManifest().dump(),
-           AddManifest().dump() + "  \n", std::string(R"({"format": "kpack/1", "kernels": []})"),
-           prefix + "1, \"x\", null, true]}", prefix + add + "," + add + "]}",
-           prefix + add + R"(], "generator": "x\"}"})", prefix + add + R"(], "generator": "a\\"})",
-           std::string(R"({"kernels": [)") + add + "]}",
-           std::string(R"({"format": "kpack/9", "kernels": [)") + add + "]}"}) {
+  for (const std::string& text :
+       {AddManifest().dump(), AddManifest().dump(2), many.dump(2), bad_middle.dump(), dup.dump(),
+        std::string("\xEF\xBB\xBF") + AddManifest().dump(), AddManifest().dump() + "  \n",
+        std::string(R"({"format": "kpack/1", "kernels": []})"), prefix + "1, \"x\", null, true]}",
+        prefix + add + "," + add + "]}", prefix + add + R"(], "generator": "x\"}"})",
+        prefix + add + R"(], "generator": "a\\"})", std::string(R"({"kernels": [)") + add + "]}",
+        std::string(R"({"format": "kpack/9", "kernels": [)") + add + "]}"}) {
     ExpectSameAsWhole(text, /*in_parts=*/true);
   }
   // Parsed whole: syntax errors (the whole parse's message), escaped or repeated keys,
   // other shapes.
-  for (const std::string& text : {
-           syntax_late, AddManifest().dump() + " x", prefix + add + " " + add + "]}",
-           prefix + add + ",]}", prefix + add + "]]}", prefix + R"({"a": 1]}]})",
-           std::string(R"({"format": "kpack/1", "kernels": [], "kernels": [)") + add + "]}",
-           prefix + add + R"(], "kern\u0065ls": []})",
-           std::string(R"({"format": "kpack/1", "kern\u0065ls": [], "kernels": [)") + add + "]}",
-           std::string(R"({"format": "kpack/1", "kernels": {}})"), prefix + add.substr(0, 100),
-           std::string(R"({"format": "kpack/1"})"), std::string("[]"), std::string("{}"),
-           std::string("{"), std::string("")}) {
+  for (const std::string& text :
+       {syntax_late, AddManifest().dump() + " x", prefix + add + " " + add + "]}",
+        prefix + add + ",]}", prefix + add + "]]}", prefix + R"({"a": 1]}]})",
+        std::string(R"({"format": "kpack/1", "kernels": [], "kernels": [)") + add + "]}",
+        prefix + add + R"(], "kern\u0065ls": []})",
+        std::string(R"({"format": "kpack/1", "kern\u0065ls": [], "kernels": [)") + add + "]}",
+        std::string(R"({"format": "kpack/1", "kernels": {}})"), prefix + add.substr(0, 100),
+        std::string(R"({"format": "kpack/1"})"), std::string("[]"), std::string("{}"),
+        std::string("{"), std::string("")}) {
     ExpectSameAsWhole(text, /*in_parts=*/false);
   }
 }

@@ -27,10 +27,10 @@ namespace {
 namespace fs = std::filesystem;
 using ::kpack::testing::FakeOptions;
 using ::kpack::testing::TempPack;
+using nlohmann::json;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
@@ -74,21 +74,24 @@ std::vector<HostileCase> HostileCases() {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   return {
       // Issue 12 item 2: layout order.
-      {"swapped_same_size_pointers", KPACK_TEST_PACK_DIR,
+      {"swapped_same_size_pointers",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          p.variant("add")["layout"][0]["param"] = "y_ptr";
          p.variant("add")["layout"][1]["param"] = "x_ptr";
        },
        kInvalid,
        {"kernel 'add': variant 'default'", "'layout[1].param'", "'x_ptr' comes after 'y_ptr'"}},
-      {"swapped_same_size_integers", KPACK_DISPATCH_PACK_DIR,
+      {"swapped_same_size_integers",
+       KPACK_DISPATCH_PACK_DIR,
        [](TempPack& p) {
          p.variant("axpy")["layout"][3]["param"] = "stride_x";
          p.variant("axpy")["layout"][4]["param"] = "n";
        },
        kInvalid,
        {"kernel 'axpy': variant 'b0_generic'", "'layout[4].param'", "'n' comes after 'stride_x'"}},
-      {"profile_scratch_before_global", KPACK_TEST_PACK_DIR,
+      {"profile_scratch_before_global",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          p.variant("add")["layout"][4]["param"] = "$profile_scratch";
          p.variant("add")["layout"][5]["param"] = "$global_scratch";
@@ -97,24 +100,35 @@ std::vector<HostileCase> HostileCases() {
        {"kernel 'add': variant 'default'", "'layout[5].param'",
         "$global_scratch comes after $profile_scratch (layout[4])"}},
       // Issue 12 item 3: what the cubin's ELF contradicts.
-      {"entry_not_in_cubin", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["entry"] = "not_in_the_cubin"; }, kInvalid,
+      {"entry_not_in_cubin",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["entry"] = "not_in_the_cubin"; },
+       kInvalid,
        {"kernel 'add': variant 'default': field 'entry'", "(it has: add_kernel)"}},
-      {"arch_80_for_an_sm90_cubin", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["arch"] = 80; }, kInvalid,
+      {"arch_80_for_an_sm90_cubin",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["arch"] = 80; },
+       kInvalid,
        {"kernel 'add': variant 'default': field 'arch'", "the manifest says 80",
         "was built for 90"}},
-      {"arch_90_for_an_sm80_cubin", KPACK_ARCH_PACK_DIR,
-       [](TempPack& p) { p.variant("add_sm80")["arch"] = 90; }, kInvalid,
+      {"arch_90_for_an_sm80_cubin",
+       KPACK_ARCH_PACK_DIR,
+       [](TempPack& p) { p.variant("add_sm80")["arch"] = 90; },
+       kInvalid,
        {"field 'arch'", "the manifest says 90", "was built for 80"}},
-      {"layout_not_kparam_info", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["layout"][3]["offset"] = 28; }, kInvalid,
+      {"layout_not_kparam_info",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["layout"][3]["offset"] = 28; },
+       kInvalid,
        {"field 'layout'", "entry 'add_kernel'",
         "parameter 'n' (#3): expected offset 28 size 4 (manifest), found offset 24 size 4"}},
-      {"layout_shorter_than_kparam_info", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["layout"].erase(5); }, kInvalid,
+      {"layout_shorter_than_kparam_info",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["layout"].erase(5); },
+       kInvalid,
        {"field 'layout'", "parameter #5: the cubin has it"}},
-      {"layout_of_another_kernel", KPACK_TEST_PACK_DIR,
+      {"layout_of_another_kernel",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          // The scalars kernel's cubin under add's name: a real cubin, the wrong one.
          json& add = p.variant("add");
@@ -123,79 +137,117 @@ std::vector<HostileCase> HostileCases() {
          add["sha256"] = scalars["sha256"];
          add["entry"] = scalars["entry"];
        },
-       kInvalid, {"kernel 'add': variant 'default': field 'layout'", "scalars_kernel"}},
-      {"not_a_cubin", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { ReplaceCubin(p, "add", std::string(4096, 'x')); }, kInvalid,
-       {"kernel 'add': variant 'default': cubin 'cubins/add/default.cubin'",
-        "not a valid cubin", "ELF magic"}},
-      {"cubin_truncated", KPACK_TEST_PACK_DIR,
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'layout'", "scalars_kernel"}},
+      {"not_a_cubin",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { ReplaceCubin(p, "add", std::string(4096, 'x')); },
+       kInvalid,
+       {"kernel 'add': variant 'default': cubin 'cubins/add/default.cubin'", "not a valid cubin",
+        "ELF magic"}},
+      {"cubin_truncated",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) { ReplaceCubin(p, "add", CubinBytes(p, "add").substr(0, 3000)); },
-       kInvalid, {"kernel 'add': variant 'default'", "not a valid cubin", "truncated"}},
+       kInvalid,
+       {"kernel 'add': variant 'default'", "not a valid cubin", "truncated"}},
       // Grid expressions (compiled for every variant) and dispatch tables.
-      {"grid_unknown_name", KPACK_DISPATCH_PACK_DIR,
-       [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, BLOK)"}; }, kInvalid,
+      {"grid_unknown_name",
+       KPACK_DISPATCH_PACK_DIR,
+       [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, BLOK)"}; },
+       kInvalid,
        {"kernel 'axpy': variant 'b0_generic': field 'grid[0]'", "BLOK"}},
-      {"grid_divides_by_zero", KPACK_DISPATCH_PACK_DIR,
-       [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, 0)"}; }, kInvalid,
+      {"grid_divides_by_zero",
+       KPACK_DISPATCH_PACK_DIR,
+       [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, 0)"}; },
+       kInvalid,
        {"kernel 'axpy': variant 'b0_generic': field 'grid[0]'"}},
-      {"grid_names_a_pointer", KPACK_DISPATCH_PACK_DIR,
-       [](TempPack& p) { p.kernel("axpy")["grid"] = {"x_ptr"}; }, kInvalid,
+      {"grid_names_a_pointer",
+       KPACK_DISPATCH_PACK_DIR,
+       [](TempPack& p) { p.kernel("axpy")["grid"] = {"x_ptr"}; },
+       kInvalid,
        {"field 'grid[0]'", "x_ptr"}},
-      {"too_many_buckets", KPACK_DISPATCH_PACK_DIR,
+      {"too_many_buckets",
+       KPACK_DISPATCH_PACK_DIR,
        [](TempPack& p) {
          json edges = json::array();
          for (int e = 1; e <= 2000; ++e) edges.push_back(e);
          p.kernel("axpy")["buckets"].push_back({{"param", "stride_x"}, {"edges", edges}});
          for (json& v : p.kernel("axpy")["variants"]) v["bucket"].push_back(0);
        },
-       kInvalid, {"kernel 'axpy'", "'buckets'", "6003 buckets"}},
+       kInvalid,
+       {"kernel 'axpy'", "'buckets'", "6003 buckets"}},
       // The manifest.
-      {"num_warps_1e30", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["num_warps"] = 1e30; }, kInvalid,
+      {"num_warps_1e30",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["num_warps"] = 1e30; },
+       kInvalid,
        {"'num_warps'", "expected an integer in [1, 32], got 1e+30"}},
-      {"layout_size_lie", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["layout"][3]["size"] = 8; }, kInvalid,
+      {"layout_size_lie",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["layout"][3]["size"] = 8; },
+       kInvalid,
        {"'layout[3].size'", "parameter 'n'"}},
-      {"duplicate_kernel", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.manifest()["kernels"].push_back(p.kernel("add")); }, kInvalid,
+      {"duplicate_kernel",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.manifest()["kernels"].push_back(p.kernel("add")); },
+       kInvalid,
        {"duplicate kernel 'add'"}},
-      {"unknown_field", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["num_warp"] = 4; }, kInvalid, {"'num_warp'"}},
-      {"host_tma_descriptor", KPACK_TEST_PACK_DIR,
+      {"unknown_field",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["num_warp"] = 4; },
+       kInvalid,
+       {"'num_warp'"}},
+      {"host_tma_descriptor",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) { p.kernel("add")["params"][0]["type"] = "nvTmaDesc"; },
-       absl::StatusCode::kUnimplemented, {"nvTmaDesc"}},
+       absl::StatusCode::kUnimplemented,
+       {"nvTmaDesc"}},
       // Files.
-      {"sha256_mismatch", KPACK_TEST_PACK_DIR,
+      {"sha256_mismatch",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          std::ofstream(fs::path(p.dir()) / "cubins/add/default.cubin", std::ios::app) << "x";
        },
-       kInvalid, {"kernel 'add': variant 'default': field 'sha256'", "changed or corrupted"}},
-      {"cubin_empty", KPACK_TEST_PACK_DIR,
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'sha256'", "changed or corrupted"}},
+      {"cubin_empty",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          std::ofstream(fs::path(p.dir()) / "cubins/add/default.cubin", std::ios::trunc);
        },
-       kInvalid, {"is empty"}},
-      {"cubin_missing", KPACK_TEST_PACK_DIR,
+       kInvalid,
+       {"is empty"}},
+      {"cubin_missing",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) { fs::remove(fs::path(p.dir()) / "cubins/add/default.cubin"); },
-       absl::StatusCode::kNotFound, {"kernel 'add': variant 'default'", "does not exist"}},
-      {"cubin_path_dotdot", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.variant("add")["cubin"] = "../outside.cubin"; }, kInvalid,
+       absl::StatusCode::kNotFound,
+       {"kernel 'add': variant 'default'", "does not exist"}},
+      {"cubin_path_dotdot",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["cubin"] = "../outside.cubin"; },
+       kInvalid,
        {"'..'"}},
-      {"cubin_path_absolute", KPACK_TEST_PACK_DIR,
+      {"cubin_path_absolute",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          p.variant("add")["cubin"] = std::string(KPACK_TEST_PACK_DIR) + "/cubins/add/default.cubin";
        },
-       kInvalid, {"absolute"}},
-      {"cubin_symlink_outside", KPACK_TEST_PACK_DIR,
+       kInvalid,
+       {"absolute"}},
+      {"cubin_symlink_outside",
+       KPACK_TEST_PACK_DIR,
        [](TempPack& p) {
          const fs::path outside = p.root() / "outside.cubin";
          fs::copy_file(fs::path(p.dir()) / "cubins/add/default.cubin", outside);
          fs::create_symlink(outside, fs::path(p.dir()) / "cubins/add/link.cubin");
          p.variant("add")["cubin"] = "cubins/add/link.cubin";
        },
-       kInvalid, {"outside the pack directory"}},
-      {"manifest_missing", KPACK_TEST_PACK_DIR,
-       [](TempPack& p) { p.manifest() = nullptr; }, absl::StatusCode::kNotFound,
+       kInvalid,
+       {"outside the pack directory"}},
+      {"manifest_missing",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.manifest() = nullptr; },
+       absl::StatusCode::kNotFound,
        {"manifest.json"}},
   };
 }
@@ -325,8 +377,7 @@ TEST(PackTest, DescribesDispatch) {
   std::vector<std::string> assumed;
   for (const AssumptionInfo& a : unit.assumptions) assumed.push_back(a.param + ":" + a.kind);
   EXPECT_THAT(assumed, ::testing::UnorderedElementsAre("x_ptr:div16", "y_ptr:div16",
-                                                       "out_ptr:div16", "n:div16",
-                                                       "stride_x:eq1"));
+                                                       "out_ptr:div16", "n:div16", "stride_x:eq1"));
   EXPECT_EQ(unit.layout.size(), 7u) << "stride_x was compiled away";
   const VariantInfo& wide = k.variants[9];
   EXPECT_EQ(wide.name, "b2_generic_i64");
@@ -342,6 +393,30 @@ TEST(PackTest, FindListsTheKernelsThereAre) {
   EXPECT_THAT(Msg(none.status()),
               AllOf(HasSubstr("no kernel named 'nosuch' in pack '" + pack->dir() + "'"),
                     HasSubstr("(it has: add, scalars, matmul, cluster, pdl, scratch, softmax)")));
+}
+
+// The fast path opens cubins with openat2(RESOLVE_BENEATH), which refuses every symlink
+// that is absolute; the rule is only that the target stays inside the pack.
+TEST(PackTest, SymlinksThatStayInsideThePackAreFollowed) {
+  TempPack pack;
+  const fs::path cubins = fs::path(pack.dir()) / "cubins";
+  fs::create_symlink("../add/default.cubin", cubins / "scalars" / "relative.cubin");
+  fs::create_symlink(cubins / "add" / "default.cubin", cubins / "pdl" / "absolute.cubin");
+  fs::create_directory_symlink(cubins / "add", cubins / "add_link");
+  for (const auto& [kernel, path] : {std::pair{"scalars", "cubins/scalars/relative.cubin"},
+                                     std::pair{"pdl", "cubins/pdl/absolute.cubin"},
+                                     std::pair{"cluster", "cubins/add_link/default.cubin"}}) {
+    json& v = pack.variant(kernel);
+    v = pack.variant("add");  // the add variant's cubin, reached through the link
+    v["cubin"] = path;
+  }
+  for (const char* kernel : {"scalars", "pdl", "cluster"}) {
+    pack.kernel(kernel)["params"] = pack.kernel("add")["params"];
+  }
+  pack.Save();
+  absl::StatusOr<Pack> read = Pack::Read(pack.dir());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read->Find("pdl"))->variants[0].cubin, "cubins/pdl/absolute.cubin");
 }
 
 TEST(PackTest, CopiesShareTheDescription) {
