@@ -61,7 +61,7 @@ namespace internal {
 struct KernelData;
 struct BoundState;
 class RuntimeImpl;
-struct KernelAccess;  // kpack's own tools reach a Kernel's internals through it
+struct KernelAccess;  // `kpack bench` only, until BoundLaunch can prepare a raw launch
 }  // namespace internal
 
 struct Options {

@@ -192,6 +192,10 @@ inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
+// A Kernel's internals for `kpack bench` (tools/cli/run.cc), which sends kpack's very
+// packed buffer through the raw driver. Everything else in the tools uses the public API
+// (kpack/pack.h, Kernel::info, GridFor); remove this once BoundLaunch::Prepare serves
+// bench.
 struct KernelAccess {
   static const KernelData* Get(const Kernel& k) { return k.data_; }
 };
