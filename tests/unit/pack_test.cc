@@ -1,7 +1,9 @@
 // kpack::Pack: the driver-free reader, its descriptions, and the property that makes
 // "a pack that verifies offline always opens" hold: on every committed pack and every
 // hostile pack below, Pack::Read succeeds exactly when Runtime::Open (fake driver, lazy)
-// does, with the same error, and `kpack verify` (offline) reports that same error.
+// does, with the same error, and `kpack verify` (offline) reports that same error. The
+// hostile packs are those of the runtime, dispatch and CLI tests' hostile cases, and the
+// ones this round made Open refuse.
 
 #include <cstdlib>
 #include <filesystem>
@@ -161,6 +163,11 @@ std::vector<HostileCase> HostileCases() {
        [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, 0)"}; },
        kInvalid,
        {"kernel 'axpy': variant 'b0_generic': field 'grid[0]'"}},
+      {"grid_syntax_error",
+       KPACK_DISPATCH_PACK_DIR,
+       [](TempPack& p) { p.kernel("axpy")["grid"] = {"cdiv(n, "}; },
+       kInvalid,
+       {"field 'grid[0]'"}},
       {"grid_names_a_pointer",
        KPACK_DISPATCH_PACK_DIR,
        [](TempPack& p) { p.kernel("axpy")["grid"] = {"x_ptr"}; },
@@ -303,6 +310,9 @@ TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {
     ASSERT_TRUE(Pack::Read(dir).ok()) << Pack::Read(dir).status();
     ExpectReadOpenAndVerifyAgree(dir);
   }
+  fake::Reset();
+  EXPECT_EQ(Pack::Read("/nonexistent/pack").status().code(), absl::StatusCode::kNotFound);
+  ExpectReadOpenAndVerifyAgree("/nonexistent/pack");
 }
 
 TEST(PackTest, ReadNeedsNoDriver) {
