@@ -126,7 +126,9 @@ absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOpt
   };
   // Files, sha256 and ELF checks, grids, dispatch tables and descriptions are independent
   // per variant and per kernel, and on a large pack they are most of Open.
-  ParallelFor(tasks.size(), ThreadsFor(variants, /*per_thread=*/64), [&](size_t i) {
+  const unsigned threads =
+      options.threads != 0 ? options.threads : ThreadsFor(variants, /*per_thread=*/64);
+  ParallelFor(tasks.size(), threads, [&](size_t i) {
     const KernelSpec& kernel = kernels[tasks[i].kernel];
     KernelTables& tables = result.tables[tasks[i].kernel];
     if (tasks[i].variant == kNone) {

@@ -57,6 +57,8 @@ struct ReadPackOptions {
   // kernel's problem; the result is then complete only if nothing was appended. A
   // manifest that does not parse is returned as the error either way.
   std::vector<absl::Status>* problems = nullptr;
+  // Threads for the per-kernel and per-variant work; 0: as many as help (ThreadsFor).
+  unsigned threads = 0;
 };
 
 absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOptions& options);

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 #include "nlohmann/json.hpp"
+#include "pack/pack_state.h"
 #include "util/sha256.h"
 
 namespace kpack {
@@ -313,6 +314,51 @@ TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {
   fake::Reset();
   EXPECT_EQ(Pack::Read("/nonexistent/pack").status().code(), absl::StatusCode::kNotFound);
   ExpectReadOpenAndVerifyAgree("/nonexistent/pack");
+}
+
+// Reading spreads its work over threads on large packs; on any pack, any number of
+// threads reports what one thread does: the same first problem, the same list.
+TEST(PackTest, ThreadsChangeNothingButTheTime) {
+  TempPack pack;
+  json& kernels = pack.manifest()["kernels"];
+  const json originals = kernels;
+  for (int copy = 0; copy < 20; ++copy) {  // 147 kernels, each with its cubin
+    for (json kernel : originals) {
+      kernel["name"] = kernel["name"].get<std::string>() + "_" + std::to_string(copy);
+      kernels.push_back(kernel);
+    }
+  }
+  const json entry = kernels[40]["variants"][0]["entry"];
+  kernels[40]["variants"][0]["entry"] = "nope";
+  kernels[90]["variants"][0]["arch"] = 80;
+  pack.Save();
+  auto read = [&](unsigned threads, std::vector<absl::Status>* problems) {
+    return internal::ReadPack(pack.dir(), {.problems = problems, .threads = threads}).status();
+  };
+  std::vector<absl::Status> serial_problems;
+  const absl::Status serial = read(1, nullptr);
+  ASSERT_TRUE(read(1, &serial_problems).ok());
+  ASSERT_EQ(serial_problems.size(), 2u);
+  EXPECT_EQ(serial, serial_problems[0]);
+  EXPECT_THAT(Msg(serial), HasSubstr("field 'entry'"));
+  for (unsigned threads : {2u, 4u, 8u}) {
+    SCOPED_TRACE(threads);
+    EXPECT_EQ(read(threads, nullptr), serial);
+    std::vector<absl::Status> problems;
+    ASSERT_TRUE(read(threads, &problems).ok());
+    EXPECT_EQ(problems, serial_problems);
+  }
+  kernels[40]["variants"][0]["entry"] = entry;
+  kernels[90]["variants"][0]["arch"] = 90;
+  pack.Save();
+  for (unsigned threads : {1u, 4u}) {
+    absl::StatusOr<internal::ReadPackResult> ok =
+        internal::ReadPack(pack.dir(), {.keep_cubins = true, .threads = threads});
+    ASSERT_TRUE(ok.ok()) << ok.status();
+    ASSERT_EQ(ok->state->kernels.size(), kernels.size());
+    EXPECT_EQ(ok->state->kernels[146].name, "softmax_19");
+    EXPECT_FALSE(ok->tables[146].variants[0].cubin.empty());
+  }
 }
 
 TEST(PackTest, ReadNeedsNoDriver) {
