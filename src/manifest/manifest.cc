@@ -904,7 +904,13 @@ std::optional<absl::StatusOr<ManifestSpec>> ParseManifestInParts(absl::string_vi
   if (doc.is_discarded()) return std::nullopt;
   ManifestSpec manifest;
   absl::StatusOr<Where> top = ParseTop(doc, file, manifest);
-  if (!top.ok()) return top.status();
+  if (!top.ok()) {
+    // The whole text's parse reports a syntax error anywhere before any field's problem.
+    for (absl::string_view kernel : spans->kernels) {
+      if (!json::accept(kernel)) return std::nullopt;
+    }
+    return top.status();
+  }
   std::vector<absl::StatusOr<KernelSpec>> kernels(spans->kernels.size());
   std::atomic<bool> syntax_error{false};
   constexpr size_t kBytesPerThread = 256 << 10;

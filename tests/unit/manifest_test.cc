@@ -375,6 +375,11 @@ TEST(ManifestTest, KernelsParsedApartAgreeWithTheWholeText) {
   // invalid kernel before it.
   std::string syntax_late = bad_middle.dump(2);
   syntax_late.insert(syntax_late.rfind("\"num_warps\""), "{");
+  // The same before a top-level problem (the fuzzer's first find).
+  json no_format = many;
+  no_format.erase("format");
+  std::string syntax_after_top_problem = no_format.dump(2);
+  syntax_after_top_problem.insert(syntax_after_top_problem.rfind("\"num_warps\""), "~");
   const std::string prefix = R"({"format": "kpack/1", "kernels": [)";
   // Parsed in parts (valid JSON, simply shaped), whatever the validation finds.
   for (const std::string& text :
@@ -389,8 +394,9 @@ TEST(ManifestTest, KernelsParsedApartAgreeWithTheWholeText) {
   // Parsed whole: syntax errors (the whole parse's message), escaped or repeated keys,
   // other shapes.
   for (const std::string& text :
-       {syntax_late, AddManifest().dump() + " x", prefix + add + " " + add + "]}",
-        prefix + add + ",]}", prefix + add + "]]}", prefix + R"({"a": 1]}]})",
+       {syntax_late, syntax_after_top_problem, AddManifest().dump() + " x",
+        prefix + add + " " + add + "]}", prefix + add + ",]}", prefix + add + "]]}",
+        prefix + R"({"a": 1]}]})",
         std::string(R"({"format": "kpack/1", "kernels": [], "kernels": [)") + add + "]}",
         prefix + add + R"(], "kern\u0065ls": []})",
         std::string(R"({"format": "kpack/1", "kern\u0065ls": [], "kernels": [)") + add + "]}",
