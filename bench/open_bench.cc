@@ -73,8 +73,9 @@ class GeneratedPack {
 };
 
 const GeneratedPack& PackOf(int min_variants) {
-  static auto* const packs = new std::map<int, std::unique_ptr<GeneratedPack>>();
-  auto& pack = (*packs)[min_variants];
+  // Destroyed at exit, which removes the generated directories.
+  static std::map<int, std::unique_ptr<GeneratedPack>> packs;
+  auto& pack = packs[min_variants];
   if (pack == nullptr) pack = std::make_unique<GeneratedPack>(min_variants);
   return *pack;
 }
