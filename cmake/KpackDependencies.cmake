@@ -7,3 +7,5 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CUDAToolkit REQUIRED)
+# libcrypto, for SHA-256 (Debian: libssl-dev).
+find_package(OpenSSL 3.0 REQUIRED COMPONENTS Crypto)

@@ -8,7 +8,7 @@
 # C++20 compiler; for --for test also g++, clang-14 with its sanitizer and libFuzzer
 # runtimes, valgrind, and python3 with venv and ensurepip) and the CMake packages that a
 # configure probe (cmake/probe) finds the way the build does: abseil, fmt, spdlog,
-# nlohmann_json, CLI11, GTest with gmock, Google Benchmark, OpenSSL, libelf and the CUDA
+# nlohmann_json, CLI11, GTest with gmock, Google Benchmark, OpenSSL and the CUDA
 # toolkit's headers. So dependencies installed anywhere work: tools on PATH, libraries
 # through CMAKE_PREFIX_PATH (or <Package>_ROOT), CUDA through CUDA_HOME.
 #
@@ -116,7 +116,6 @@ deb_for() {  # the Debian packages of a CMake package the probe reports missing
     GTest) echo libgtest-dev libgmock-dev ;;
     benchmark) echo libbenchmark-dev ;;
     OpenSSL) echo libssl-dev ;;
-    libelf) echo libelf-dev ;;
     *) echo "" ;;  # Threads comes with the C library; CUDA is not a Debian package here
   esac
 }
@@ -142,7 +141,6 @@ probe_packages() {
             what="the CUDA toolkit headers (cuda.h, cudaTypedefs.h; looked in $cuda: set CUDA_HOME)"
             ;;
           GTest) what="GTest with gmock" ;;
-          libelf) what="libelf (gelf.h and libelf)" ;;
         esac
         # shellcheck disable=SC2046  # one word per package
         need "$what" $(deb_for "$name")

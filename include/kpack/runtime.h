@@ -1,12 +1,14 @@
 // kpack/runtime.h: open a kernel pack and launch its kernels.
 //
-// A pack is a directory holding `manifest.json` (format `kpack/1`, see docs/pack-format.md)
-// and the cubins it names. `Runtime::Open` reads and validates all of it, checks every
-// cubin's sha256 and loads the CUDA driver (dlopen, never linked). Each kernel variant is
-// loaded into the driver once with the context-independent library API
-// (`cuLibraryLoadData`), and then into each CUDA context that launches it
-// (`cuKernelGetFunction`, which also checks it against that context's device): lazily at
-// the first launch in that context, or ahead by `Preload()` in that context.
+// A pack is a directory holding `manifest.json` (format `kpack/1` or `kpack/2`, see
+// docs/pack-format.md) and the cubins it names. `Runtime::Open` reads and validates all
+// of it as `Pack::Read` does (kpack/pack.h: sha256, every cubin's ELF against the
+// manifest, grid expressions, dispatch tables) and loads the CUDA driver (dlopen, never
+// linked). Each kernel variant is loaded into the driver once with the
+// context-independent library API (`cuLibraryLoadData`), and then into each CUDA context
+// that launches it (`cuKernelGetFunction`, which also checks it against that context's
+// device): lazily at the first launch in that context, or ahead by `Preload()` in that
+// context.
 //
 //   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open(dir);
 //   if (!rt.ok()) return rt.status();                     // UNAVAILABLE without a driver, ...
@@ -90,6 +92,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kpack/arg.h"
+#include "kpack/pack.h"
 
 namespace kpack {
 
@@ -97,7 +100,7 @@ namespace internal {
 struct KernelData;
 struct BoundState;
 class RuntimeImpl;
-struct KernelAccess;  // kpack's own tools reach a Kernel's internals through it
+struct KernelAccess;  // `kpack bench` only, until BoundLaunch can prepare a raw launch
 }  // namespace internal
 
 // Scratch memory from the caller, as Triton's triton.set_allocator provides it: `allocate`
@@ -199,6 +202,10 @@ class Kernel {
   std::string_view arg_type(size_t index) const;  // Triton type string, e.g. "*fp32"
   // Index of the call parameter `name`, or NOT_FOUND.
   absl::StatusOr<size_t> ArgIndex(std::string_view name) const;
+  // Everything the manifest says about this kernel: parameters, buckets, grid
+  // expressions, and every variant's metadata and layout (kpack/pack.h). Precondition:
+  // valid(). The reference lives as long as the Runtime.
+  const KernelInfo& info() const;
 
   // Loads every variant of this kernel into the current CUDA context now and checks it
   // against its device, as Runtime::Preload does for all kernels.
@@ -252,6 +259,11 @@ class Kernel {
   // The name of the variant these arguments would launch, or the error a launch would
   // return. Launches nothing.
   absl::StatusOr<std::string_view> SelectVariant(std::span<const Arg> args) const;
+  // The grid a launch without an explicit grid would get: the manifest's grid expressions
+  // evaluated for these arguments and the variant they select. FAILED_PRECONDITION if
+  // the kernel has no grid expressions; the error a launch would return for arguments no
+  // variant takes or a grid that does not evaluate. Launches nothing.
+  absl::StatusOr<Grid> GridFor(std::span<const Arg> args) const;
 
   // Launches per variant since Open, and how many of them were fallbacks: launches for
   // which a more specialized variant of the same bucket existed but one of its
@@ -276,12 +288,16 @@ class Kernel {
 
 class Runtime {
  public:
-  // Opens the pack in `dir`. Errors: UNAVAILABLE when no CUDA driver can be loaded or
-  // initialized (the message says what was tried); INVALID_ARGUMENT for anything wrong in
-  // the pack (the message names the file, kernel, variant and field); NOT_FOUND when the
-  // directory or a cubin is missing; UNIMPLEMENTED for pack features this version lacks;
-  // INVALID_ARGUMENT too when KPACK_LOG_LEVEL is set to something other than trace, debug,
-  // info, warn, error, critical or off (the level of kpack's spdlog logger "kpack").
+  // Opens the pack in `dir`: Pack::Read (every check that needs no device, with the same
+  // errors), then the driver, then the launch tables. A pack that Pack::Read accepts
+  // opens wherever a driver loads. Kernels load into the driver lazily (or here, with
+  // Options::preload), and only loading checks them against the devices. Errors:
+  // UNAVAILABLE when no CUDA driver can be loaded or initialized (the message says what
+  // was tried); INVALID_ARGUMENT for anything wrong in the pack (the message names the
+  // file, kernel, variant and field); NOT_FOUND when the directory or a cubin is missing;
+  // UNIMPLEMENTED for pack features this version lacks; INVALID_ARGUMENT too when
+  // KPACK_LOG_LEVEL is set to something other than trace, debug, info, warn, error,
+  // critical or off (the level of kpack's spdlog logger "kpack").
   static absl::StatusOr<Runtime> Open(std::string_view dir, const Options& options = {});
 
   Runtime(Runtime&&) noexcept;
@@ -291,9 +307,12 @@ class Runtime {
   // graphs that own kpack scratch first (see "CUDA graphs").
   ~Runtime();
 
-  // Resolves a kernel by name: NOT_FOUND naming the pack if there is none.
+  // Resolves a kernel by name: NOT_FOUND naming the pack and listing its kernels if
+  // there is none.
   absl::StatusOr<Kernel> Find(std::string_view name) const;
   std::vector<std::string> kernel_names() const;
+  // The pack this Runtime opened, described (kpack/pack.h); lives as long as the Runtime.
+  const Pack& pack() const;
 
   // Launch by name: one hash lookup, then the same as Kernel::Launch.
   template <typename... Args>

@@ -1,13 +1,15 @@
 #include "cubin/cubin_reader.h"
 
-#include <gelf.h>
-#include <libelf.h>
+#include <elf.h>
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstring>
-#include <memory>
+#include <optional>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -72,11 +74,6 @@ absl::Status Malformed(absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("not a valid cubin: ", why));
 }
 
-std::string ElfError() {
-  const char* message = elf_errmsg(-1);
-  return message != nullptr ? message : "unknown libelf error";
-}
-
 template <typename T>
 T Load(std::span<const std::byte> bytes, size_t at) {
   T value;
@@ -89,11 +86,7 @@ bool Within(uint64_t image_size, uint64_t offset, uint64_t size) {
   return offset <= image_size && size <= image_size - offset;
 }
 
-struct ElfDeleter {
-  void operator()(Elf* elf) const { elf_end(elf); }
-};
-
-absl::StatusOr<int> ArchFromHeader(const GElf_Ehdr& header) {
+absl::StatusOr<int> ArchFromHeader(const Elf64_Ehdr& header) {
   const unsigned abi_version = header.e_ident[EI_ABIVERSION];
   const uint32_t flags = header.e_flags;
   const int sm =
@@ -166,21 +159,81 @@ absl::StatusOr<std::vector<CubinParam>> ReadParams(std::span<const std::byte> in
   return params;
 }
 
-// The bytes of a section, or an error if libelf cannot produce them (out of the file,
-// SHT_NOBITS...).
-absl::StatusOr<std::span<const std::byte>> SectionBytes(Elf_Scn* section, absl::string_view name) {
-  GElf_Shdr header;
-  if (gelf_getshdr(section, &header) == nullptr) {
-    return Malformed(absl::StrCat("section ", name, ": ", ElfError()));
+// The image's section header table, every entry checked to lie inside the image.
+class Sections {
+ public:
+  // Reads and bounds-checks the table (and the extended section count and name-table
+  // index that ELF keeps in section 0 when the header's fields overflow).
+  static absl::StatusOr<Sections> Read(std::span<const std::byte> image, const Elf64_Ehdr& header) {
+    Sections s(image);
+    if (header.e_shoff == 0) return s;  // no sections at all
+    if (header.e_shentsize != sizeof(Elf64_Shdr)) {
+      return Malformed(
+          absl::StrCat("e_shentsize is ", header.e_shentsize, ", not ", sizeof(Elf64_Shdr)));
+    }
+    const uint64_t size = image.size();
+    if (!Within(size, header.e_shoff, sizeof(Elf64_Shdr))) {
+      return Malformed("its section header table starts past the end of the image (truncated?)");
+    }
+    s.table_ = header.e_shoff;
+    uint64_t count = header.e_shnum;
+    uint64_t names = header.e_shstrndx;
+    const Elf64_Shdr first = s.Header(0);
+    if (count == 0) count = first.sh_size;  // SHN_LORESERVE or more sections
+    if (names == SHN_XINDEX) names = first.sh_link;
+    if (count > (size - header.e_shoff) / sizeof(Elf64_Shdr)) {
+      return Malformed(absl::StrCat("its ", count,
+                                    " section headers run past the end of the image (truncated?)"));
+    }
+    s.count_ = count;
+    for (uint64_t i = 1; i < count; ++i) {
+      const Elf64_Shdr section = s.Header(i);
+      if (section.sh_type != SHT_NOBITS && !Within(size, section.sh_offset, section.sh_size)) {
+        return Malformed(absl::StrCat("section ", i, " (bytes ", section.sh_offset, " to ",
+                                      section.sh_offset + section.sh_size,
+                                      ") runs past the end of the image of ", size,
+                                      " bytes (truncated?)"));
+      }
+    }
+    if (names == SHN_UNDEF || names >= count || s.Header(names).sh_type != SHT_STRTAB) {
+      return Malformed(absl::StrCat("it has no section-name table (index ", names, ")"));
+    }
+    s.names_ = names;
+    return s;
   }
-  if (header.sh_size == 0) return std::span<const std::byte>();
-  Elf_Data* data = elf_getdata(section, nullptr);
-  if (data == nullptr || data->d_buf == nullptr) {
-    return Malformed(absl::StrCat("section ", name, " has no readable contents (",
-                                  data == nullptr ? ElfError() : "SHT_NOBITS", ")"));
+
+  uint64_t count() const { return count_; }
+  uint64_t names() const { return names_; }
+  Elf64_Shdr Header(uint64_t i) const {
+    return Load<Elf64_Shdr>(image_, table_ + i * sizeof(Elf64_Shdr));
   }
-  return std::span<const std::byte>(static_cast<const std::byte*>(data->d_buf), data->d_size);
-}
+  // The file bytes of section `i` (empty for SHT_NOBITS; Read checked the bounds).
+  std::span<const std::byte> Bytes(uint64_t i) const {
+    const Elf64_Shdr h = Header(i);
+    if (h.sh_type == SHT_NOBITS) return {};
+    return image_.subspan(h.sh_offset, h.sh_size);
+  }
+  // The NUL-terminated string at `offset` in string table `table`, or nullopt when
+  // `table` is no string table or the string leaves it.
+  std::optional<absl::string_view> String(uint64_t table, uint64_t offset) const {
+    if (table == SHN_UNDEF || table >= count_ || Header(table).sh_type != SHT_STRTAB) {
+      return std::nullopt;
+    }
+    const std::span<const std::byte> bytes = Bytes(table);
+    if (offset >= bytes.size()) return std::nullopt;
+    const char* begin = reinterpret_cast<const char*>(bytes.data()) + offset;
+    const void* nul = std::memchr(begin, '\0', bytes.size() - offset);
+    if (nul == nullptr) return std::nullopt;
+    return absl::string_view(begin, static_cast<const char*>(nul) - begin);
+  }
+
+ private:
+  explicit Sections(std::span<const std::byte> image) : image_(image) {}
+  std::span<const std::byte> image_;
+  uint64_t table_ = 0;
+  uint64_t count_ = 0;
+  uint64_t names_ = 0;
+};
 
 }  // namespace
 
@@ -190,27 +243,12 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
                                   " bytes, shorter than an ELF64 header (", sizeof(Elf64_Ehdr),
                                   " bytes)"));
   }
-  const auto* ident = reinterpret_cast<const unsigned char*>(image.data());
-  if (std::memcmp(ident, ELFMAG, SELFMAG) != 0) {
+  const auto header = Load<Elf64_Ehdr>(image, 0);
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0) {
     return Malformed("it does not start with the ELF magic \\x7fELF");
   }
-  if (ident[EI_CLASS] != ELFCLASS64 || ident[EI_DATA] != ELFDATA2LSB) {
+  if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_ident[EI_DATA] != ELFDATA2LSB) {
     return Malformed("it is not a little-endian ELF64 file, which every cubin is");
-  }
-
-  static const bool libelf_ready = elf_version(EV_CURRENT) != EV_NONE;
-  if (!libelf_ready) return absl::InternalError("libelf does not support ELF version 1");
-  // elf_memory takes a writable buffer and may convert data in place; a private copy keeps
-  // the caller's bytes untouched. It must outlive `elf`.
-  std::vector<char> copy(image.size());
-  std::memcpy(copy.data(), image.data(), image.size());
-  std::unique_ptr<Elf, ElfDeleter> elf(elf_memory(copy.data(), copy.size()));
-  if (elf == nullptr || elf_kind(elf.get()) != ELF_K_ELF) {
-    return Malformed(absl::StrCat("libelf cannot read it: ", ElfError()));
-  }
-  GElf_Ehdr header;
-  if (gelf_getehdr(elf.get(), &header) == nullptr) {
-    return Malformed(absl::StrCat("its ELF header is unreadable: ", ElfError()));
   }
   if (header.e_machine != EM_CUDA) {
     return Malformed(
@@ -218,72 +256,73 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
   }
   absl::StatusOr<int> arch = ArchFromHeader(header);
   if (!arch.ok()) return arch.status();
-  // libelf reads only what is asked of it, so a truncated file would otherwise pass as long
-  // as the cut fell in parts this reader never looks at (code, program headers).
-  if (!Within(image.size(), header.e_phoff, uint64_t{header.e_phnum} * header.e_phentsize)) {
-    return Malformed("its program header table runs past the end of the image (truncated?)");
+  // cuLibraryLoadData takes no size: the driver finds the image's extent in its headers
+  // and reads that far. So every header and every part of the file they describe must lie
+  // inside the bytes we have, including the parts this reader has no other use for.
+  if (header.e_phnum != 0) {
+    if (header.e_phentsize != sizeof(Elf64_Phdr)) {
+      return Malformed(
+          absl::StrCat("e_phentsize is ", header.e_phentsize, ", not ", sizeof(Elf64_Phdr)));
+    }
+    if (!Within(image.size(), header.e_phoff, uint64_t{header.e_phnum} * sizeof(Elf64_Phdr))) {
+      return Malformed("its program header table runs past the end of the image (truncated?)");
+    }
+    for (uint64_t i = 0; i < header.e_phnum; ++i) {
+      const auto segment = Load<Elf64_Phdr>(image, header.e_phoff + i * sizeof(Elf64_Phdr));
+      if (!Within(image.size(), segment.p_offset, segment.p_filesz)) {
+        return Malformed(absl::StrCat("segment ", i, " runs past the end of the image of ",
+                                      image.size(), " bytes (truncated?)"));
+      }
+    }
   }
+  absl::StatusOr<Sections> read = Sections::Read(image, header);
+  if (!read.ok()) return read.status();
+  const Sections& sections = *read;
 
-  size_t names_index;
-  if (elf_getshdrstrndx(elf.get(), &names_index) != 0) {
-    return Malformed(absl::StrCat("it has no section-name table: ", ElfError()));
-  }
-  Elf_Scn* symtab = nullptr;
-  GElf_Shdr symtab_header{};
-  // Keys point into `copy`, which outlives the map.
-  absl::flat_hash_map<absl::string_view, Elf_Scn*> info_sections;
-  for (Elf_Scn* section = elf_nextscn(elf.get(), nullptr); section != nullptr;
-       section = elf_nextscn(elf.get(), section)) {
-    GElf_Shdr section_header;
-    if (gelf_getshdr(section, &section_header) == nullptr) {
-      return Malformed(absl::StrCat("a section header is unreadable: ", ElfError()));
-    }
-    if (section_header.sh_type != SHT_NOBITS &&
-        !Within(image.size(), section_header.sh_offset, section_header.sh_size)) {
-      return Malformed(absl::StrCat("section ", elf_ndxscn(section),
-                                    " runs past the end of the image (truncated?)"));
-    }
-    if (section_header.sh_type == SHT_SYMTAB) {
-      if (symtab != nullptr) return Malformed("it has two symbol tables");
-      symtab = section;
-      symtab_header = section_header;
+  uint64_t symtab = 0;
+  absl::flat_hash_map<absl::string_view, uint64_t> info_sections;  // views into `image`
+  for (uint64_t i = 1; i < sections.count(); ++i) {
+    const Elf64_Shdr section = sections.Header(i);
+    if (section.sh_type == SHT_SYMTAB) {
+      if (symtab != 0) return Malformed("it has two symbol tables");
+      symtab = i;
       continue;
     }
-    const char* name = elf_strptr(elf.get(), names_index, section_header.sh_name);
-    if (name == nullptr) {
-      return Malformed(absl::StrCat("section ", elf_ndxscn(section),
-                                    " has a name outside the section-name table"));
+    const std::optional<absl::string_view> name =
+        sections.String(sections.names(), section.sh_name);
+    if (!name.has_value()) {
+      return Malformed(absl::StrCat("section ", i, " has a name outside the section-name table"));
     }
-    absl::string_view kernel = name;
+    absl::string_view kernel = *name;
     if (!absl::ConsumePrefix(&kernel, kInfoPrefix)) continue;
-    if (!info_sections.emplace(kernel, section).second) {
-      return Malformed(absl::StrCat("it has two sections named ", name));
+    if (!info_sections.emplace(kernel, i).second) {
+      return Malformed(absl::StrCat("it has two sections named ", *name));
     }
   }
-  if (symtab == nullptr) return Malformed("it has no symbol table (.symtab)");
-  Elf_Data* symbols = elf_getdata(symtab, nullptr);
-  if (symbols == nullptr || (symbols->d_size > 0 && symbols->d_buf == nullptr)) {
-    return Malformed(absl::StrCat("its symbol table is unreadable: ", ElfError()));
+  if (symtab == 0) return Malformed("it has no symbol table (.symtab)");
+  const Elf64_Shdr symtab_header = sections.Header(symtab);
+  if (symtab_header.sh_entsize != sizeof(Elf64_Sym)) {
+    return Malformed(absl::StrCat("its symbol table's entries are ", symtab_header.sh_entsize,
+                                  " bytes, not ", sizeof(Elf64_Sym)));
   }
-  const size_t symbol_count = symbols->d_size / sizeof(Elf64_Sym);
+  const std::span<const std::byte> symbols = sections.Bytes(symtab);
+  const size_t symbol_count = symbols.size() / sizeof(Elf64_Sym);
 
   CubinInfo info;
   info.arch = *arch;
   absl::flat_hash_set<absl::string_view> seen;
   for (size_t i = 0; i < symbol_count; ++i) {
-    GElf_Sym symbol;
-    if (gelf_getsym(symbols, static_cast<int>(i), &symbol) == nullptr) {
-      return Malformed(absl::StrCat("symbol ", i, " is unreadable: ", ElfError()));
-    }
-    if (GELF_ST_TYPE(symbol.st_info) != STT_FUNC || GELF_ST_BIND(symbol.st_info) != STB_GLOBAL ||
+    const auto symbol = Load<Elf64_Sym>(symbols, i * sizeof(Elf64_Sym));
+    if (ELF64_ST_TYPE(symbol.st_info) != STT_FUNC || ELF64_ST_BIND(symbol.st_info) != STB_GLOBAL ||
         (symbol.st_other & kStoCudaEntry) == 0) {
       continue;
     }
-    const char* name = elf_strptr(elf.get(), symtab_header.sh_link, symbol.st_name);
-    if (name == nullptr || name[0] == '\0') {
+    const std::optional<absl::string_view> name =
+        sections.String(symtab_header.sh_link, symbol.st_name);
+    if (!name.has_value() || name->empty()) {
       return Malformed(absl::StrCat("kernel symbol ", i, " has no name in the string table"));
     }
-    const absl::string_view kernel = name;
+    const absl::string_view kernel = *name;
     if (!seen.insert(kernel).second) {
       return Malformed(absl::StrCat("it has two kernels named '", kernel, "'"));
     }
@@ -292,10 +331,13 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
       return Malformed(absl::StrCat("kernel '", kernel, "' has no .nv.info.", kernel,
                                     " section, which holds its parameter layout"));
     }
-    absl::StatusOr<std::span<const std::byte>> bytes =
-        SectionBytes(section->second, absl::StrCat(kInfoPrefix, kernel));
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<std::vector<CubinParam>> params = ReadParams(*bytes, kernel);
+    const Elf64_Shdr info_header = sections.Header(section->second);
+    if (info_header.sh_type == SHT_NOBITS && info_header.sh_size != 0) {
+      return Malformed(
+          absl::StrCat("section .nv.info.", kernel, " has no readable contents (SHT_NOBITS)"));
+    }
+    absl::StatusOr<std::vector<CubinParam>> params =
+        ReadParams(sections.Bytes(section->second), kernel);
     if (!params.ok()) return params.status();
     info.kernels.push_back({.name = std::string(kernel), .params = *std::move(params)});
   }

@@ -2,9 +2,13 @@
 // architecture it was built for and, for each kernel entry, the parameter layout ptxas
 // recorded in `.nv.info.<kernel>`.
 //
-// This lets tools and the CPU tests' fake driver answer `cuKernelGetParamInfo`-style
-// questions without a GPU. The input is untrusted: every offset and length is checked,
-// and any inconsistency is an INVALID_ARGUMENT status, never a crash.
+// Runtime::Open and Pack::Read read every cubin with it, to hold the manifest's `entry`,
+// `arch` and `layout` against the ELF before anything launches; `kpack verify` does the
+// same through Pack, and the CPU tests' fake driver answers `cuKernelGetParamInfo` from it.
+// It depends on nothing but <elf.h>'s definitions (no libelf). The input is untrusted:
+// every offset and length is checked, every header and section the ELF describes must lie
+// inside the image (the driver reads an image as far as its headers say), and any
+// inconsistency is an INVALID_ARGUMENT status, never a crash.
 //
 // Thread safety: ReadCubin may be called from any number of threads at once.
 

@@ -1,11 +1,14 @@
 #include "manifest/manifest.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -13,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
+#include "util/parallel.h"
 #include "util/status_macros.h"
 
 namespace kpack::internal {
@@ -99,7 +103,8 @@ absl::StatusOr<int64_t> GetInt(const json& obj, absl::string_view key, const Whe
     return fallback;
   }
   if (!it->is_number_integer()) {
-    return where.Error(key, absl::StrCat("expected an integer, got ", TypeOf(*it)));
+    return where.Error(key, absl::StrCat("expected an integer in [", min, ", ", max, "], got ",
+                                         it->is_number() ? it->dump() : TypeOf(*it)));
   }
   int64_t value;
   if (it->is_number_unsigned()) {
@@ -322,6 +327,12 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
   }
   std::vector<bool> arg_seen(kernel.args.size(), false);
   bool global_seen = false, profile_seen = false;
+  // Triton's ordinals are the call parameters in declaration order, then its hidden
+  // pointers, global scratch first. Offsets and sizes alone cannot tell two same-size
+  // parameters (or the two scratch pointers) apart, so the order is checked by name: a
+  // swap would pass every other check and launch with the arguments exchanged.
+  int last_arg_slot = -1;      // layout index of the latest call parameter's slot
+  int first_hidden_slot = -1;  // layout index of the first hidden pointer's slot
   int64_t end = 0;
   for (size_t i = 0; i < layout->size(); ++i) {
     const json& s = (*layout)[i];
@@ -342,6 +353,13 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
         return where.Error(absl::StrCat(field, ".param"), absl::StrCat(param, " appears twice"));
       }
       seen = true;
+      if (param == "$global_scratch" && profile_seen) {
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("$global_scratch comes after $profile_scratch (layout[", first_hidden_slot,
+                         "]); Triton passes global scratch first, so the two would be exchanged"));
+      }
+      if (first_hidden_slot < 0) first_hidden_slot = static_cast<int>(i);
       slot.kind = param == "$global_scratch" ? SlotKind::kGlobalScratch : SlotKind::kProfileScratch;
       what = absl::StrCat("hidden pointer ", param);
     } else {
@@ -357,6 +375,22 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
                            absl::StrCat("parameter '", param, "' appears twice"));
       }
       arg_seen[it->second] = true;
+      if (first_hidden_slot >= 0) {
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("parameter '", param, "' comes after the hidden pointer ",
+                         SlotName(kernel, variant.layout[first_hidden_slot]), " (layout[",
+                         first_hidden_slot, "]); Triton passes its hidden pointers last"));
+      }
+      if (last_arg_slot >= 0 && variant.layout[last_arg_slot].arg > it->second) {
+        const std::string& before = kernel.arg(variant.layout[last_arg_slot].arg).name;
+        return where.Error(
+            absl::StrCat(field, ".param"),
+            absl::StrCat("parameter '", param, "' comes after '", before, "' (layout[",
+                         last_arg_slot, "]), but the kernel declares '", param,
+                         "' first; slots follow the declaration order of the call parameters"));
+      }
+      last_arg_slot = static_cast<int>(i);
       slot.kind = SlotKind::kArg;
       slot.arg = it->second;
       const ParamSpec& p = kernel.arg(it->second);
@@ -752,13 +786,11 @@ uint32_t SlotSize(ParamType type) {
   return 0;
 }
 
-absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file) {
-  json doc;
-  try {
-    doc = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": not valid JSON: ", e.what()));
-  }
+namespace {
+
+// The top level: format, known keys, generator, and a "kernels" array (whose elements the
+// caller parses). Returns the Where the kernels are named under.
+absl::StatusOr<Where> ParseTop(const json& doc, absl::string_view file, ManifestSpec& manifest) {
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": expected a JSON object at the top level, got ", TypeOf(doc)));
@@ -776,25 +808,211 @@ absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_
   }
   top = Where(std::string(file), version);
   KPACK_RETURN_IF_ERROR(CheckKeys(doc, top, "the manifest", {"format", "generator", "kernels"}));
-  ManifestSpec manifest;
   manifest.format_version = version;
   KPACK_ASSIGN_OR_RETURN(manifest.generator, GetString(doc, "generator", top, /*required=*/false));
   KPACK_ASSIGN_OR_RETURN(const json* kernels, Field(doc, "kernels", top));
   if (!kernels->is_array()) {
     return top.Error("kernels", absl::StrCat("expected an array, got ", TypeOf(*kernels)));
   }
-  if (kernels->empty()) return top.Error("kernels", "the pack has no kernels");
-  absl::flat_hash_set<std::string> names;
-  for (size_t i = 0; i < kernels->size(); ++i) {
-    KernelSpec kernel;
-    KPACK_RETURN_IF_ERROR(ParseKernel((*kernels)[i], top, kernel, i));
-    if (!names.insert(kernel.name).second) {
+  return top;
+}
+
+// Appends the kernels parsed in manifest order, stopping at the first error or duplicate.
+absl::Status AddKernels(std::vector<absl::StatusOr<KernelSpec>>& kernels, const Where& top,
+                        ManifestSpec& manifest) {
+  if (kernels.empty()) return top.Error("kernels", "the pack has no kernels");
+  absl::flat_hash_set<absl::string_view> names;
+  manifest.kernels.reserve(kernels.size());
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    if (!kernels[i].ok()) return kernels[i].status();
+    manifest.kernels.push_back(*std::move(kernels[i]));
+    if (!names.insert(manifest.kernels.back().name).second) {
       return top.Error(absl::StrCat("kernels[", i, "].name"),
-                       absl::StrCat("duplicate kernel '", kernel.name, "'"));
+                       absl::StrCat("duplicate kernel '", manifest.kernels.back().name, "'"));
     }
-    manifest.kernels.push_back(std::move(kernel));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KernelSpec> ParseOneKernel(const json& k, const Where& top, size_t index) {
+  KernelSpec kernel;
+  KPACK_RETURN_IF_ERROR(ParseKernel(k, top, kernel, index));
+  return kernel;
+}
+
+// ---- Parsing the kernels on several threads.
+//
+// JSON parsing and validation are most of what reading a large manifest costs, and both
+// are independent per kernel. So the text is first scanned (not parsed) for the byte
+// ranges of the top-level "kernels" array's elements; then the rest of the document, with
+// that array emptied, and each kernel are parsed apart, the kernels in parallel. The
+// result must be exactly what parsing the whole text gives (ParseManifestWhole, which the
+// manifest fuzzer compares against), so anything the scan is not sure of -- a syntax
+// error anywhere, an escaped or repeated top-level key, an odd shape -- falls back to
+// parsing the whole text, which also gives nlohmann's own error message.
+
+bool IsJsonSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+void SkipSpace(absl::string_view text, size_t& pos) {
+  while (pos < text.size() && IsJsonSpace(text[pos])) ++pos;
+}
+
+// Moves `pos` from an opening quote past the closing one; false at the end of the text.
+bool SkipString(absl::string_view text, size_t& pos) {
+  for (++pos; pos < text.size(); ++pos) {
+    if (text[pos] == '\\') {
+      ++pos;
+    } else if (text[pos] == '"') {
+      ++pos;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Moves `pos` past one value (its extent only; the value is checked when parsed).
+bool SkipValue(absl::string_view text, size_t& pos) {
+  if (pos >= text.size()) return false;
+  if (text[pos] == '"') return SkipString(text, pos);
+  if (text[pos] == '{' || text[pos] == '[') {
+    size_t depth = 0;
+    while (pos < text.size()) {
+      const char c = text[pos];
+      if (c == '"') {
+        if (!SkipString(text, pos)) return false;
+        continue;
+      }
+      ++pos;
+      if (c == '{' || c == '[') {
+        ++depth;
+      } else if ((c == '}' || c == ']') && --depth == 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+  const size_t start = pos;  // a number or a literal
+  while (pos < text.size() && !IsJsonSpace(text[pos]) && text[pos] != ',' && text[pos] != ']' &&
+         text[pos] != '}') {
+    ++pos;
+  }
+  return pos > start;
+}
+
+struct KernelSpans {
+  size_t array_begin = 0, array_end = 0;  // the "kernels" array, brackets included
+  std::vector<absl::string_view> kernels;
+};
+
+std::optional<KernelSpans> FindKernelSpans(absl::string_view text) {
+  size_t pos = 0;
+  if (absl::StartsWith(text, "\xEF\xBB\xBF")) pos = 3;  // a UTF-8 byte order mark
+  SkipSpace(text, pos);
+  if (pos >= text.size() || text[pos] != '{') return std::nullopt;
+  ++pos;
+  std::optional<KernelSpans> spans;
+  SkipSpace(text, pos);
+  if (pos < text.size() && text[pos] == '}') return std::nullopt;
+  while (true) {
+    SkipSpace(text, pos);
+    const size_t key = pos;
+    if (pos >= text.size() || text[pos] != '"' || !SkipString(text, pos)) return std::nullopt;
+    const absl::string_view name = text.substr(key + 1, pos - key - 2);
+    if (absl::StrContains(name, '\\')) return std::nullopt;  // nlohmann decodes, we do not
+    SkipSpace(text, pos);
+    if (pos >= text.size() || text[pos] != ':') return std::nullopt;
+    ++pos;
+    SkipSpace(text, pos);
+    if (name == "kernels") {
+      if (spans.has_value() || pos >= text.size() || text[pos] != '[') return std::nullopt;
+      spans.emplace();
+      spans->array_begin = pos++;
+      SkipSpace(text, pos);
+      if (pos < text.size() && text[pos] == ']') {
+        ++pos;
+      } else {
+        while (true) {
+          const size_t begin = pos;
+          if (!SkipValue(text, pos)) return std::nullopt;
+          spans->kernels.push_back(text.substr(begin, pos - begin));
+          SkipSpace(text, pos);
+          if (pos >= text.size()) return std::nullopt;
+          if (text[pos++] == ']') break;
+          if (text[pos - 1] != ',') return std::nullopt;
+          SkipSpace(text, pos);
+        }
+      }
+      spans->array_end = pos;
+    } else if (!SkipValue(text, pos)) {
+      return std::nullopt;
+    }
+    SkipSpace(text, pos);
+    if (pos >= text.size()) return std::nullopt;
+    if (text[pos] == '}') return spans;
+    if (text[pos++] != ',') return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::optional<absl::StatusOr<ManifestSpec>> ParseManifestInParts(absl::string_view text,
+                                                                 absl::string_view file) {
+  std::optional<KernelSpans> spans = FindKernelSpans(text);
+  if (!spans.has_value()) return std::nullopt;
+  std::string rest =
+      absl::StrCat(text.substr(0, spans->array_begin), "[]", text.substr(spans->array_end));
+  const json doc = json::parse(rest, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return std::nullopt;
+  ManifestSpec manifest;
+  absl::StatusOr<Where> top = ParseTop(doc, file, manifest);
+  if (!top.ok()) {
+    // The whole text's parse reports a syntax error anywhere before any field's problem.
+    for (absl::string_view kernel : spans->kernels) {
+      if (!json::accept(kernel)) return std::nullopt;
+    }
+    return top.status();
+  }
+  std::vector<absl::StatusOr<KernelSpec>> kernels(spans->kernels.size());
+  std::atomic<bool> syntax_error{false};
+  constexpr size_t kBytesPerThread = 256 << 10;
+  ParallelFor(kernels.size(), ThreadsFor(text.size(), kBytesPerThread), [&](size_t i) {
+    const json k = json::parse(spans->kernels[i], nullptr, /*allow_exceptions=*/false);
+    if (k.is_discarded()) {
+      syntax_error = true;  // the whole text's parse reports it, wherever it is
+      return false;
+    }
+    kernels[i] = ParseOneKernel(k, *top, i);
+    return true;
+  });
+  if (syntax_error) return std::nullopt;
+  KPACK_RETURN_IF_ERROR(AddKernels(kernels, *top, manifest));
   return manifest;
+}
+
+absl::StatusOr<ManifestSpec> ParseManifestWhole(absl::string_view text, absl::string_view file) {
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": not valid JSON: ", e.what()));
+  }
+  ManifestSpec manifest;
+  KPACK_ASSIGN_OR_RETURN(Where top, ParseTop(doc, file, manifest));
+  const json& array = doc["kernels"];
+  std::vector<absl::StatusOr<KernelSpec>> kernels;
+  for (size_t i = 0; i < array.size(); ++i) {
+    kernels.push_back(ParseOneKernel(array[i], top, i));
+    if (!kernels.back().ok()) break;  // the first error is the one reported
+  }
+  KPACK_RETURN_IF_ERROR(AddKernels(kernels, top, manifest));
+  return manifest;
+}
+
+absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file) {
+  if (std::optional<absl::StatusOr<ManifestSpec>> split = ParseManifestInParts(text, file)) {
+    return *std::move(split);
+  }
+  return ParseManifestWhole(text, file);
 }
 
 }  // namespace kpack::internal

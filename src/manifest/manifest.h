@@ -5,6 +5,7 @@
 #define KPACK_SRC_MANIFEST_MANIFEST_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,7 +130,19 @@ inline constexpr uint32_t kMaxParamBytes = 4096;
 
 // Parses and validates `text`. Every error is INVALID_ARGUMENT (UNIMPLEMENTED for a
 // feature this version lacks), prefixed with `file` and naming kernel, variant and field.
+// A large manifest's kernels are parsed on several threads; the result is always that of
+// ParseManifestWhole.
 absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file);
+
+// ParseManifest's two ways, exposed for the tests and the manifest fuzzer, which hold
+// them to each other. Whole: the text parsed as one JSON document, on this thread (the
+// reference). InParts: the top-level "kernels" array's elements found by a scan, then
+// parsed and validated apart, on several threads when the text is large; nullopt when the
+// text needs the whole parse (a syntax error anywhere, whose message that parse gives; an
+// escaped or repeated top-level key; anything the scan is not sure of).
+absl::StatusOr<ManifestSpec> ParseManifestWhole(absl::string_view text, absl::string_view file);
+std::optional<absl::StatusOr<ManifestSpec>> ParseManifestInParts(absl::string_view text,
+                                                                 absl::string_view file);
 
 }  // namespace kpack::internal
 

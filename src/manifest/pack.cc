@@ -1,15 +1,25 @@
 #include "manifest/pack.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>  // struct open_how, RESOLVE_BENEATH
+#endif
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <span>
 #include <system_error>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cubin/cubin_reader.h"
 #include "util/sha256.h"
 #include "util/status_macros.h"
 
@@ -18,42 +28,69 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
+// Reads the regular file open as `fd` (closing it); -1 means open failed with `errno`.
+// `path` names it in messages.
+absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
+                                              absl::string_view what) {
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    if (fd < 0 && error != ENOENT && error != ENOTDIR) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(what, ": cannot open '", path.string(), "': ", std::strerror(error)));
+    }
     return absl::NotFoundError(
         absl::StrCat(what, ": '", path.string(), "' does not exist or is not a regular file"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::PermissionDeniedError(absl::StrCat(what, ": cannot open '", path.string(), "'"));
+  std::vector<std::byte> data(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
   }
-  in.seekg(0, std::ios::end);
-  std::streamoff size = in.tellg();
-  in.seekg(0, std::ios::beg);
-  std::vector<std::byte> data(static_cast<size_t>(size));
-  if (size > 0 && !in.read(reinterpret_cast<char*>(data.data()), size)) {
+  ::close(fd);
+  if (done != data.size()) {
     return absl::DataLossError(absl::StrCat(what, ": short read of '", path.string(), "'"));
   }
   return data;
 }
 
-// `rel` must name a file inside `root` (canonical), also after following symlinks.
+// POSIX rather than ifstream: Open reads a file per variant, and a stream's set-up costs
+// as much as reading a small cubin. O_NONBLOCK: a FIFO is refused as "not a regular file"
+// instead of blocking the open.
+constexpr int kOpenFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
+
+absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what) {
+  return ReadFd(::open(path.c_str(), kOpenFlags), path, what);
+}
+
+// Opens `rel` below the directory `dir` in one system call, the kernel refusing any
+// resolution (a "..", an absolute or an escaping symlink) that leaves it. -1 with errno
+// set when it cannot (ENOSYS before Linux 5.6 or under a seccomp filter that lacks
+// openat2), or for any refusal; the caller then takes the slow, precise path.
+int OpenBeneath(int dir, const std::string& rel) {
+#if defined(SYS_openat2) && defined(RESOLVE_BENEATH)
+  open_how how{};
+  how.flags = kOpenFlags;
+  how.resolve = RESOLVE_BENEATH;
+  return static_cast<int>(::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof(how)));
+#else
+  (void)dir;
+  (void)rel;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+// `rel` (relative and free of "..", which the caller checked) must name a file inside
+// `root` (canonical), also after following symlinks.
 absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view rel,
                                        absl::string_view where) {
-  fs::path p{std::string(rel)};
-  if (p.is_absolute()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": field 'cubin': '", rel, "' is absolute; cubin paths are relative to the pack"));
-  }
-  for (const fs::path& part : p) {
-    if (part == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": field 'cubin': '", rel, "' contains '..'; cubins must stay inside the pack"));
-    }
-  }
   std::error_code ec;
-  fs::path full = fs::weakly_canonical(root / p, ec);
+  fs::path full = fs::weakly_canonical(root / fs::path(std::string(rel)), ec);
   if (ec) {
     return absl::NotFoundError(
         absl::StrCat(where, ": field 'cubin': cannot resolve '", rel, "': ", ec.message()));
@@ -65,52 +102,6 @@ absl::StatusOr<fs::path> ResolveInside(const fs::path& root, absl::string_view r
                      "', outside the pack directory (through a symlink)"));
   }
   return full;
-}
-
-template <typename T>
-T Load(const std::byte* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-// cuLibraryLoadData takes no size: the driver finds the image's extent in its ELF
-// headers and reads that far. So a cubin cut short (or lying in its headers) would make
-// the driver read past our buffer. Check that every header and every section the ELF
-// describes lies inside the bytes we have.
-absl::Status CheckElfBounds(std::span<const std::byte> image, absl::string_view where) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": the cubin is not a complete 64-bit ELF image (", why, ")"));
-  };
-  const uint64_t size = image.size();
-  if (size < 64) return bad(absl::StrCat("only ", size, " bytes"));
-  const std::byte* p = image.data();
-  if (Load<uint32_t>(p) != 0x464c457fu) return bad("no ELF magic");
-  if (static_cast<uint8_t>(p[4]) != 2 || static_cast<uint8_t>(p[5]) != 1) {
-    return bad("not 64-bit little-endian");
-  }
-  const uint64_t phoff = Load<uint64_t>(p + 32), shoff = Load<uint64_t>(p + 40);
-  const uint64_t phentsize = Load<uint16_t>(p + 54), phnum = Load<uint16_t>(p + 56);
-  const uint64_t shentsize = Load<uint16_t>(p + 58), shnum = Load<uint16_t>(p + 60);
-  // All factors are below 2^16 and offsets are checked against size first: no overflow.
-  if (phnum != 0 && (phoff > size || phentsize * phnum > size - phoff)) {
-    return bad(absl::StrCat("program headers end past byte ", size));
-  }
-  if (shnum != 0 && (shoff > size || shentsize * shnum > size - shoff || shentsize < 64)) {
-    return bad(absl::StrCat("section headers end past byte ", size));
-  }
-  for (uint64_t i = 0; i < shnum; ++i) {
-    const std::byte* sh = p + shoff + i * shentsize;
-    const uint32_t type = Load<uint32_t>(sh + 4);
-    const uint64_t offset = Load<uint64_t>(sh + 24), length = Load<uint64_t>(sh + 32);
-    if (type == 8) continue;  // SHT_NOBITS occupies no file bytes
-    if (offset > size || length > size - offset) {
-      return bad(absl::StrCat("section ", i, " ends at byte ", offset + length,
-                              " but the file has ", size));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -130,40 +121,112 @@ absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* ro
                        manifest_path.string());
 }
 
-absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+absl::Status CheckCubin(const KernelSpec& kernel, const VariantSpec& variant,
+                        std::span<const std::byte> image, absl::string_view where) {
+  absl::StatusOr<CubinInfo> cubin = ReadCubin(image);
+  if (!cubin.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": cubin '", variant.cubin, "': ", cubin.status().message()));
+  }
+  if (cubin->arch != variant.arch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field 'arch': the manifest says ", variant.arch, ", cubin '",
+                     variant.cubin, "' was built for ", cubin->arch, " (its ELF header)"));
+  }
+  auto entry = std::find_if(cubin->kernels.begin(), cubin->kernels.end(),
+                            [&](const CubinKernel& c) { return c.name == variant.entry; });
+  if (entry == cubin->kernels.end()) {
+    std::vector<absl::string_view> names;
+    for (const CubinKernel& c : cubin->kernels) names.push_back(c.name);
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'entry': '", variant.entry, "' is not a kernel of cubin '", variant.cubin,
+        "' (it has: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+  }
+  std::vector<std::string> differences;
+  const size_t n = std::max(variant.layout.size(), entry->params.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= variant.layout.size()) {
+      const CubinParam& c = entry->params[i];
+      differences.push_back(absl::StrCat("parameter #", i, ": the cubin has it (offset ", c.offset,
+                                         " size ", c.size, "), the manifest's layout does not"));
+      continue;
+    }
+    const SlotSpec& s = variant.layout[i];
+    const std::string param = absl::StrCat("parameter '", SlotName(kernel, s), "' (#", i, ")");
+    if (i >= entry->params.size()) {
+      differences.push_back(absl::StrCat(param, ": expected offset ", s.offset, " size ", s.size,
+                                         " (manifest), the cubin has no such parameter"));
+      continue;
+    }
+    const CubinParam& c = entry->params[i];
+    if (c.offset != s.offset || c.size != s.size) {
+      differences.push_back(absl::StrCat(param, ": expected offset ", s.offset, " size ", s.size,
+                                         " (manifest), found offset ", c.offset, " size ", c.size,
+                                         " (cubin)"));
+    }
+  }
+  if (!differences.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'layout': differs from the KPARAM_INFO records of entry '", variant.entry,
+        "' in cubin '", variant.cubin, "': ", absl::StrJoin(differences, "; ")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PackDir> PackDir::Open(std::string root) {
+  const int fd = ::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("pack '", root, "': cannot open the directory: ", std::strerror(errno)));
+  }
+  return PackDir(std::move(root), fd);
+}
+
+PackDir::PackDir(PackDir&& other) noexcept
+    : root_(std::move(other.root_)), fd_(std::exchange(other.fd_, -1)) {}
+
+PackDir::~PackDir() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::StatusOr<std::vector<std::byte>> PackDir::ReadFile(absl::string_view rel,
+                                                         absl::string_view where) const {
+  fs::path path{std::string(rel)};
+  if (path.is_absolute()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'cubin': '", rel, "' is absolute; cubin paths are relative to the pack"));
+  }
+  for (const fs::path& part : path) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": field 'cubin': '", rel, "' contains '..'; cubins must stay inside the pack"));
+    }
+  }
+  // The common case in one system call; everything else (a symlink, even one that stays
+  // inside; a missing file; an old kernel) through the path that says precisely why.
+  const int fd = OpenBeneath(fd_, path.native());
+  if (fd >= 0) return ReadFd(fd, (fs::path(root_) / path).lexically_normal(), where);
+  KPACK_ASSIGN_OR_RETURN(fs::path full, ResolveInside(fs::path(root_), rel, where));
+  return internal::ReadFile(full, where);
+}
+
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const PackDir& dir,
+                                                        const KernelSpec& kernel,
                                                         const VariantSpec& variant,
                                                         absl::string_view where) {
-  KPACK_ASSIGN_OR_RETURN(fs::path path, ResolveInside(fs::path(root), variant.cubin, where));
-  KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ReadFile(path, where));
+  KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes, dir.ReadFile(variant.cubin, where));
   if (bytes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": cubin '", path.string(), "' is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cubin '", (fs::path(dir.root()) / variant.cubin).string(), "' is empty"));
   }
   std::string digest = Sha256Hex(bytes);
   if (digest != variant.sha256) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": field 'sha256': cubin '", path.string(), "' has sha256 ", digest,
+        where, ": field 'sha256': cubin '", variant.cubin, "' has sha256 ", digest,
         ", the manifest says ", variant.sha256, " (the file was changed or corrupted)"));
   }
-  KPACK_RETURN_IF_ERROR(CheckElfBounds(bytes, where));
+  KPACK_RETURN_IF_ERROR(CheckCubin(kernel, variant, bytes, where));
   return bytes;
-}
-
-absl::StatusOr<PackContents> ReadPack(absl::string_view dir) {
-  PackContents pack;
-  KPACK_ASSIGN_OR_RETURN(pack.manifest, ReadManifest(dir, &pack.dir));
-  const std::string manifest_path = (fs::path(pack.dir) / "manifest.json").string();
-  for (const KernelSpec& kernel : pack.manifest.kernels) {
-    auto& kernel_cubins = pack.cubins.emplace_back();
-    for (const VariantSpec& variant : kernel.variants) {
-      std::string where =
-          absl::StrCat(manifest_path, ": kernel '", kernel.name, "': variant '", variant.name, "'");
-      KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
-                             ReadVariantCubin(pack.dir, variant, where));
-      kernel_cubins.push_back(std::move(bytes));
-    }
-  }
-  return pack;
 }
 
 }  // namespace kpack::internal

@@ -1,11 +1,14 @@
-// Reading a pack directory: manifest.json plus the cubins it names, each checked against
-// its sha256 and confined to the pack directory.
+// Reading a pack's files: manifest.json, and the cubins it names, each confined to the
+// pack directory and checked against its sha256 and the manifest (pack/pack_state.h reads
+// a whole pack with these).
 
 #ifndef KPACK_SRC_MANIFEST_PACK_H_
 #define KPACK_SRC_MANIFEST_PACK_H_
 
 #include <cstddef>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -14,29 +17,49 @@
 
 namespace kpack::internal {
 
-struct PackContents {
-  std::string dir;  // canonical absolute path of the pack directory
-  ManifestSpec manifest;
-  // cubins[k][v]: the bytes of kernel k's variant v.
-  std::vector<std::vector<std::vector<std::byte>>> cubins;
-};
-
 // Reads and validates `dir`/manifest.json. Sets *root to the pack's canonical path.
+// NOT_FOUND when the directory or the manifest is missing.
 absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* root);
 
-// Reads one variant's cubin: confined to `root`, non-empty, matching its sha256, and a
-// 64-bit ELF image whose headers and sections all lie inside the file (the driver
-// reads an image as far as its headers say, so a short one would be over-read).
-// `where` prefixes errors ("<manifest>: kernel 'k': variant 'v'").
-absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const std::string& root,
+// Holds a variant against its cubin's ELF `image`: a complete, well-formed cubin (the
+// driver reads an image as far as its headers say, so a short one would be over-read)
+// whose SM architecture is the variant's `arch`, which has a kernel named `entry`, and
+// whose KPARAM_INFO records for it are the variant's `layout`, slot for slot.
+// INVALID_ARGUMENT prefixed with `where`, naming the field and, for the layout, every
+// slot that differs.
+absl::Status CheckCubin(const KernelSpec& kernel, const VariantSpec& variant,
+                        std::span<const std::byte> image, absl::string_view where);
+
+// A pack directory, open: its canonical path, and a descriptor below which its cubins are
+// opened (one openat2(RESOLVE_BENEATH) call per cubin where the kernel has it).
+class PackDir {
+ public:
+  // NOT_FOUND when `root` cannot be opened as a directory.
+  static absl::StatusOr<PackDir> Open(std::string root);
+  PackDir(PackDir&& other) noexcept;
+  PackDir& operator=(PackDir&&) = delete;
+  ~PackDir();
+
+  const std::string& root() const { return root_; }
+  // The bytes of the regular file `rel`, which must stay inside the directory: not
+  // absolute, no "..", no symlink leading out. INVALID_ARGUMENT for a path that leaves,
+  // NOT_FOUND for a missing file, each prefixed with `where` and naming field 'cubin'.
+  absl::StatusOr<std::vector<std::byte>> ReadFile(absl::string_view rel,
+                                                  absl::string_view where) const;
+
+ private:
+  PackDir(std::string root, int fd) : root_(std::move(root)), fd_(fd) {}
+  std::string root_;
+  int fd_ = -1;
+};
+
+// Reads one variant's cubin from `dir` (PackDir::ReadFile): non-empty, matching its
+// sha256, and passing CheckCubin. `where` prefixes errors
+// ("<manifest>: kernel 'k': variant 'v'").
+absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const PackDir& dir,
+                                                        const KernelSpec& kernel,
                                                         const VariantSpec& variant,
                                                         absl::string_view where);
-
-// Reads `dir`/manifest.json and every cubin. NOT_FOUND when the directory, manifest or a
-// cubin is missing; INVALID_ARGUMENT for a manifest problem, a cubin path that leaves the
-// pack (absolute, "..", or a symlink pointing outside), an empty cubin, or a sha256
-// mismatch — each naming the file, kernel and variant.
-absl::StatusOr<PackContents> ReadPack(absl::string_view dir);
 
 }  // namespace kpack::internal
 

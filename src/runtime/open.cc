@@ -1,5 +1,6 @@
-// Opening a pack: read and validate it, load the driver, and build the immutable
-// launch-time state (KernelData, VariantData, dispatch tables, compiled grids).
+// Opening a pack: read and validate it (pack/pack_state.h, the same code path as
+// kpack::Pack::Read), load the driver, and build the immutable launch-time state
+// (KernelData, VariantData) from what reading built.
 
 #include <cuda.h>
 
@@ -55,21 +56,6 @@ void BuildLaunchAttributes(VariantData& v) {
   }
 }
 
-// Compiles the kernel's grid expressions against one variant (see VariantGridResolver).
-absl::Status CompileGrid(const KernelSpec& k, const VariantSpec& v, absl::string_view where,
-                         std::array<GridExpr, 3>& grid) {
-  const GridExpr::Resolver resolve = VariantGridResolver(k, v);
-  for (size_t axis = 0; axis < k.grid.size(); ++axis) {
-    absl::StatusOr<GridExpr> expr = GridExpr::Compile(k.grid[axis], resolve);
-    if (!expr.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": variant '", v.name, "': field 'grid[", axis, "]': ", expr.status().message()));
-    }
-    grid[axis] = *std::move(expr);
-  }
-  return absl::OkStatus();
-}
-
 // A call argument's slot type, and the Arg kind PackArgs may copy into it without
 // PackArg's conversions (the kind a C++ caller passes for it most often). After the
 // slot's offset is set: a dropped (eq1) slot has nothing to write and no fast path.
@@ -108,19 +94,26 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
   // than turning logging off.
   KPACK_RETURN_IF_ERROR(LogLevelFromEnvironment().status());
   std::unique_ptr<RuntimeImpl> rt(new RuntimeImpl());
-  KPACK_ASSIGN_OR_RETURN(rt->pack_, ReadPack(dir));
+  // Every check that needs no device, exactly as Pack::Read makes them; what it built for
+  // the launch path (dispatch tables, compiled grids, cubins) is moved in below.
+  KPACK_ASSIGN_OR_RETURN(ReadPackResult read, ReadPack(dir, {.keep_cubins = true}));
   KPACK_ASSIGN_OR_RETURN(rt->driver_, Driver::Load(options.driver_path));
+  rt->pack_ = PackAccess::Make(read.state);
   rt->scratch_ = std::make_unique<ScratchArenas>(*rt->driver_);
 
 #if KPACK_ENABLE_NVTX
   if (NvtxRequested(options)) rt->nvtx_domain_ = nvtxDomainCreateA("kpack");
 #endif
 
-  const ManifestSpec& manifest = rt->pack_.manifest;
+  const ManifestSpec& manifest = read.state->manifest;
+  rt->kernels_.reserve(manifest.kernels.size());
+  rt->by_name_.reserve(manifest.kernels.size());
   for (size_t ki = 0; ki < manifest.kernels.size(); ++ki) {
     const KernelSpec& ks = manifest.kernels[ki];
+    KernelTables& tables = read.tables[ki];
     auto k = std::make_unique<KernelData>();
     k->spec = &ks;
+    k->info = &read.state->kernels[ki];
     k->runtime = rt.get();
     k->num_args = ks.args.size();
 #if KPACK_ENABLE_NVTX
@@ -130,19 +123,15 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
                                                   ks.name.c_str());
     }
 #endif
-    const std::string where = absl::StrCat(rt->pack_.dir, "/manifest.json: kernel '", ks.name, "'");
-    absl::StatusOr<DispatchTable> dispatch = DispatchTable::Build(ks);
-    if (!dispatch.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", dispatch.status().message()));
-    }
-    k->dispatch = *std::move(dispatch);
+    k->dispatch = std::move(tables.dispatch);
+    k->variants.reserve(ks.variants.size());
     for (size_t vi = 0; vi < ks.variants.size(); ++vi) {
       const VariantSpec& vs = ks.variants[vi];
       auto v = std::make_unique<VariantData>();
       v->spec = &vs;
       v->kernel = k.get();
       v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
-      KPACK_RETURN_IF_ERROR(CompileGrid(ks, vs, where, v->grid));
+      v->grid = tables.variants[vi].grid;
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
           case SlotKind::kArg:
@@ -165,7 +154,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->profile_scratch_size = vs.profile_scratch_size;
       v->profile_scratch_align = vs.profile_scratch_align;
       BuildLaunchAttributes(*v);
-      v->cubin = std::move(rt->pack_.cubins[ki][vi]);
+      v->cubin = std::move(tables.variants[vi].cubin);
       k->variants.push_back(std::move(v));
     }
     if (k->variants.size() == 1 && k->dispatch.num_properties() == 0 &&
@@ -177,8 +166,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
     rt->by_name_[ks.name] = k.get();
     rt->kernels_.push_back(std::move(k));
   }
-  rt->pack_.cubins.clear();
-  Log().info("opened pack '{}': {} kernels, driver '{}'", rt->pack_.dir, rt->kernels_.size(),
+  Log().info("opened pack '{}': {} kernels, driver '{}'", rt->dir(), rt->kernels_.size(),
              rt->driver_->path);
   return rt;
 }

@@ -47,6 +47,8 @@ absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
       "kernel '", data_->spec->name, "' has no call parameter '", internal::AbslView(name), "'"));
 }
 
+const KernelInfo& Kernel::info() const { return *data_->info; }
+
 absl::Status Kernel::Preload() const {
   if (data_ == nullptr) return EmptyKernel();
   for (const auto& v : data_->variants) KPACK_RETURN_IF_ERROR(data_->runtime->Load(*v).status());
@@ -83,6 +85,13 @@ absl::StatusOr<std::string_view> Kernel::SelectVariant(std::span<const Arg> args
   internal::DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(data_->runtime->Select(*data_, args, &choice));
   return std::string_view(data_->variants[choice.variant]->spec->name);
+}
+
+absl::StatusOr<Grid> Kernel::GridFor(std::span<const Arg> args) const {
+  if (data_ == nullptr) return EmptyKernel();
+  internal::DispatchTable::Choice choice{};
+  KPACK_RETURN_IF_ERROR(data_->runtime->Select(*data_, args, &choice));
+  return data_->runtime->EvalGrid(*data_->variants[choice.variant], args);
 }
 
 std::vector<Kernel::VariantStats> Kernel::variant_stats() const {
@@ -239,12 +248,11 @@ absl::StatusOr<Runtime> Runtime::Open(std::string_view dir, const Options& optio
 
 absl::StatusOr<Kernel> Runtime::Find(std::string_view name) const {
   const internal::KernelData* k = impl_->FindKernel(name);
-  if (k == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no kernel named '", internal::AbslView(name),
-                                            "' in pack '", impl_->dir(), "'"));
-  }
+  if (k == nullptr) return impl_->pack().Find(name).status();  // lists the kernels
   return internal::RuntimeImpl::MakeKernel(k);
 }
+
+const Pack& Runtime::pack() const { return impl_->pack(); }
 
 std::vector<std::string> Runtime::kernel_names() const {
   std::vector<std::string> names;

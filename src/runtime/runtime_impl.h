@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@
 #include "kpack/runtime.h"
 #include "launch/scratch.h"
 #include "manifest/manifest.h"
-#include "manifest/pack.h"
+#include "pack/pack_state.h"
 
 namespace kpack::internal {
 
@@ -130,6 +131,7 @@ struct alignas(64) KernelData {
   DispatchTable dispatch;
   std::vector<std::unique_ptr<VariantData>> variants;
   const KernelSpec* spec = nullptr;
+  const KernelInfo* info = nullptr;  // the public description, in the runtime's Pack
 };
 
 class RuntimeImpl {
@@ -144,7 +146,8 @@ class RuntimeImpl {
   }
   const std::vector<std::unique_ptr<KernelData>>& kernels() const { return kernels_; }
   const Driver& driver() const { return *driver_; }
-  const std::string& dir() const { return pack_.dir; }
+  const Pack& pack() const { return *pack_; }
+  const std::string& dir() const { return pack_->dir(); }
   ScratchArenas& scratch() const { return *scratch_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
   // Options::scratch_allocator; set by Runtime::Open before the runtime is shared.
@@ -203,7 +206,9 @@ class RuntimeImpl {
 
   std::shared_ptr<const Driver> driver_;
   ScratchAllocator scratch_allocator_;  // Options::scratch_allocator
-  PackContents pack_;
+  // The pack as read (always set once Create returns); the specs and descriptions that
+  // KernelData and VariantData point to live in it.
+  std::optional<Pack> pack_;
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
   std::unique_ptr<ScratchArenas> scratch_;
@@ -223,6 +228,10 @@ inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
+// A Kernel's internals for `kpack bench` (tools/cli/run.cc), which sends kpack's very
+// packed buffer through the raw driver. Everything else in the tools uses the public API
+// (kpack/pack.h, Kernel::info, GridFor); remove this once BoundLaunch::Prepare serves
+// bench.
 struct KernelAccess {
   static const KernelData* Get(const Kernel& k) { return k.data_; }
 };

@@ -1,5 +1,5 @@
-// SHA-256 (FIPS 180-4), used to check cubins against the manifest at load. Written here
-// because none of the project's dependencies provides it.
+// SHA-256, used to check cubins against the manifest at Open: OpenSSL's libcrypto (which
+// uses the CPU's SHA instructions where there are any).
 
 #ifndef KPACK_SRC_UTIL_SHA256_H_
 #define KPACK_SRC_UTIL_SHA256_H_
@@ -10,7 +10,7 @@
 
 namespace kpack::internal {
 
-// Lowercase hex digest of `data`.
+// Lowercase hex digest of `data`. Thread-safe.
 std::string Sha256Hex(std::span<const std::byte> data);
 
 }  // namespace kpack::internal

@@ -1,4 +1,4 @@
-// Fuzzes ReadCubin, the cubin (NVIDIA ELF) reader behind `kpack verify` and the fake
+// Fuzzes ReadCubin, the cubin (NVIDIA ELF) reader behind Open, `kpack verify` and the fake
 // driver: the input is untrusted, so anything but a well-formed cubin must be an
 // INVALID_ARGUMENT status, never a crash; what it accepts must keep the documented shape.
 

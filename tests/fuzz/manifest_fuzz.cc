@@ -1,10 +1,12 @@
-// Fuzzes ParseManifest (the manifest.json parser and validator) and, for a manifest it
-// accepts, what Runtime::Open builds from each kernel next: the dispatch table and the
-// grid expressions of every variant (mirroring CompileGrid in src/runtime/runtime.cc).
+// Fuzzes ParseManifest (the manifest.json parser and validator), holding its two ways of
+// parsing (the kernels apart, the whole text) to each other, and, for a manifest it
+// accepts, what Open builds from each kernel next: the dispatch table and the grid
+// expressions of every variant (mirroring CompileGrid in src/pack/pack.cc).
 
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,8 +72,32 @@ void CompileAndEvaluateGrid(const KernelSpec& k, const VariantSpec& v,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  absl::StatusOr<kpack::internal::ManifestSpec> manifest = kpack::internal::ParseManifest(
-      absl::string_view(reinterpret_cast<const char*>(data), size), "fuzz.json");
+  const absl::string_view text(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<kpack::internal::ManifestSpec> manifest =
+      kpack::internal::ParseManifest(text, "fuzz.json");
+  // Parsing the kernels apart (ParseManifest's fast way) must give what parsing the whole
+  // text gives: the same status, the same kernels.
+  absl::StatusOr<kpack::internal::ManifestSpec> whole =
+      kpack::internal::ParseManifestWhole(text, "fuzz.json");
+  KPACK_FUZZ_CHECK(manifest.status() == whole.status());
+  if (std::optional<absl::StatusOr<kpack::internal::ManifestSpec>> parts =
+          kpack::internal::ParseManifestInParts(text, "fuzz.json")) {
+    KPACK_FUZZ_CHECK(parts->status() == whole.status());
+    if (whole.ok()) {
+      KPACK_FUZZ_CHECK((*parts)->kernels.size() == whole->kernels.size());
+      for (size_t k = 0; k < whole->kernels.size(); ++k) {
+        const KernelSpec& a = (*parts)->kernels[k];
+        const KernelSpec& b = whole->kernels[k];
+        KPACK_FUZZ_CHECK(a.name == b.name && a.params.size() == b.params.size() &&
+                         a.grid == b.grid && a.variants.size() == b.variants.size());
+        for (size_t v = 0; v < b.variants.size(); ++v) {
+          KPACK_FUZZ_CHECK(a.variants[v].name == b.variants[v].name &&
+                           a.variants[v].constexprs == b.variants[v].constexprs &&
+                           a.variants[v].layout.size() == b.variants[v].layout.size());
+        }
+      }
+    }
+  }
   if (!manifest.ok()) {
     KPACK_FUZZ_CHECK(manifest.status().code() == absl::StatusCode::kInvalidArgument ||
                      manifest.status().code() == absl::StatusCode::kUnimplemented);

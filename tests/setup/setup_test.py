@@ -102,7 +102,7 @@ class SetupTest(unittest.TestCase):
         r = self.run_setup("--check", path=self.path())
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("nothing missing", r.stdout)
-        for what in ("cmake", "ninja", "absl", "fmt", "GTest", "libelf", "CUDAToolkit"):
+        for what in ("cmake", "ninja", "absl", "fmt", "GTest", "OpenSSL", "CUDAToolkit"):
             self.assertIn(what, r.stdout)
 
     def test_no_apt_get_prints_one_line_and_exits_1(self):
@@ -192,11 +192,9 @@ class SetupTest(unittest.TestCase):
             if f.name == "CMakeLists.txt" or f.name.endswith((".cmake", ".cmake.in")):
                 text = f.read_text()
                 used |= set(re.findall(r"find_(?:package|dependency)\((\w+)", text))
-                if re.search(r"find_library\([^)]*NAMES elf", text):
-                    used.add("libelf")
+                used |= {"lib" + n for n in re.findall(r"find_library\([^)]*NAMES (\w+)", text)}
         # Python3 is optional (GPU-tier scripts); kpack is the package itself.
-        if re.search(r"find_library\([^)]*NAMES elf", probe):
-            probed.add("libelf")
+        probed |= {"lib" + n for n in re.findall(r"find_library\([^)]*NAMES (\w+)", probe)}
         self.assertEqual(sorted(used - probed - {"Python3", "kpack"}), [])
 
 

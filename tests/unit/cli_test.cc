@@ -112,7 +112,10 @@ TEST_F(CliTest, InspectJson) {
 TEST_F(CliTest, InspectErrors) {
   Result r = Cli({"inspect", KPACK_TEST_PACK_DIR, "nope"});
   EXPECT_EQ(r.code, kFailed);
-  EXPECT_THAT(r.err, HasSubstr("no kernel named 'nope'"));
+  // The kernels there are, so that a typo is one look away from its fix.
+  EXPECT_THAT(r.err, AllOf(HasSubstr("no kernel named 'nope'"),
+                           HasSubstr("(it has: add, scalars, matmul, cluster, pdl, scratch, "
+                                     "softmax)")));
   r = Cli({"inspect", "/nonexistent"});
   EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.err, HasSubstr("not a directory"));
@@ -122,7 +125,7 @@ TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
   for (const char* pack : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR}) {
     Result offline = Cli({"verify", pack, "--driver", kNoDriver});
     EXPECT_EQ(offline.code, kOk) << offline.err;
-    EXPECT_THAT(offline.out, AllOf(HasSubstr("parameter layouts): OK"),
+    EXPECT_THAT(offline.out, AllOf(HasSubstr("grid expressions; dispatch tables): OK"),
                                    HasSubstr("driver checks skipped"), HasSubstr("OK: ")));
     fake::Reset();
     Result loaded = Cli({"verify", pack, "--driver", kFake});
@@ -139,7 +142,7 @@ TEST_F(CliTest, VerifyCatchesALayoutLieOfflineNamingTheParameter) {
   Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
   EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.err,
-              AllOf(HasSubstr("kernel 'add' variant 'default'"), HasSubstr("parameter 'n' (#3)"),
+              AllOf(HasSubstr("kernel 'add': variant 'default'"), HasSubstr("parameter 'n' (#3)"),
                     HasSubstr("expected offset 28 size 4 (manifest)"),
                     HasSubstr("found offset 24 size 4 (cubin)"), HasSubstr("FAILED: 1 problem")));
   EXPECT_THAT(r.out, Not(HasSubstr("OK: ")));
@@ -164,12 +167,30 @@ TEST_F(CliTest, VerifyReportsEveryProblemOnItsOwnLine) {
   pack.Save();
   Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
   EXPECT_EQ(r.code, kFailed);
-  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add' variant 'default': arch: manifest says 80, "
-                                     "the cubin's ELF header says 90"),
-                           HasSubstr("kernel 'scalars' variant 'default': entry 'not_there' is "
-                                     "not a kernel of the cubin (it has: scalars_kernel)"),
-                           HasSubstr("kernel 'pdl' variant 'default': field 'sha256'"),
+  EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add': variant 'default': field 'arch': the "
+                                     "manifest says 80, cubin 'cubins/add/default.cubin' was "
+                                     "built for 90"),
+                           HasSubstr("kernel 'scalars': variant 'default': field 'entry': "
+                                     "'not_there' is not a kernel of cubin "
+                                     "'cubins/scalars/default.cubin' (it has: scalars_kernel)"),
+                           HasSubstr("kernel 'pdl': variant 'default': field 'sha256'"),
                            HasSubstr("FAILED: 3 problems")));
+}
+
+// Offline verify compiles every grid expression and builds every dispatch table, as Open
+// does (it used to accept both of these packs, which Open then refused).
+TEST_F(CliTest, VerifyCompilesGridExpressions) {
+  for (const char* grid : {"cdiv(n, BLOK)", "cdiv(n, 0)"}) {
+    SCOPED_TRACE(grid);
+    TempPack pack(KPACK_DISPATCH_PACK_DIR);
+    pack.kernel("axpy")["grid"] = {grid};
+    pack.Save();
+    Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+    EXPECT_EQ(r.code, kFailed);
+    // Every variant's grid is compiled, so each of the ten says so.
+    EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'axpy': variant 'b0_generic': field 'grid[0]'"),
+                             HasSubstr("FAILED: 10 problems")));
+  }
 }
 
 TEST_F(CliTest, RunWritesOutputsAndLaunchesTheRightBytes) {

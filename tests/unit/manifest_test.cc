@@ -228,9 +228,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"unknown_variant_field", [](json& m) { Variant(m)["num_warp"] = 4; }, kInvalid,
                 {"variant 'default'", "'num_warp'"}},
         BadCase{"num_warps_string", [](json& m) { Variant(m)["num_warps"] = "4"; }, kInvalid,
-                {"'num_warps'", "expected an integer, got string"}},
+                {"'num_warps'", "expected an integer in [1, 32], got string"}},
         BadCase{"num_warps_float", [](json& m) { Variant(m)["num_warps"] = 4.5; }, kInvalid,
-                {"'num_warps'", "expected an integer"}},
+                {"'num_warps'", "expected an integer in [1, 32], got 4.5"}},
+        // Every integer field states its range when the value is no integer at all.
+        BadCase{"num_warps_1e30", [](json& m) { Variant(m)["num_warps"] = 1e30; }, kInvalid,
+                {"'num_warps'", "expected an integer in [1, 32], got 1e+30"}},
+        BadCase{"arch_float", [](json& m) { Variant(m)["arch"] = 90.0; }, kInvalid,
+                {"'arch'", "expected an integer in [10, 1000], got 90.0"}},
+        BadCase{"shared_1e30", [](json& m) { Variant(m)["shared"] = 1e30; }, kInvalid,
+                {"'shared'", "expected an integer in [0, 1048576], got 1e+30"}},
+        BadCase{"layout_offset_float",
+                [](json& m) { Variant(m)["layout"][3]["offset"] = 24.5; }, kInvalid,
+                {"'offset'", "expected an integer in [0, 4096], got 24.5"}},
+        BadCase{"num_stages_bool", [](json& m) { Variant(m)["num_stages"] = true; }, kInvalid,
+                {"'num_stages'", "expected an integer in [0, 64], got boolean"}},
         BadCase{"num_warps_zero", [](json& m) { Variant(m)["num_warps"] = 0; }, kInvalid,
                 {"'num_warps'", "out of range"}},
         BadCase{"num_ctas_huge", [](json& m) { Variant(m)["num_ctas"] = 17; }, kInvalid,
@@ -295,12 +307,105 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"layout_param_twice",
                 [](json& m) { Variant(m)["layout"][1]["param"] = "x_ptr"; }, kInvalid,
                 {"'x_ptr' appears twice"}},
+        // Layout order: call parameters in declaration order, then the hidden pointers,
+        // global scratch first. Each of these swaps keeps every offset and size valid.
+        BadCase{"layout_swaps_same_size_params",
+                [](json& m) {
+                  Variant(m)["layout"][0]["param"] = "y_ptr";
+                  Variant(m)["layout"][1]["param"] = "x_ptr";
+                },
+                kInvalid,
+                {"kernel 'add'", "variant 'default'", "'layout[1].param'",
+                 "parameter 'x_ptr' comes after 'y_ptr' (layout[0])", "declares 'x_ptr' first"}},
+        BadCase{"layout_profile_before_global",
+                [](json& m) {
+                  Variant(m)["layout"][4]["param"] = "$profile_scratch";
+                  Variant(m)["layout"][5]["param"] = "$global_scratch";
+                },
+                kInvalid,
+                {"kernel 'add'", "variant 'default'", "'layout[5].param'",
+                 "$global_scratch comes after $profile_scratch (layout[4])"}},
+        BadCase{"layout_param_after_hidden",
+                [](json& m) {
+                  Variant(m)["layout"][3] = {{"param", "$global_scratch"}, {"offset", 24}, {"size", 8}};
+                  Variant(m)["layout"][4] = {{"param", "n"}, {"offset", 32}, {"size", 4}};
+                },
+                kInvalid,
+                {"'layout[4].param'",
+                 "parameter 'n' comes after the hidden pointer $global_scratch (layout[3])"}},
         BadCase{"layout_hidden_twice",
                 [](json& m) { Variant(m)["layout"][5]["param"] = "$global_scratch"; },
                 kInvalid, {"$global_scratch appears twice"}},
         BadCase{"layout_not_array", [](json& m) { Variant(m)["layout"] = 3; }, kInvalid,
                 {"'layout'", "expected an array"}}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+// ParseManifest parses a manifest's kernels apart (on several threads when it is large);
+// it must always give what parsing the whole text gives, error messages included.
+void ExpectSameAsWhole(const std::string& text, bool in_parts) {
+  SCOPED_TRACE(text.size() > 200 ? text.substr(0, 100) + " ... " + text.substr(text.size() - 100)
+                                 : text);
+  EXPECT_EQ(ParseManifestInParts(text, "m.json").has_value(), in_parts);
+  absl::StatusOr<ManifestSpec> split = ParseManifest(text, "m.json");
+  absl::StatusOr<ManifestSpec> whole = ParseManifestWhole(text, "m.json");
+  ASSERT_EQ(split.status(), whole.status());
+  if (!whole.ok()) return;
+  ASSERT_EQ(split->kernels.size(), whole->kernels.size());
+  for (size_t k = 0; k < whole->kernels.size(); ++k) {
+    EXPECT_EQ(split->kernels[k].name, whole->kernels[k].name);
+    EXPECT_EQ(split->kernels[k].variants.size(), whole->kernels[k].variants.size());
+  }
+  EXPECT_EQ(split->generator, whole->generator);
+}
+
+TEST(ManifestTest, KernelsParsedApartAgreeWithTheWholeText) {
+  const std::string add = AddManifest()["kernels"][0].dump();
+  json many = AddManifest();
+  many["kernels"] = json::array();
+  for (int i = 0; i < 400; ++i) {  // about 600 KB: parsed on more than one thread
+    json k = AddManifest()["kernels"][0];
+    k["name"] = "add_" + std::to_string(i);
+    many["kernels"].push_back(k);
+  }
+  json bad_middle = many;
+  bad_middle["kernels"][250]["variants"][0]["num_warps"] = 99;
+  json dup = many;
+  dup["kernels"][300]["name"] = "add_7";
+  // A syntax error in a late kernel is what the whole text's parse reports, even with an
+  // invalid kernel before it.
+  std::string syntax_late = bad_middle.dump(2);
+  syntax_late.insert(syntax_late.rfind("\"num_warps\""), "{");
+  // The same before a top-level problem (the fuzzer's first find).
+  json no_format = many;
+  no_format.erase("format");
+  std::string syntax_after_top_problem = no_format.dump(2);
+  syntax_after_top_problem.insert(syntax_after_top_problem.rfind("\"num_warps\""), "~");
+  const std::string prefix = R"({"format": "kpack/1", "kernels": [)";
+  // Parsed in parts (valid JSON, simply shaped), whatever the validation finds.
+  for (const std::string& text :
+       {AddManifest().dump(), AddManifest().dump(2), many.dump(2), bad_middle.dump(), dup.dump(),
+        std::string("\xEF\xBB\xBF") + AddManifest().dump(), AddManifest().dump() + "  \n",
+        std::string(R"({"format": "kpack/1", "kernels": []})"), prefix + "1, \"x\", null, true]}",
+        prefix + add + "," + add + "]}", prefix + add + R"(], "generator": "x\"}"})",
+        prefix + add + R"(], "generator": "a\\"})", std::string(R"({"kernels": [)") + add + "]}",
+        std::string(R"({"format": "kpack/9", "kernels": [)") + add + "]}"}) {
+    ExpectSameAsWhole(text, /*in_parts=*/true);
+  }
+  // Parsed whole: syntax errors (the whole parse's message), escaped or repeated keys,
+  // other shapes.
+  for (const std::string& text :
+       {syntax_late, syntax_after_top_problem, AddManifest().dump() + " x",
+        prefix + add + " " + add + "]}", prefix + add + ",]}", prefix + add + "]]}",
+        prefix + R"({"a": 1]}]})",
+        std::string(R"({"format": "kpack/1", "kernels": [], "kernels": [)") + add + "]}",
+        prefix + add + R"(], "kern\u0065ls": []})",
+        std::string(R"({"format": "kpack/1", "kern\u0065ls": [], "kernels": [)") + add + "]}",
+        std::string(R"({"format": "kpack/1", "kernels": {}})"), prefix + add.substr(0, 100),
+        std::string(R"({"format": "kpack/1"})"), std::string("[]"), std::string("{}"),
+        std::string("{"), std::string("")}) {
+    ExpectSameAsWhole(text, /*in_parts=*/false);
+  }
+}
 
 TEST(ManifestTest, RejectsMalformedJson) {
   absl::StatusOr<ManifestSpec> m = ParseManifest("{\"format\": ", "m.json");

@@ -370,42 +370,58 @@ TEST_F(RuntimeTest, RealSm80AndSm100CubinsAreRefusedOnComputeCapability90) {
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
 }
 
-TEST_F(RuntimeTest, ManifestLayoutThatDisagreesWithTheCubinIsALoadError) {
+// What the cubin's ELF can contradict is refused at Open, before any launch and before
+// the driver sees the cubin (these used to open and fail at the first launch).
+TEST_F(RuntimeTest, ManifestLayoutThatDisagreesWithTheCubinIsRefusedAtOpen) {
   TempPack pack;
   // Claims 'n' at offset 28: a consistent manifest, but not what the cubin says (24).
   pack.variant("add")["layout"][3]["offset"] = 28;
   pack.Save();
-  Runtime rt = Open(pack.dir());
-  absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'add' variant 'default'"), HasSubstr("('n')"),
-                            HasSubstr("offset 28 size 4 in the manifest"),
-                            HasSubstr("offset 24 size 4 in the cubin")));
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
-  EXPECT_EQ(fake::LoadedLibraries(), 0);
+  auto rt = OpenFake(pack.dir());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(rt.status()),
+              AllOf(HasSubstr("kernel 'add': variant 'default': field 'layout'"),
+                    HasSubstr("KPARAM_INFO records of entry 'add_kernel'"),
+                    HasSubstr("parameter 'n' (#3): expected offset 28 size 4 (manifest), "
+                              "found offset 24 size 4 (cubin)")));
+  EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
 }
 
-TEST_F(RuntimeTest, ManifestWithFewerParametersThanTheCubinIsALoadError) {
+TEST_F(RuntimeTest, ManifestWithFewerParametersThanTheCubinIsRefusedAtOpen) {
   TempPack pack;
   auto& layout = pack.variant("add")["layout"];
   layout.erase(5);  // drop $profile_scratch
   pack.Save();
-  Runtime rt = Open(pack.dir());
-  absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Msg(s), HasSubstr("more than the 5 parameters"));
+  auto rt = OpenFake(pack.dir());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(rt.status()), HasSubstr("parameter #5: the cubin has it (offset 40 size 8), "
+                                          "the manifest's layout does not"));
 }
 
-TEST_F(RuntimeTest, MissingEntrySymbolIsALoadError) {
+TEST_F(RuntimeTest, MissingEntrySymbolIsRefusedAtOpen) {
   TempPack pack;
   pack.variant("add")["entry"] = "not_in_the_cubin";
   pack.Save();
-  Runtime rt = Open(pack.dir());
-  absl::Status s = rt.Launch("add", Grid{1}, nullptr, kX, kY, kOut, 1);
-  EXPECT_FALSE(s.ok());
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuLibraryGetKernel('not_in_the_cubin')"),
-                            HasSubstr("variant 'default'")));
-  EXPECT_EQ(fake::LoadedLibraries(), 0);
+  auto rt = OpenFake(pack.dir());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(rt.status()),
+              AllOf(HasSubstr("kernel 'add': variant 'default': field 'entry'"),
+                    HasSubstr("'not_in_the_cubin' is not a kernel of cubin "
+                              "'cubins/add/default.cubin' (it has: add_kernel)")));
+  EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
+}
+
+TEST_F(RuntimeTest, ArchThatDisagreesWithTheCubinIsRefusedAtOpen) {
+  // An sm_80 cubin that the manifest calls arch 90 used to open, then fail at the first
+  // launch on an H100 with the driver's NO_BINARY_FOR_GPU; the ELF says what it is.
+  TempPack pack(KPACK_ARCH_PACK_DIR);
+  pack.variant("add_sm80")["arch"] = 90;
+  pack.Save();
+  auto rt = OpenFake(pack.dir());
+  EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(rt.status()),
+              AllOf(HasSubstr("kernel 'add_sm80': variant 'default': field 'arch'"),
+                    HasSubstr("the manifest says 90"), HasSubstr("was built for 80")));
 }
 
 // ---- contexts ----
@@ -789,7 +805,7 @@ TEST_F(RuntimeTest, CubinContentsAreChecked) {
     auto rt = OpenFake(pack.dir());
     EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument) << size;
     EXPECT_THAT(Msg(rt.status()), AllOf(HasSubstr("kernel 'add'"), HasSubstr("variant 'default'"),
-                                        HasSubstr("not a complete 64-bit ELF image")))
+                                        HasSubstr("not a valid cubin")))
         << size;
     EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
   }

@@ -2,61 +2,54 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "commands.h"
-#include "manifest/manifest.h"
-#include "manifest/pack.h"
+#include "kpack/pack.h"
 #include "nlohmann/json.hpp"
 
 namespace kpack::cli {
 namespace {
 
-using internal::Assumption;
-using internal::KernelSpec;
-using internal::SlotSpec;
-using internal::VariantSpec;
 using json = nlohmann::json;
 
-json Assumptions(const KernelSpec& k, const VariantSpec& v) {
+json Assumptions(const VariantInfo& v) {
   json a = json::object();
-  for (const Assumption& as : v.assumptions) {
-    a[k.arg(as.arg).name].push_back(as.kind == Assumption::kDiv16 ? "div16" : "eq1");
-  }
+  for (const AssumptionInfo& as : v.assumptions) a[as.param].push_back(as.kind);
   return a;
 }
 
-json Types(const KernelSpec& k, const VariantSpec& v) {
+// The integer parameters whose type this variant overrides (the manifest's `types`).
+json Types(const KernelInfo& k, const VariantInfo& v) {
   json t = json::object();
-  for (size_t a = 0; a < k.args.size(); ++a) {
-    if (v.arg_types[a] != k.arg(static_cast<int>(a)).type) {
-      t[k.arg(static_cast<int>(a)).name] = internal::TypeName(v.arg_types[a]);
-    }
+  for (size_t a = 0; a < k.call_params.size(); ++a) {
+    const ParamInfo& p = k.params[k.call_params[a]];
+    if (v.arg_types[a] != p.type) t[p.name] = v.arg_types[a];
   }
   return t;
 }
 
-json KernelJson(const KernelSpec& k) {
+json KernelJson(const KernelInfo& k) {
   json params = json::array();
-  for (const auto& p : k.params) params.push_back({{"name", p.name}, {"type", p.type_name}});
+  for (const ParamInfo& p : k.params) params.push_back({{"name", p.name}, {"type", p.type}});
   json buckets = json::array();
-  for (const auto& b : k.buckets) {
-    buckets.push_back({{"param", k.arg(b.arg).name}, {"edges", b.edges}});
+  for (const BucketDimInfo& b : k.buckets) {
+    buckets.push_back({{"param", b.param}, {"edges", b.edges}});
   }
   json variants = json::array();
-  for (const VariantSpec& v : k.variants) {
+  for (const VariantInfo& v : k.variants) {
     json layout = json::array();
-    for (const SlotSpec& s : v.layout) {
-      layout.push_back(
-          {{"param", internal::SlotName(k, s)}, {"offset", s.offset}, {"size", s.size}});
+    for (const LayoutSlotInfo& s : v.layout) {
+      layout.push_back({{"param", s.name}, {"offset", s.offset}, {"size", s.size}});
     }
     variants.push_back({{"name", v.name},
                         {"cubin", v.cubin},
                         {"sha256", v.sha256},
                         {"entry", v.entry},
                         {"arch", v.arch},
-                        {"constexprs", v.constexprs},
+                        {"constexprs", json::parse(v.constexprs_json)},
                         {"num_warps", v.num_warps},
                         {"num_ctas", v.num_ctas},
                         {"num_stages", v.num_stages},
@@ -68,7 +61,7 @@ json KernelJson(const KernelSpec& k) {
                         {"launch_pdl", v.launch_pdl},
                         {"launch_cooperative_grid", v.launch_cooperative_grid},
                         {"bucket", v.bucket},
-                        {"assumptions", Assumptions(k, v)},
+                        {"assumptions", Assumptions(v)},
                         {"types", Types(k, v)},
                         {"param_bytes", v.param_bytes},
                         {"layout", layout}});
@@ -80,13 +73,13 @@ json KernelJson(const KernelSpec& k) {
           {"variants", variants}};
 }
 
-std::string BucketText(const KernelSpec& k, const VariantSpec& v) {
+std::string BucketText(const KernelInfo& k, const VariantInfo& v) {
   if (k.buckets.empty()) return "";
   if (v.bucket.empty()) return "all buckets";
   std::vector<std::string> parts;
   for (size_t d = 0; d < v.bucket.size(); ++d) {
     const auto& edges = k.buckets[d].edges;
-    const std::string& name = k.arg(k.buckets[d].arg).name;
+    const std::string& name = k.buckets[d].param;
     size_t i = static_cast<size_t>(v.bucket[d]);
     if (i == 0) {
       parts.push_back(absl::StrCat(name, " <= ", edges[0]));
@@ -99,16 +92,16 @@ std::string BucketText(const KernelSpec& k, const VariantSpec& v) {
   return absl::StrJoin(parts, ", ");
 }
 
-void PrintKernel(const KernelSpec& k, std::ostream& out) {
+void PrintKernel(const KernelInfo& k, std::ostream& out) {
   std::vector<std::string> params;
-  for (const auto& p : k.params) params.push_back(absl::StrCat(p.name, ": ", p.type_name));
+  for (const ParamInfo& p : k.params) params.push_back(absl::StrCat(p.name, ": ", p.type));
   out << "kernel " << k.name << "(" << absl::StrJoin(params, ", ") << ")\n";
-  for (const auto& b : k.buckets) {
-    out << "  buckets on " << k.arg(b.arg).name << ": edges " << absl::StrJoin(b.edges, ", ")
+  for (const BucketDimInfo& b : k.buckets) {
+    out << "  buckets on " << b.param << ": edges " << absl::StrJoin(b.edges, ", ")
         << " (inclusive upper bounds)\n";
   }
   if (!k.grid.empty()) out << "  grid: (" << absl::StrJoin(k.grid, ", ") << ")\n";
-  for (const VariantSpec& v : k.variants) {
+  for (const VariantInfo& v : k.variants) {
     out << "  variant " << v.name << ": entry " << v.entry << ", sm_" << v.arch
         << (v.arch >= 90 ? "a" : "") << ", " << v.num_warps << " warps (" << 32 * v.num_warps
         << " threads), " << v.num_ctas << " cta" << (v.num_ctas > 1 ? "s" : "") << ", " << v.shared
@@ -126,13 +119,13 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
         << v.profile_scratch_align << ")\n";
     std::string bucket = BucketText(k, v);
     if (!bucket.empty()) out << "    bucket: " << bucket << "\n";
-    json assumptions = Assumptions(k, v), types = Types(k, v);
+    json assumptions = Assumptions(v), types = Types(k, v);
     if (!assumptions.empty()) out << "    assumptions: " << assumptions.dump() << "\n";
     if (!types.empty()) out << "    types: " << types.dump() << "\n";
-    out << "    constexprs: " << v.constexprs.dump() << "\n";
+    out << "    constexprs: " << v.constexprs_json << "\n";
     std::vector<std::string> slots;
-    for (const SlotSpec& s : v.layout) {
-      slots.push_back(absl::StrCat(internal::SlotName(k, s), "@", s.offset, ":", s.size));
+    for (const LayoutSlotInfo& s : v.layout) {
+      slots.push_back(absl::StrCat(s.name, "@", s.offset, ":", s.size));
     }
     out << "    layout (" << v.param_bytes << " B): " << absl::StrJoin(slots, " ") << "\n";
   }
@@ -141,35 +134,32 @@ void PrintKernel(const KernelSpec& k, std::ostream& out) {
 }  // namespace
 
 int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
-  std::string root;
-  auto manifest = internal::ReadManifest(o.pack, &root);
-  if (!manifest.ok()) {
-    err << "kpack inspect: " << manifest.status().message() << "\n";
+  absl::StatusOr<Pack> pack = Pack::Read(o.pack);
+  if (!pack.ok()) {
+    err << "kpack inspect: " << pack.status().message() << "\n";
     return kFailed;
   }
-  bool found = o.kernel.empty();
-  json kernels = json::array();
-  if (!o.json) {
-    out << "pack " << root << " (" << manifest->generator << "): " << manifest->kernels.size()
-        << " kernel" << (manifest->kernels.size() == 1 ? "" : "s") << "\n";
-  }
-  for (const KernelSpec& k : manifest->kernels) {
-    if (!o.kernel.empty() && k.name != o.kernel) continue;
-    found = true;
-    if (o.json) {
-      kernels.push_back(KernelJson(k));
-    } else {
-      PrintKernel(k, out);
+  std::vector<const KernelInfo*> kernels;
+  if (o.kernel.empty()) {
+    for (const KernelInfo& k : pack->kernels()) kernels.push_back(&k);
+  } else {
+    absl::StatusOr<const KernelInfo*> k = pack->Find(o.kernel);  // lists the kernels there are
+    if (!k.ok()) {
+      err << "kpack inspect: " << k.status().message() << "\n";
+      return kFailed;
     }
-  }
-  if (!found) {
-    err << "kpack inspect: no kernel named '" << o.kernel << "' in " << root << "\n";
-    return kFailed;
+    kernels.push_back(*k);
   }
   if (o.json) {
-    out << json{{"pack", root}, {"generator", manifest->generator}, {"kernels", kernels}}.dump(2)
+    json list = json::array();
+    for (const KernelInfo* k : kernels) list.push_back(KernelJson(*k));
+    out << json{{"pack", pack->dir()}, {"generator", pack->generator()}, {"kernels", list}}.dump(2)
         << "\n";
+    return kOk;
   }
+  out << "pack " << pack->dir() << " (" << pack->generator() << "): " << pack->kernels().size()
+      << " kernel" << (pack->kernels().size() == 1 ? "" : "s") << "\n";
+  for (const KernelInfo* k : kernels) PrintKernel(*k, out);
   return kOk;
 }
 

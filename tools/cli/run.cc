@@ -76,7 +76,27 @@ class Session {
   const std::vector<Arg>& args() const { return args_; }
   const std::optional<Grid>& grid() const { return grid_; }
 
-  // The variant, the grid it will get, and a packed, prepared launch of it.
+  // What a launch of the call will do, through the public API: the variant the
+  // arguments select, its description, and the grid.
+  struct Described {
+    const VariantInfo* variant;
+    Grid grid;
+  };
+  absl::StatusOr<Described> Describe() const {
+    KPACK_ASSIGN_OR_RETURN(std::string_view name, kernel_.SelectVariant(args_));
+    const std::vector<VariantInfo>& variants = kernel_.info().variants;
+    auto it = std::find_if(variants.begin(), variants.end(),
+                           [&](const VariantInfo& v) { return v.name == name; });
+    Described d{&*it, grid_.value_or(Grid{})};
+    if (!grid_.has_value()) {
+      KPACK_ASSIGN_OR_RETURN(d.grid, kernel_.GridFor(args_));
+    }
+    return d;
+  }
+
+  // For Bench: the variant's internals, to send kpack's very buffer through the raw
+  // driver. internal::KernelAccess stays for this until BoundLaunch::Prepare (workstream E)
+  // replaces it; Run uses only the public API (Describe).
   struct Plan {
     const internal::VariantData* variant;
     Grid grid;
@@ -261,14 +281,14 @@ int Run(const RunOptions& o, std::ostream& out, std::ostream& err) {
     return kFailed;
   }
   Session& s = **session;
-  auto plan = s.MakePlan();
-  if (!plan.ok()) {
-    err << "kpack run: " << plan.status().message() << "\n";
+  auto call = s.Describe();
+  if (!call.ok()) {
+    err << "kpack run: " << call.status().message() << "\n";
     return kFailed;
   }
-  out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
-      << GridText(plan->grid) << (s.grid().has_value() ? "" : " (from the grid expressions)")
-      << ", block " << plan->variant->block_x << "\n";
+  out << "kernel " << o.kernel << ": variant " << call->variant->name << ", grid "
+      << GridText(call->grid) << (s.grid().has_value() ? "" : " (from the grid expressions)")
+      << ", block " << 32 * call->variant->num_warps << "\n";
   absl::Status status = s.Launch(nullptr);
   if (status.ok()) status = s.driver().Check(s.driver().CtxSynchronize(), "the kernel");
   if (!status.ok()) {

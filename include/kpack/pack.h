@@ -1,0 +1,131 @@
+// kpack/pack.h: read, validate and describe a kernel pack without a CUDA driver.
+//
+// `Pack::Read` makes every check `Runtime::Open` makes that needs no device: the manifest
+// (schema, types, layouts in Triton's parameter order), the files (paths confined to the
+// pack, sha256), each cubin's ELF (a complete image; the variant's `entry` is one of its
+// kernels; its SM architecture is the manifest's `arch`; its KPARAM_INFO parameter layout
+// is the manifest's `layout`), every grid expression compiled for every variant, and every
+// kernel's dispatch table built. `Runtime::Open` is `Pack::Read` plus loading the driver
+// and building the launch tables, one code path: a pack that `Read` accepts opens on any
+// machine with a driver, and what remains for load time are the device's answers (arch
+// against the GPU, shared memory and thread limits, the driver's own parameter info).
+//
+//   absl::StatusOr<kpack::Pack> pack = kpack::Pack::Read("/opt/packs/mypack");
+//   if (!pack.ok()) return pack.status();         // names file, kernel, variant, field
+//   for (const kpack::KernelInfo& k : pack->kernels())
+//     printf("%s: %zu variants\n", k.name.c_str(), k.variants.size());
+//
+// `Pack::Verify` runs the same checks and reports every problem instead of the first.
+//
+// The descriptions are plain data, copied out of the manifest once; a `Pack` is an
+// immutable, cheaply copyable handle to them (copies share them), safe to use from any
+// number of threads. `Runtime::pack()` returns the Pack a Runtime opened, and
+// `Kernel::info()` one kernel's description.
+
+#ifndef KPACK_PACK_H_
+#define KPACK_PACK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kpack {
+
+namespace internal {
+struct PackState;
+struct PackAccess;  // the runtime builds a Pack from the state it opened
+}  // namespace internal
+
+// One Python parameter of a kernel, in declaration order.
+struct ParamInfo {
+  std::string name;
+  std::string type;  // the Triton type string as in the manifest: "*fp32", "i32", "constexpr"
+  bool is_constexpr = false;
+};
+
+// One bucket dimension of a kernel.
+struct BucketDimInfo {
+  std::string param;           // the call parameter bucketed on
+  std::vector<int64_t> edges;  // inclusive upper edges, strictly increasing
+};
+
+// A specialization a variant was compiled with.
+struct AssumptionInfo {
+  std::string param;  // call parameter name
+  std::string kind;   // "div16" | "eq1"
+};
+
+// One slot of a variant's parameter buffer.
+struct LayoutSlotInfo {
+  std::string name;  // call parameter name, or "$global_scratch" / "$profile_scratch"
+  uint32_t offset = 0, size = 0;
+};
+
+// One compiled variant of a kernel; the fields are the manifest's (docs/pack-format.md).
+struct VariantInfo {
+  std::string name, cubin, entry, sha256, triton_version;
+  int arch = 0, num_warps = 0, num_ctas = 1, num_stages = 0;
+  uint32_t shared = 0;
+  uint32_t global_scratch_size = 0, global_scratch_align = 1;
+  uint32_t profile_scratch_size = 0, profile_scratch_align = 1;
+  bool launch_pdl = false, launch_cooperative_grid = false;
+  std::vector<int> bucket;  // one index per bucket dim; empty: every bucket
+  std::vector<AssumptionInfo> assumptions;
+  std::string constexprs_json;         // the variant's constexprs object, as JSON text
+  std::vector<std::string> arg_types;  // per call parameter: its Triton type in this variant
+  std::vector<LayoutSlotInfo> layout;  // ordinal order, hidden slots included
+  uint32_t param_bytes = 0;            // the end of the last slot
+};
+
+struct KernelInfo {
+  std::string name;
+  std::vector<ParamInfo> params;    // all, constexprs included, declaration order
+  std::vector<size_t> call_params;  // indices into params of the Launch arguments, in order
+  std::vector<BucketDimInfo> buckets;
+  std::vector<std::string> grid;  // 0-3 grid expressions (x, y, z)
+  std::vector<VariantInfo> variants;
+};
+
+class Pack {
+ public:
+  // Reads and validates the pack in `dir` (see the top of this file); needs no driver.
+  // Errors: NOT_FOUND when the directory, the manifest or a cubin is missing;
+  // INVALID_ARGUMENT for anything wrong in the pack, the message naming the file, kernel,
+  // variant and field; UNIMPLEMENTED for pack features this version lacks. The first
+  // problem found is returned.
+  static absl::StatusOr<Pack> Read(std::string_view dir);
+
+  // The same checks, continuing past each variant's and each kernel's problem: one status
+  // per problem, the same statuses Read would return; empty exactly when Read succeeds.
+  // (A manifest that does not parse is one problem: nothing after it can be checked.)
+  static std::vector<absl::Status> Verify(std::string_view dir);
+
+  Pack(const Pack&) = default;
+  Pack& operator=(const Pack&) = default;
+  Pack(Pack&&) noexcept = default;
+  Pack& operator=(Pack&&) noexcept = default;
+  ~Pack() = default;
+
+  const std::string& dir() const;  // the pack's canonical absolute path
+  int format_version() const;      // N of the manifest's "kpack/N"
+  const std::string& generator() const;
+  const std::vector<KernelInfo>& kernels() const;  // in manifest order
+  // The kernel named `name`, or NOT_FOUND naming the pack and listing the kernels it has.
+  absl::StatusOr<const KernelInfo*> Find(std::string_view name) const;
+
+ private:
+  friend struct internal::PackAccess;
+  explicit Pack(std::shared_ptr<const internal::PackState> state) : state_(std::move(state)) {}
+  std::shared_ptr<const internal::PackState> state_;
+};
+
+}  // namespace kpack
+
+#endif  // KPACK_PACK_H_
