@@ -1,4 +1,5 @@
-// `app PACK_DIR`: opens a pack through the installed kpack and lists its kernels with
+// `app PACK_DIR`: describes the pack with no driver (kpack::Pack: kernels and their
+// variant counts), then opens it through the installed kpack and lists its kernels with
 // their argument counts (exit 0). Without a CUDA driver Open is UNAVAILABLE, the
 // documented answer there: app prints it and exits 0 too. Any other error exits 1.
 // The README's examples (add_vectors.cc, matmul.cc) need device memory to run; building
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s PACK_DIR\n", argv[0]);
     return 2;
+  }
+  if (absl::Status described = DescribePack(argv[1]); !described.ok()) {
+    std::printf("%s\n", described.ToString().c_str());
+    return 1;
   }
   absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open(argv[1]);
   if (!rt.ok()) {

@@ -10,7 +10,7 @@
 // machine with a driver, and what remains for load time are the device's answers (arch
 // against the GPU, shared memory and thread limits, the driver's own parameter info).
 //
-//   absl::StatusOr<kpack::Pack> pack = kpack::Pack::Read("/opt/packs/mypack");
+//   absl::StatusOr<kpack::Pack> pack = kpack::Pack::Read(dir);
 //   if (!pack.ok()) return pack.status();         // names file, kernel, variant, field
 //   for (const kpack::KernelInfo& k : pack->kernels())
 //     printf("%s: %zu variants\n", k.name.c_str(), k.variants.size());
