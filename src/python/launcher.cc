@@ -249,12 +249,15 @@ PyTypeObject* g_variant_stats_type = nullptr;
 // `hint` >= 0 (a tensor's device), makes that device's primary context current first, as
 // the CUDA runtime does on a thread's first call. False with a Python exception set.
 bool CurrentDevice(const internal::Driver& d, int hint, int* device, bool* have_context) {
-  struct Cache {
+  // Context -> device, which never changes for a context. A global, not a thread_local
+  // (which costs a __tls_get_addr call in a dlopened module): the GIL guards it.
+  struct Entry {
     const internal::Driver* driver = nullptr;
     CUcontext context = nullptr;
     int device = -1;
   };
-  thread_local Cache cache;
+  static std::array<Entry, 4> cache;
+  static size_t next = 0;
   CUcontext context = nullptr;
   CUresult r = d.CtxGetCurrent(&context);
   if (r == CUDA_SUCCESS && context == nullptr && hint >= 0) {
@@ -272,16 +275,18 @@ bool CurrentDevice(const internal::Driver& d, int hint, int* device, bool* have_
     *device = -1;
     return true;
   }
-  if (cache.driver == &d && cache.context == context) {
-    *device = cache.device;
-    return true;
+  for (const Entry& e : cache) {
+    if (e.context == context && e.driver == &d) {
+      *device = e.device;
+      return true;
+    }
   }
   CUdevice dev = 0;
   if (CUresult g = d.CtxGetDevice(&dev); g != CUDA_SUCCESS) {
     RaiseStatus(d.Check(g, "cuCtxGetDevice"));
     return false;
   }
-  cache = {&d, context, static_cast<int>(dev)};
+  cache[next++ % cache.size()] = {&d, context, static_cast<int>(dev)};
   *device = dev;
   return true;
 }
