@@ -4,12 +4,7 @@
 
 #include "launcher.h"
 
-#if __has_include("kpack/pack.h")
-#define KPACK_PYTHON_HAVE_INFO 1
 #include "kpack/pack.h"
-#else
-#define KPACK_PYTHON_HAVE_INFO 0
-#endif
 
 namespace kpack::python {
 namespace {
@@ -74,7 +69,6 @@ void KernelMeta::Init(const Kernel& kernel) {
     call_names_.emplace_back(kernel.arg_name(i));
     signature += (i ? ", " : "") + call_names_.back();
   }
-#if KPACK_PYTHON_HAVE_INFO
   const KernelInfo& info = kernel.info();
   for (const ParamInfo& p : info.params) params_.push_back({p.name, p.type, p.is_constexpr});
   grid_ = info.grid;
@@ -99,18 +93,6 @@ void KernelMeta::Init(const Kernel& kernel) {
     m.arg_types = v.arg_types;
     variants_.push_back(std::move(m));
   }
-#else
-  // Without the introspection API: the call parameters and the variant names only.
-  for (size_t i = 0; i < kernel.num_args(); ++i) {
-    params_.push_back({std::string(kernel.arg_name(i)), std::string(kernel.arg_type(i)), false});
-  }
-  for (const Kernel::VariantStats& v : kernel.variant_stats()) {
-    VariantMeta m;
-    m.name = std::string(v.variant);
-    m.constexprs_json = "{}";
-    variants_.push_back(std::move(m));
-  }
-#endif
   constexprs_.assign(variants_.size(), nullptr);
 }
 
