@@ -14,6 +14,8 @@ import pytest
 import kpack
 from kpack import _tools_entry
 
+from conftest import KERNELS
+
 
 def test_build_flags_point_at_the_installed_library_and_headers():
     flags = kpack.build_flags()
@@ -64,3 +66,30 @@ def test_console_scripts_refuse_a_missing_or_wrong_triton(monkeypatch, capsys):
     assert _tools_entry.record() == 1
     err = capsys.readouterr().err
     assert "Triton 3.5.1 is installed" in err and "pip install 'kpack[tools]'" in err
+
+
+def test_build_flags_build_a_cpp_program_that_opens_a_pack(tmp_path, driver):
+    # What a torch extension gets from kpack.build_flags(), minus torch: compile, link and
+    # run a C++ program against the installed headers and libkpack.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    assert cxx, "no C++ compiler"
+    (tmp_path / "main.cc").write_text(r'''
+#include <kpack/kpack.h>
+#include <cstdio>
+int main(int argc, char** argv) {
+  kpack::Options options;
+  options.driver_path = argv[2];
+  absl::StatusOr<kpack::Runtime> rt = kpack::Runtime::Open(argv[1], options);
+  if (!rt.ok()) { std::printf("%s\n", std::string(rt.status().message()).c_str()); return 1; }
+  for (const std::string& name : rt->kernel_names()) std::printf("%s\n", name.c_str());
+  return 0;
+}
+''')
+    flags = kpack.build_flags()
+    cmd = [cxx, *flags["extra_compile_args"], *(f"-I{d}" for d in flags["include_dirs"]),
+           str(tmp_path / "main.cc"), "-o", str(tmp_path / "main"), *flags["extra_link_args"]]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, " ".join(cmd) + "\n" + r.stderr[-3000:]
+    r = subprocess.run([str(tmp_path / "main"), str(KERNELS / "testpack"), driver],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "scalars" in r.stdout.split(), r.stdout + r.stderr

@@ -167,9 +167,12 @@ def build_flags() -> dict:
                     "against the CMake package (find_package(kpack)) instead")
     here = _os.path.dirname(_os.path.abspath(__file__))
     library = _os.path.join(here, cfg.LIBRARY)
+    # An rpath for every library linked by path: the extension needs them directly
+    # (libkpack's own rpath does not serve its dependents).
+    rpaths = dict.fromkeys(_os.path.dirname(f) for f in [library, *cfg.LINK_FILES])
     return {
         "include_dirs": [_os.path.join(here, "include")] + list(cfg.INCLUDE_DIRS),
         "extra_compile_args": [f"-std={cfg.CXX_STANDARD}"],
         "extra_link_args": [library] + list(cfg.LINK_FILES) +
-                           [f"-Wl,-rpath,{_os.path.dirname(library)}"],
+                           [f"-Wl,-rpath,{d}" for d in rpaths],
     }
