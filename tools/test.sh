@@ -20,13 +20,21 @@ venv=build/venv
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check \
-  "triton==3.6.0" numpy pytest
+# The kpack Python package from this checkout (pyproject.toml: the extension, built into
+# build/python/, plus kpack_tools with kpack-build/kpack-record), with the tools' pinned
+# Triton and the test runner as its extras.
+launcher=()
+command -v ccache >/dev/null && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
+  ".[tools,test]" numpy
 
 echo "== CPU tier"
 ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
 echo "== Python tools"
 PYTHONPATH=tools "$venv/bin/python" -m pytest -q -p no:cacheprovider tools/tests
+echo "== Python package (against the fake driver)"
+KPACK_FAKE_DRIVER=build/tests/fake_driver/libkpack_fake_cuda.so \
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
 echo "== the main job (tools/run.sh), as the README gives it"
 bash tools/run.sh
 [ "$quick" = 1 ] && exit 0

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""Host cost per launch from Python: Triton's launchers against kpack's Python package, on
+torch tensors, in one run.
+
+For the benchmark pack's ``args4`` and ``args14`` kernels (the same trivial kernel with 4
+and 14 call arguments, ``tools/kpack_tools/build_bench_pack.py``) this measures
+
+* ``triton_jit``: Triton's ``kernel[grid](...)`` (JIT, warmed up, grid a tuple);
+* ``triton_compiled``: the cached ``CompiledKernel[grid](...)`` that ``kernel[grid]`` returns;
+* ``kpack_eager``: ``pack.args4(x, out, n, s0)`` -- kpack's Python call, grid from the
+  manifest, torch's current stream;
+* ``kpack_bound``: ``b()`` for ``b = pack.args4.bind(...)``;
+* the rows of ``EXTRA_PATHS`` (the slot for the ``torch.ops`` and drop-in rows);
+* ``raw_params``: raw ``cuLaunchKernelEx`` from C++ on the same cubin, the floor
+  (``bench/launch_bench.cc``, run as a subprocess: ``--kpack-bench``).
+
+Python paths are timed like ``triton_launch_bench.py``: batches of launches between two
+clock reads, the stream synchronized before each batch outside the timed region, paths in
+a random order per repetition; each path's output is checked once first. The targets of
+issue 15 are evaluated on the medians and printed (a benchmark, not a test: a missed
+target is reported, not failed).
+
+On the GPU machine, from the repository root, after ``pip install --no-build-isolation .``::
+
+    python3 bench/python_launch_bench.py --kpack-bench build-gpu/bench/kpack_launch_bench \\
+        --out bench/python_results [--reps 20]
+
+It writes ``results.json`` and ``results.md`` and prints the table. ``--smoke`` is a short
+run (the GPU-tier test). Exits 77 (skipped) without torch or a GPU, unless
+``KPACK_REQUIRE_GPU=1``.
+
+Without a GPU, ``--fake-driver build/tests/fake_driver/libkpack_fake_cuda.so`` measures
+kpack's own Python-side cost instead: the fake driver's launch does nothing
+(KPACK_FAKE_LAUNCH_NOOP=1), the tensors are C stand-ins with a DLPack exchange table
+(kpack._kpack._testing.FakeTensor), and the result is ns per call, best of several rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+PACK = REPO / "kernels" / "benchpack"
+SKIP = 77
+KERNELS = ("args4", "args14")
+INPUTS = {"args4": 1, "args14": 6}  # input pointers; 2 * inputs + 2 call arguments
+BLOCK, NUM_WARPS, N = 128, 4, 128
+
+
+@dataclass(frozen=True)
+class LaunchPath:
+    key: str
+    label: str
+    # (torch, pack, kernel name, call args, out) -> a no-argument launch callable
+    make: Optional[Callable] = None
+
+
+def _triton_jit(torch, pack, kernel, args, out):
+    from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
+    fn = FUNCTIONS[kernel][0]
+    grid = ((N + BLOCK - 1) // BLOCK,)
+    return lambda: fn[grid](*args, BLOCK=BLOCK, num_warps=NUM_WARPS)
+
+
+def _triton_compiled(torch, pack, kernel, args, out):
+    from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
+    fn = FUNCTIONS[kernel][0]
+    grid = ((N + BLOCK - 1) // BLOCK,)
+    compiled = fn[grid](*args, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    grid3, full = (grid[0], 1, 1), (*args, BLOCK)
+    return lambda: compiled[grid3](*full)
+
+
+def _kpack_eager(torch, pack, kernel, args, out):
+    k = pack[kernel]
+    return lambda: k(*args)
+
+
+def _kpack_bound(torch, pack, kernel, args, out):
+    return pack[kernel].bind(*args)
+
+
+PATHS = [
+    LaunchPath("triton_jit", "Triton `kernel[grid](...)`", _triton_jit),
+    LaunchPath("triton_compiled", "Triton `CompiledKernel[grid](...)`", _triton_compiled),
+    LaunchPath("kpack_eager", "kpack eager `k(...)`", _kpack_eager),
+    LaunchPath("kpack_bound", "kpack bound `b()`", _kpack_bound),
+]
+# ---- Slot for the rows of the second part of issue 15 (torch ops, drop-in install) ----
+# Append LaunchPath(key, label, make) entries here, e.g.
+#   LaunchPath("kpack_torch_ops", "kpack `torch.ops.bench.args4(...)`", make_torch_op),
+#   LaunchPath("kpack_dropin", "Triton `kernel[grid]` after kpack install", make_dropin),
+# `make` gets (torch, pack, kernel_name, call_args, out) and returns the launch callable;
+# the row is measured, checked and tabulated like the others, and TARGETS can name it.
+EXTRA_PATHS: list = []
+RAW = LaunchPath("raw_params", "raw `cuLaunchKernelEx` (C++, params)")
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    kernel: str
+    check: Callable  # medians {path: us} -> (value, met)
+
+
+TARGETS = [
+    Target("kpack eager <= raw + 0.6 us (4 args)", "args4",
+           lambda m: (m["kpack_eager"] - m["raw_params"], m["kpack_eager"] - m["raw_params"] <= 0.6)),
+    Target("Triton kernel[grid] >= 3x kpack eager (4 args)", "args4",
+           lambda m: (m["triton_jit"] / m["kpack_eager"], m["triton_jit"] / m["kpack_eager"] >= 3)),
+    Target("kpack eager <= raw + 1.2 us (14 args)", "args14",
+           lambda m: (m["kpack_eager"] - m["raw_params"], m["kpack_eager"] - m["raw_params"] <= 1.2)),
+    Target("kpack bound <= raw + 0.4 us (4 args)", "args4",
+           lambda m: (m["kpack_bound"] - m["raw_params"], m["kpack_bound"] - m["raw_params"] <= 0.4)),
+    Target("kpack bound <= raw + 0.4 us (14 args)", "args14",
+           lambda m: (m["kpack_bound"] - m["raw_params"], m["kpack_bound"] - m["raw_params"] <= 0.4)),
+]
+
+
+def make_inputs(torch, kernel):
+    """Inputs as triton_launch_bench makes them: input i holds j * 0.25 + (i + 1), scalar i is
+    2 * i + 3 (never 1 nor a multiple of 16, so Triton's JIT specializes none of them)."""
+    k = INPUTS[kernel]
+    ins = [torch.arange(N, dtype=torch.float32, device="cuda") * 0.25 + (i + 1) for i in range(k)]
+    scalars = [2 * i + 3 for i in range(k)]
+    out = torch.empty(N, dtype=torch.float32, device="cuda")
+    return (*ins, out, N, *scalars), out, sum(ins) + float(sum(scalars))
+
+
+def time_batches(torch, launch, batch: int, iters: int) -> float:
+    total = 0
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(batch):
+            launch()
+        total += time.perf_counter_ns() - t0
+    torch.cuda.synchronize()
+    return total / 1e3 / (batch * iters)
+
+
+def measure_python(torch, paths, args) -> tuple[dict, dict]:
+    import kpack  # noqa: PLC0415
+    pack = kpack.open(PACK)
+    stream = torch.cuda.Stream()  # non-blocking, like the C++ harness's streams
+    results = {p.key: {k: [] for k in KERNELS} for p in paths}
+    errors = {p.key: {} for p in paths}
+    launchers = {}
+    with torch.cuda.stream(stream):
+        for kernel in KERNELS:
+            call, out, expected = make_inputs(torch, kernel)
+            for p in paths:
+                launch = p.make(torch, pack, kernel, call, out)
+                out.fill_(float("nan"))
+                launch()
+                torch.cuda.synchronize()
+                err = (out - expected).abs().max().item()
+                if not err <= 1e-5:
+                    raise SystemExit(f"FAILED: {p.key} {kernel} computed a wrong result "
+                                     f"(max abs error {err})")
+                errors[p.key][kernel] = err
+                launchers[(p.key, kernel)] = launch
+        for launch in launchers.values():
+            time_batches(torch, launch, args.batch, args.warmup)
+        order = list(launchers)
+        rng = random.Random(1)
+        for _ in range(args.reps):
+            rng.shuffle(order)
+            for key, kernel in order:
+                results[key][kernel].append(
+                    time_batches(torch, launchers[(key, kernel)], args.batch, args.iters))
+    return results, errors
+
+
+def measure_raw(args) -> dict:
+    """raw_params per repetition from the C++ benchmark (Google Benchmark JSON)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import triton_launch_bench as tlb  # noqa: PLC0415
+    out_file = args.out / "kpack_launch_bench.json"
+    cmd = [str(Path(args.kpack_bench).resolve()),
+           f"--benchmark_filter={tlb.gbench_filter(['raw_params'], KERNELS)}",
+           f"--benchmark_repetitions={args.reps}", f"--benchmark_min_time={args.min_time}",
+           f"--benchmark_out={out_file}", "--benchmark_out_format=json"]
+    print("+ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"FAILED: kpack_launch_bench exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return tlb.parse_gbench(json.loads(out_file.read_text()), ["raw_params"], KERNELS)["raw_params"]
+
+
+def render(medians, ranges, keys, labels, verdicts) -> str:
+    lines = ["## Host µs per launch (median, min–max over repetitions)", "",
+             "| path | " + " | ".join(f"{k} ({2 * INPUTS[k] + 2} args)" for k in KERNELS) +
+             " | ratio to raw (" + ", ".join(KERNELS) + ") |",
+             "|---|" + "---:|" * (len(KERNELS) + 1)]
+    for key in keys:
+        cells = [f"{medians[key][k]:.3f} ({ranges[key][k][0]:.3f}–{ranges[key][k][1]:.3f})"
+                 for k in KERNELS]
+        ratios = ", ".join(f"{medians[key][k] / medians['raw_params'][k]:.2f}x" for k in KERNELS)
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + f" | {ratios} |")
+    lines += ["", "## Targets (issue 15)", "", "| target | measured | |", "|---|---:|---|"]
+    for text, value, met in verdicts:
+        lines.append(f"| {text} | {value:.2f} | {'met' if met else 'MISSED'} |")
+    return "\n".join(lines) + "\n"
+
+
+def gpu_main(args) -> int:
+    try:
+        import torch  # noqa: PLC0415
+        import triton  # noqa: PLC0415
+    except ImportError as e:
+        return skip_or_fail(f"cannot import torch/triton: {e}")
+    if not torch.cuda.is_available():
+        return skip_or_fail("torch sees no CUDA device")
+    sys.path.insert(0, str(REPO / "tools"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    paths = PATHS + EXTRA_PATHS
+    python_results, errors = measure_python(torch, paths, args)
+    results = {**python_results, RAW.key: measure_raw(args)}
+    keys = [p.key for p in paths] + [RAW.key]
+    labels = {p.key: p.label for p in paths + [RAW]}
+    medians = {key: {k: statistics.median(v) for k, v in results[key].items()} for key in keys}
+    ranges = {key: {k: (min(v), max(v)) for k, v in results[key].items()} for key in keys}
+    verdicts = []
+    for t in TARGETS:
+        m = {key: medians[key][t.kernel] for key in keys}
+        value, met = t.check(m)
+        verdicts.append((t.text, value, met))
+    header = (f"# Launch cost from Python: Triton vs kpack\n\n"
+              f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
+              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, Triton "
+              f"{triton.__version__}, Python {platform.python_version()}\n\n"
+              f"Command: `{' '.join([sys.executable, *sys.argv])}`\n\n"
+              f"{args.reps} repetitions x {args.iters} batches of {args.batch} launches per "
+              f"Python path, n = {N} (one block), fp32, i32 scalars, a non-default torch "
+              f"stream; raw from kpack_launch_bench ({args.reps} repetitions of "
+              f"{args.min_time} s).\n\n")
+    table = render(medians, ranges, keys, labels, verdicts)
+    (args.out / "results.md").write_text(header + table)
+    (args.out / "results.json").write_text(json.dumps(
+        {"us_per_launch": results, "medians": medians, "check_max_error": errors,
+         "targets": [{"target": t, "value": v, "met": m} for t, v, m in verdicts]},
+        indent=1) + "\n")
+    print(header + table, flush=True)
+    return 0
+
+
+def fake_main(args) -> int:
+    """kpack's Python-side cost with no GPU: ns per call against the no-op fake driver."""
+    os.environ["KPACK_FAKE_LAUNCH_NOOP"] = "1"
+    import kpack  # noqa: PLC0415
+    from kpack._kpack import _testing  # noqa: PLC0415
+    pack = kpack.open(PACK, driver=args.fake_driver, nvtx=False)
+    rows = []
+    for kernel in KERNELS:
+        k = pack[kernel]
+        t = [_testing.FakeTensor(0x7F00_0000_0000 + 0x1000 * i) for i in range(INPUTS[kernel] + 1)]
+        call = (*t, N, *[2 * i + 3 for i in range(INPUTS[kernel])])
+        ints = tuple(0x7F00_0000_0000 + 0x1000 * i for i in range(INPUTS[kernel] + 1)) + call[len(t):]
+        bound = k.bind(*call)
+        grid = (1,)
+        cases = {"eager (tensor stand-ins)": lambda: k(*call),
+                 "eager (int pointers)": lambda: k(*ints),
+                 "kernel[grid] (tensor stand-ins)": lambda: k[grid](*call),
+                 "bound b()": bound}
+        for name, fn in cases.items():
+            best = min(_time_ns(fn, args.fake_launches) for _ in range(args.fake_rounds))
+            rows.append((kernel, name, best))
+    empty = min(_time_ns(lambda: None, args.fake_launches) for _ in range(args.fake_rounds))
+    print(f"kpack Python launch cost against the no-op fake driver (ns per call, best of "
+          f"{args.fake_rounds} rounds of {args.fake_launches}; a Python lambda call costs "
+          f"{empty:.0f} ns and is included in each row):")
+    for kernel, name, ns in rows:
+        print(f"  {kernel:7} {name:32} {ns:8.1f}")
+    return 0
+
+
+def _time_ns(fn, n: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter_ns() - t0) / n
+
+
+def skip_or_fail(reason: str) -> int:
+    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
+        print(f"FAILED: {reason} (KPACK_REQUIRE_GPU=1)", file=sys.stderr)
+        return 1
+    print(f"skipped: {reason}")
+    return SKIP
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kpack-bench", help="the C++ benchmark binary (raw cuLaunchKernelEx rows)")
+    p.add_argument("--out", type=Path, help="output directory")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--min-time", type=float, default=0.2)
+    p.add_argument("--smoke", action="store_true", help="a short run (3 reps, small batches)")
+    p.add_argument("--fake-driver", help="measure kpack's own cost against this fake driver")
+    p.add_argument("--fake-launches", type=int, default=100000)
+    p.add_argument("--fake-rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.reps, args.batch, args.iters, args.warmup, args.min_time = 3, 64, 3, 3, 0.02
+    if not args.fake_driver and (not args.kpack_bench or not args.out):
+        p.error("--kpack-bench and --out are required (or --fake-driver)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return fake_main(args) if args.fake_driver else gpu_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

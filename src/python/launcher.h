@@ -1,0 +1,71 @@
+// kpack's Python launch objects: the kernel (`pack["add"]`), the kernel with an explicit
+// grid (`pack["add"][grid]`) and the bound launch (`kernel.bind(...)`).
+//
+// They are plain CPython types with vectorcall, not nanobind classes: a call converts its
+// arguments straight from the vectorcall array into kpack::Args on the stack, with no
+// argument tuple, no keyword dict and no per-call Python object but the result (None).
+// Everything else of the extension (opening a pack, names, introspection) is nanobind
+// (module.cc).
+//
+// Arguments, per call parameter kind (from the manifest's Triton type):
+//   pointer  a tensor whose type has `__dlpack_c_exchange_api__` (torch >= 2.11: read
+//            through the C function table, no Python call), else an object with
+//            `data_ptr()` (and `__dlpack_device__()` when it has one, for the device
+//            check), else one with `__dlpack__()`; or a plain int, taken as a raw device
+//            pointer. A tensor must be on the calling thread's current CUDA device, and its
+//            dtype must be the pointer's element type when DLPack describes it.
+//   integer  int (or an object with __index__ that is not a tensor), range-checked by the
+//            chosen variant's integer type;
+//   float    float or int (or an object with __float__ that is not a tensor);
+//   i1/u1    bool.
+// Errors: TypeError for a wrong count or kind, ValueError (kpack.InvalidArgumentError)
+// for a wrong device, a value that does not fit, or no variant valid for the values;
+// nothing is launched.
+//
+// Stream: `stream=` (an int CUstream, or an object with `.cuda_stream` or
+// `__cuda_stream__()`); else the current stream of the exchange-API producer of the first
+// tensor argument (torch: torch.cuda.current_stream() of its device, read in C); else, with
+// torch imported, torch's current stream of the current device; else the legacy default
+// stream.
+//
+// The GIL is held for the whole launch (a launch is a few microseconds; releasing and
+// retaking the GIL would cost more than the time other threads could use).
+
+#ifndef KPACK_SRC_PYTHON_LAUNCHER_H_
+#define KPACK_SRC_PYTHON_LAUNCHER_H_
+
+#include <Python.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "driver/driver.h"
+#include "kpack/kpack.h"
+
+namespace kpack::python {
+
+// What a Python `_kpack.Runtime` owns. Kernel objects keep their Runtime object alive.
+struct RuntimeState {
+  Runtime runtime;
+  // The same driver library the runtime loaded (dlopen gives the same handle): the
+  // launch objects read the current context's device through it.
+  std::shared_ptr<const internal::Driver> driver;
+  std::string dir;
+};
+
+// Registers the launch types and the kpack exception classes in `module`. False with a
+// Python exception set on failure.
+bool InitLaunchTypes(PyObject* module);
+
+// A new kernel object for `kernel` of `state`, keeping `owner` (the Python object owning
+// `state`) alive. Null with a Python exception set on failure.
+PyObject* NewKernelObject(PyObject* owner, RuntimeState* state, Kernel kernel);
+
+// Sets the Python exception that corresponds to `status` (see kpack/__init__.py for the
+// classes) and returns null.
+PyObject* RaiseStatus(const absl::Status& status);
+
+}  // namespace kpack::python
+
+#endif  // KPACK_SRC_PYTHON_LAUNCHER_H_

@@ -1,0 +1,59 @@
+// A C view of the fake driver's control API, for tests written in Python (ctypes): the
+// Python extension's tests load libkpack_fake_cuda.so as the driver and read what it
+// recorded through these functions.
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+#include "fake_driver.h"
+
+extern "C" {
+
+// One recorded launch, flattened (see kpack::fake::LaunchRecord).
+struct KpackFakeLaunch {
+  char entry[kpack::fake::kMaxRecordedEntryName];
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_bytes;
+  uint32_t num_attrs;
+  uint64_t stream;
+  uint64_t context;
+  uint64_t param_size;
+  uint8_t params[kpack::fake::kMaxRecordedParamBytes];
+};
+
+KPACK_FAKE_EXPORT int64_t kpack_fake_launch_count() { return kpack::fake::LaunchCount(); }
+
+// 0 and the i-th recorded launch; -1 when it is not in the ring (never recorded, or
+// overwritten).
+KPACK_FAKE_EXPORT int kpack_fake_get_launch(int64_t i, KpackFakeLaunch* out) {
+  const int64_t count = kpack::fake::LaunchCount();
+  if (i < 0 || i >= count || i < count - kpack::fake::kLaunchRingCapacity) return -1;
+  const kpack::fake::LaunchRecord r = kpack::fake::GetLaunch(i);
+  std::memcpy(out->entry, r.entry.data(), sizeof(out->entry));
+  std::copy(r.grid.begin(), r.grid.end(), out->grid);
+  std::copy(r.block.begin(), r.block.end(), out->block);
+  out->shared_bytes = r.shared_bytes;
+  out->num_attrs = r.num_attrs;
+  out->stream = reinterpret_cast<uintptr_t>(r.stream);
+  out->context = reinterpret_cast<uintptr_t>(r.context);
+  out->param_size = r.param_size;
+  std::memcpy(out->params, r.params.data(), sizeof(out->params));
+  return 0;
+}
+
+KPACK_FAKE_EXPORT int64_t kpack_fake_call_count(const char* fn) {
+  return kpack::fake::CallCount(fn);
+}
+
+KPACK_FAKE_EXPORT void kpack_fake_fail_next(const char* fn, int code) {
+  kpack::fake::FailNext(fn, static_cast<CUresult>(code));
+}
+
+KPACK_FAKE_EXPORT void kpack_fake_set_launch_noop(int on) { kpack::fake::SetLaunchNoop(on != 0); }
+
+}  // extern "C"

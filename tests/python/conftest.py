@@ -1,0 +1,162 @@
+"""Fixtures for the Python extension's CPU tests: the installed `kpack` package against the
+tests' recording fake CUDA driver (tests/fake_driver, built by CMake).
+
+The fake is found at $KPACK_FAKE_DRIVER, else build/tests/fake_driver/libkpack_fake_cuda.so;
+without it the tests error (they never skip). `fake` reads what the driver recorded through
+the C functions of tests/fake_driver/fake_driver_c.cc; it is the same loaded library as the
+one kpack dlopens (dlopen returns the already loaded object).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = REPO / "kernels"
+
+
+def fake_driver_path() -> str:
+    path = os.environ.get("KPACK_FAKE_DRIVER") or str(
+        REPO / "build" / "tests" / "fake_driver" / "libkpack_fake_cuda.so")
+    if not Path(path).is_file():
+        raise RuntimeError(f"the fake CUDA driver {path} is missing: build the CMake target "
+                           "kpack_fake_cuda (tools/setup.sh does) or set KPACK_FAKE_DRIVER")
+    return path
+
+
+class _Launch(ctypes.Structure):
+    _fields_ = [("entry", ctypes.c_char * 256), ("grid", ctypes.c_uint32 * 3),
+                ("block", ctypes.c_uint32 * 3), ("shared_bytes", ctypes.c_uint32),
+                ("num_attrs", ctypes.c_uint32), ("stream", ctypes.c_uint64),
+                ("context", ctypes.c_uint64), ("param_size", ctypes.c_uint64),
+                ("params", ctypes.c_uint8 * 4096)]
+
+
+@dataclass
+class Launch:
+    """One launch the fake driver accepted."""
+    entry: str
+    grid: tuple
+    block: tuple
+    shared_bytes: int
+    stream: int
+    params: bytes
+
+    def u64(self, offset: int) -> int:
+        return struct.unpack_from("<Q", self.params, offset)[0]
+
+    def i32(self, offset: int) -> int:
+        return struct.unpack_from("<i", self.params, offset)[0]
+
+    def i64(self, offset: int) -> int:
+        return struct.unpack_from("<q", self.params, offset)[0]
+
+    def f32(self, offset: int) -> float:
+        return struct.unpack_from("<f", self.params, offset)[0]
+
+    def u16(self, offset: int) -> int:
+        return struct.unpack_from("<H", self.params, offset)[0]
+
+    def u8(self, offset: int) -> int:
+        return self.params[offset]
+
+
+class Fake:
+    CUDA_ERROR_LAUNCH_FAILED = 719
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lib = ctypes.CDLL(path)
+        self.lib.kpack_fake_launch_count.restype = ctypes.c_int64
+        self.lib.kpack_fake_get_launch.argtypes = [ctypes.c_int64, ctypes.POINTER(_Launch)]
+        self.lib.kpack_fake_call_count.argtypes = [ctypes.c_char_p]
+        self.lib.kpack_fake_call_count.restype = ctypes.c_int64
+        self.lib.kpack_fake_fail_next.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        self.lib.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                                 ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
+
+    def launch_count(self) -> int:
+        return self.lib.kpack_fake_launch_count()
+
+    def launches_since(self, mark: int) -> list:
+        out = []
+        for i in range(mark, self.launch_count()):
+            rec = _Launch()
+            assert self.lib.kpack_fake_get_launch(i, ctypes.byref(rec)) == 0
+            out.append(Launch(rec.entry.decode(), tuple(rec.grid), tuple(rec.block),
+                              rec.shared_bytes, rec.stream, bytes(rec.params)[:rec.param_size]))
+        return out
+
+    def last_launch(self, mark: int) -> Launch:
+        launches = self.launches_since(mark)
+        assert len(launches) == 1, f"expected one launch, got {len(launches)}"
+        return launches[0]
+
+    def call_count(self, fn: str) -> int:
+        return self.lib.kpack_fake_call_count(fn.encode())
+
+    def fail_next(self, fn: str, code: int) -> None:
+        self.lib.kpack_fake_fail_next(fn.encode(), code)
+
+    def _proc(self, name: str, version: int, *argtypes):
+        fn = ctypes.c_void_p()
+        assert self.lib.cuGetProcAddress_v2(name.encode(), ctypes.byref(fn), version, 0,
+                                            None) == 0, name
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
+
+    def stream_create(self) -> int:
+        """A new stream of the current (auto) context, as an int."""
+        create = self._proc("cuStreamCreate", 2000, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.c_uint)
+        s = ctypes.c_void_p()
+        assert create(ctypes.byref(s), 0) == 0
+        return s.value
+
+    def mem_alloc(self, size: int) -> int:
+        alloc = self._proc("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+        p = ctypes.c_uint64()
+        assert alloc(ctypes.byref(p), size) == 0
+        return p.value
+
+
+@pytest.fixture(scope="session")
+def driver() -> str:
+    return fake_driver_path()
+
+
+@pytest.fixture(scope="session")
+def fake(driver) -> Fake:
+    import kpack  # noqa: F401,PLC0415  (kpack loads the driver: cuInit first)
+    kpack.open(KERNELS / "testpack", driver=driver)
+    return Fake(driver)
+
+
+@pytest.fixture(scope="session")
+def open_pack(driver):
+    import kpack  # noqa: PLC0415
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = kpack.open(KERNELS / name, driver=driver)
+        return cache[name]
+    return get
+
+
+@pytest.fixture(scope="session")
+def layouts():
+    """{pack: {kernel: {variant: {param: offset}}}} from the manifests, read with json."""
+    def get(pack: str, kernel: str, variant: str) -> dict:
+        manifest = json.loads((KERNELS / pack / "manifest.json").read_text())
+        k = next(k for k in manifest["kernels"] if k["name"] == kernel)
+        v = next(v for v in k["variants"] if v["name"] == variant)
+        return {slot["param"]: slot["offset"] for slot in v["layout"]}
+    return get

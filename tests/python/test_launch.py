@@ -1,0 +1,522 @@
+"""The kpack Python extension against the recording fake driver: launches, argument
+conversion, dispatch, grids, streams, bound launches and every error path.
+
+Tensors are stand-ins: kpack._kpack._testing.FakeTensor carries a C DLPack exchange table
+on its type, as torch.Tensor does (test_dlpack.py checks the table's layout against an
+independent ctypes producer). Outputs are the parameter buffers the fake driver recorded,
+decoded at the offsets the manifests give.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import kpack
+from kpack._kpack import _testing
+
+from conftest import KERNELS
+
+FakeTensor = _testing.FakeTensor
+FLOAT16 = dict(code=2, bits=16)
+BASE = 0x7F00_0000_0000
+
+
+def tensor(i: int, **kw) -> FakeTensor:
+    """A CUDA float32 stand-in at a 256-aligned address (so div16 holds)."""
+    return FakeTensor(BASE + 0x10_0000 * (i + 1), **kw)
+
+
+def addr(t) -> int:
+    return BASE + 0x10_0000 * (t + 1)
+
+
+# ---------------------------------------------------------------- opening
+
+
+def test_open_lists_kernels_and_caches_them(open_pack):
+    pack = open_pack("examplepack")
+    assert pack.kernel_names == ["vector_add", "softmax", "layer_norm", "matmul_fp16",
+                                 "matmul_bf16"]
+    assert list(pack) == pack.kernel_names and len(pack) == 5 and "softmax" in pack
+    k = pack["vector_add"]
+    assert pack.vector_add is k and pack["vector_add"] is k
+    assert isinstance(k, kpack.Kernel) and k.name == "vector_add"
+    assert repr(k) == "<kpack kernel 'vector_add'(x_ptr, y_ptr, out_ptr, n)>"
+
+
+def test_unknown_kernel_is_key_error_and_attribute_error(open_pack):
+    pack = open_pack("examplepack")
+    with pytest.raises(KeyError, match="nosuch.*examplepack"):
+        pack["nosuch"]
+    assert not hasattr(pack, "nosuch")
+    with pytest.raises(AttributeError, match="nosuch"):
+        pack.nosuch  # noqa: B018
+
+
+def test_open_errors_carry_status_codes(driver, tmp_path):
+    with pytest.raises(kpack.NotFoundError) as e:
+        kpack.open(tmp_path / "missing", driver=driver)
+    assert e.value.code == "NOT_FOUND" and isinstance(e.value, LookupError)
+    assert isinstance(e.value, kpack.Error) and isinstance(e.value, RuntimeError)
+    with pytest.raises(kpack.UnavailableError, match="no_such_driver.so") as e:
+        kpack.open(KERNELS / "testpack", driver=str(tmp_path / "no_such_driver.so"))
+    assert e.value.code == "UNAVAILABLE"
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text('{"format": "kpack/1", "kernels": 3}')
+    with pytest.raises(kpack.InvalidArgumentError, match="kernels") as e:
+        kpack.open(tmp_path / "bad", driver=driver)
+    assert e.value.code == "INVALID_ARGUMENT" and isinstance(e.value, ValueError)
+
+
+# ---------------------------------------------------------------- introspection
+
+
+def test_params_list_every_parameter_with_its_triton_type(open_pack):
+    params = open_pack("examplepack").layer_norm.params
+    assert [(p.name, p.type, p.constexpr) for p in params] == [
+        ("x_ptr", "*fp16", False), ("y_ptr", "*fp16", False), ("w_ptr", "*fp16", False),
+        ("b_ptr", "*fp16", False), ("stride", "i32", False), ("M", "i32", False),
+        ("N", "i32", False), ("eps", "fp32", False), ("BLOCK", "constexpr", True)]
+    assert isinstance(params[0], kpack.Param)
+
+
+def test_variants_describe_buckets_assumptions_and_launch_metadata(open_pack):
+    variants = {v.name: v for v in open_pack("examplepack").matmul_fp16.variants}
+    assert sorted(variants) == sorted(f"b{i}_{s}" for i in range(4) for s in ("generic", "contig"))
+    b1 = variants["b1_contig"]
+    assert b1.bucket == {"M": (17, 64)}
+    assert variants["b0_generic"].bucket == {"M": (None, 16)}
+    assert variants["b3_generic"].bucket == {"M": (257, None)}
+    assert b1.assumptions["stride_ak"] == ("eq1",) and b1.assumptions["a_ptr"] == ("div16",)
+    assert variants["b1_generic"].assumptions == {}
+    assert (b1.num_warps, b1.num_ctas) == (4, 1)
+    assert b1.constexprs == {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+    assert b1.arch == 90 and b1.arg_types[0] == "*fp16"
+    assert open_pack("examplepack").matmul_fp16.grid == ("cdiv(M, BLOCK_M)", "cdiv(N, BLOCK_N)")
+    assert open_pack("testpack").add.grid == ()
+
+
+# ---------------------------------------------------------------- launching
+
+
+def test_eager_launch_packs_arguments_at_the_manifest_offsets(fake, open_pack, layouts):
+    k = open_pack("examplepack").vector_add
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    mark = fake.launch_count()
+    assert k(x, y, out, 5000) is None
+    launch = fake.last_launch(mark)
+    off = layouts("examplepack", "vector_add", "generic")  # the div16 variant: n % 16 != 0
+    assert launch.grid == (math.ceil(5000 / 1024), 1, 1) and launch.block == (128, 1, 1)
+    assert launch.u64(off["x_ptr"]) == addr(0) and launch.u64(off["y_ptr"]) == addr(1)
+    assert launch.u64(off["out_ptr"]) == addr(2) and launch.i32(off["n"]) == 5000
+    assert k.stats()["generic"].launches >= 1
+
+
+def test_dispatch_picks_the_specialized_variant_and_counts_fallbacks(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    before = k.stats()
+    k(tensor(0), tensor(1), tensor(2), 4096)           # everything divisible by 16
+    k(FakeTensor(BASE + 4), tensor(1), tensor(2), 4096)  # x misaligned: the generic variant
+    after = k.stats()
+    assert after["div16"].launches == before["div16"].launches + 1
+    assert after["generic"].launches == before["generic"].launches + 1
+    assert after["generic"].fallback_launches == before["generic"].fallback_launches + 1
+    assert isinstance(after["div16"], kpack.VariantStats)
+    assert k.select_variant(tensor(0), tensor(1), tensor(2), 4096) == "div16"
+    assert k.select_variant(tensor(0), tensor(1), tensor(2), 4095) == "generic"
+
+
+def test_raw_int_pointers_and_keyword_arguments(fake, open_pack, layouts):
+    k = open_pack("examplepack").vector_add
+    off = layouts("examplepack", "vector_add", "div16")
+    mark = fake.launch_count()
+    k(addr(3), y_ptr=addr(4), n=64, out_ptr=tensor(5))
+    launch = fake.last_launch(mark)
+    assert [launch.u64(off[p]) for p in ("x_ptr", "y_ptr", "out_ptr")] == [addr(3), addr(4),
+                                                                           addr(5)]
+    assert launch.i32(off["n"]) == 64
+
+
+def test_scalar_conversions(fake, open_pack, layouts):
+    k = open_pack("testpack").scalars
+    off = layouts("testpack", "scalars", "default")
+    mark = fake.launch_count()
+    k[(1,)](tensor(0), tensor(1), 256, 1.5, -2.0, 0.1, True, -(2**40))
+    launch = fake.last_launch(mark)
+    assert launch.f32(off["alpha"]) == 1.5
+    assert launch.u16(off["beta"]) == 0xC000                      # bf16 -2.0
+    assert launch.u16(off["gamma"]) == struct.unpack("<H", struct.pack("<e", 0.1))[0]
+    assert launch.u8(off["flag"]) == 1
+    assert launch.i64(off["big"]) == -(2**40)
+    mark = fake.launch_count()
+    k[(1,)](tensor(0), tensor(1), 256, 3, 0, 1, False, 7)        # ints where floats go
+    launch = fake.last_launch(mark)
+    assert launch.f32(off["alpha"]) == 3.0 and launch.u8(off["flag"]) == 0
+
+
+@pytest.mark.parametrize("args, error, pattern", [
+    ((tensor(0), tensor(1), 256, 1.0, 1.0, 1.0, 1, 7), TypeError,
+     r"argument 6 \('flag', i1\) expects a bool; got int"),
+    ((tensor(0), tensor(1), 256, "1", 1.0, 1.0, True, 7), TypeError,
+     r"argument 3 \('alpha', fp32\) expects a float; got str"),
+    ((tensor(0), tensor(1), 256.0, 1.0, 1.0, 1.0, True, 7), TypeError,
+     r"argument 2 \('n', i32\) expects an int; got float"),
+    ((tensor(0), tensor(1), True, 1.0, 1.0, 1.0, True, 7), TypeError,
+     r"argument 2 \('n', i32\) expects an int; got bool"),
+    ((tensor(0), tensor(1), 256, 1.0, 1.0, 1.0, True, 2**63), ValueError,
+     r"argument 7 \('big'\) expects i64, got an unsigned integer 9223372036854775808"),
+    ((tensor(0), tensor(1), 256, 1.0, 1.0, 1.0, True, -(2**64)), ValueError,
+     r"argument 7 \('big', i64\): -18446744073709551616 does not fit a 64-bit integer"),
+    ((tensor(0), tensor(1), 2**31, 1.0, 1.0, 1.0, True, 7), ValueError,
+     r"argument 2 \('n'\) expects i32, got a signed integer 2147483648 that does not fit"),
+    ((tensor(0), -1, 256, 1.0, 1.0, 1.0, True, 7), ValueError,
+     r"argument 1 \('out_ptr', \*fp32\): the int -1 is not a device address"),
+    ((tensor(0), None, 256, 1.0, 1.0, 1.0, True, 7), TypeError,
+     r"argument 1 \('out_ptr', \*fp32\) expects a CUDA tensor .* got NoneType"),
+    ((tensor(0), 3.0, 256, 1.0, 1.0, 1.0, True, 7), TypeError, r"'out_ptr'.* got float"),
+    ((tensor(0), tensor(1), 256, 1.0, 1.0, 1.0, True), TypeError,
+     r"kernel 'scalars' takes 8 arguments \(x_ptr, out_ptr, n, alpha, beta, gamma, flag, big\), "
+     r"got 7"),
+    ((tensor(0), tensor(1), 256, 1.0, 1.0, 1.0, True, 7, 8), TypeError, r"takes 8 arguments"),
+    ((tensor(0, device_type=1), tensor(1), 256, 1.0, 1.0, 1.0, True, 7), ValueError,
+     r"argument 0 \('x_ptr', \*fp32\): the tensor is on the CPU"),
+    ((tensor(0, device_type=3), tensor(1), 256, 1.0, 1.0, 1.0, True, 7), ValueError,
+     r"the tensor is in pinned host memory"),
+    ((tensor(0), tensor(1, device_id=1), 256, 1.0, 1.0, 1.0, True, 7), ValueError,
+     r"argument 1 \('out_ptr', \*fp32\): the tensor is on cuda:1 but the current device is "
+     r"cuda:0"),
+    ((tensor(0, **FLOAT16), tensor(1), 256, 1.0, 1.0, 1.0, True, 7), TypeError,
+     r"argument 0 \('x_ptr', \*fp32\): the tensor's dtype is float16 .* compiled for \*fp32"),
+    ((tensor(0, lanes=4), tensor(1), 256, 1.0, 1.0, 1.0, True, 7), TypeError, r"4 lanes"),
+])
+def test_bad_arguments_raise_naming_the_parameter_and_launch_nothing(fake, open_pack, args,
+                                                                     error, pattern):
+    k = open_pack("testpack").scalars[(1,)]
+    mark = fake.launch_count()
+    with pytest.raises(error, match=pattern) as e:
+        k(*args)
+    if issubclass(error, ValueError):
+        assert isinstance(e.value, kpack.InvalidArgumentError)
+        assert e.value.code == "INVALID_ARGUMENT"
+    assert "kernel 'scalars'" in str(e.value)
+    assert fake.launch_count() == mark
+
+
+def test_no_valid_variant_is_a_value_error(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    mark = fake.launch_count()
+    with pytest.raises(kpack.InvalidArgumentError, match="'n'"):
+        k(tensor(0), tensor(1), tensor(2), 2**40)  # no i64 variant
+    assert fake.launch_count() == mark
+
+
+def test_keyword_errors(open_pack):
+    k = open_pack("examplepack").vector_add
+    x = tensor(0)
+    with pytest.raises(TypeError, match=r"'BLOCK' is a constexpr"):
+        k(x, x, x, 16, BLOCK=1024)
+    with pytest.raises(TypeError, match=r"launch options are fixed per variant"):
+        k(x, x, x, 16, num_warps=8)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'z'.*x_ptr, y_ptr, out_ptr, n"):
+        k(x, x, x, 16, z=1)
+    with pytest.raises(TypeError, match=r"multiple values for argument 'x_ptr'"):
+        k(x, x, x, 16, x_ptr=x)
+    with pytest.raises(TypeError, match=r"missing 'n'"):
+        k(x, x, out_ptr=x)
+
+
+# ---------------------------------------------------------------- grids
+
+
+def test_explicit_grids(fake, open_pack):
+    k = open_pack("testpack").add
+    x = tensor(0)
+    for grid, expected in [((3,), (3, 1, 1)), (7, (7, 1, 1)), ((2, 3), (2, 3, 1)),
+                           ([4, 5, 6], (4, 5, 6))]:
+        mark = fake.launch_count()
+        k[grid](x, x, x, 1024)
+        assert fake.last_launch(mark).grid == expected
+    mark = fake.launch_count()
+    k[(0,)](x, x, x, 1024)  # an empty grid launches nothing, like Triton
+    assert fake.launch_count() == mark
+    assert isinstance(k[(1,)], kpack.GridLaunch)
+
+
+@pytest.mark.parametrize("grid, error, pattern", [
+    ((), ValueError, "1 to 3 axes"), ((1, 2, 3, 4), ValueError, "1 to 3 axes"),
+    ((-1,), ValueError, r"axis 0 is -1"), ((2**32,), ValueError, r"outside \[0, 2\*\*32\)"),
+    ((1.5,), TypeError, "axis 0 is float"), ("abc", TypeError, "axis 0 is str"),
+    ((True,), TypeError, "axis 0 is bool"),
+])
+def test_bad_grids(open_pack, grid, error, pattern):
+    with pytest.raises(error, match=pattern):
+        open_pack("testpack").add[grid]
+
+
+def test_callable_grid_gets_arguments_constexprs_and_options(fake, open_pack):
+    k = open_pack("examplepack").matmul_fp16
+    a = tensor(0, **FLOAT16)
+    seen = {}
+
+    def grid(meta):
+        seen.update(meta)
+        return (math.ceil(meta["M"] / meta["BLOCK_M"]), math.ceil(meta["N"] / meta["BLOCK_N"]))
+
+    mark = fake.launch_count()
+    k[grid](a, a, a, 100, 256, 64, 64, 1, 256, 1, 256, 1)  # M=100: bucket 2, BLOCK_M 64
+    assert fake.last_launch(mark).grid == (2, 4, 1)
+    assert seen["a_ptr"] is a and seen["M"] == 100 and seen["stride_cn"] == 1
+    assert (seen["BLOCK_M"], seen["BLOCK_N"], seen["BLOCK_K"]) == (64, 64, 32)
+    assert (seen["num_warps"], seen["num_ctas"]) == (4, 1)
+
+
+def test_callable_grid_errors_propagate(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    x = tensor(0)
+    mark = fake.launch_count()
+    with pytest.raises(ZeroDivisionError):
+        k[lambda meta: (1 // 0,)](x, x, x, 16)
+    with pytest.raises(TypeError, match="axis 0 is str"):
+        k[lambda meta: ("1",)](x, x, x, 16)
+    assert fake.launch_count() == mark
+
+
+def test_grid_expressions_and_their_absence(fake, open_pack):
+    mm = open_pack("examplepack").matmul_fp16
+    a = tensor(0, **FLOAT16)
+    mark = fake.launch_count()
+    mm(a, a, a, 300, 512, 64, 64, 1, 512, 1, 512, 1)  # bucket 3: 128x128 blocks
+    assert fake.last_launch(mark).grid == (3, 4, 1)
+    x = tensor(0)
+    with pytest.raises(kpack.FailedPreconditionError) as e:
+        open_pack("testpack").add(x, x, x, 16)  # no grid expressions in the manifest
+    assert e.value.code == "FAILED_PRECONDITION"
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_stream_defaults_to_the_producers_current_stream(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    s = fake.stream_create()
+    _testing.set_current_stream(s)
+    try:
+        _testing.reset_counters()
+        mark = fake.launch_count()
+        k(tensor(0), tensor(1), tensor(2), 64)
+        assert fake.last_launch(mark).stream == s
+        # One stream query per launch, one table read per tensor; no Python-level call.
+        assert _testing.counters()["current_work_stream"] == 1
+        assert _testing.counters()["dltensor_from_py_object"] == 3
+    finally:
+        _testing.set_current_stream(0)
+
+
+def test_explicit_streams(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    s = fake.stream_create()
+
+    class TorchLike:
+        cuda_stream = s
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, s)
+
+    for stream in (s, TorchLike(), Protocol()):
+        mark = fake.launch_count()
+        k(tensor(0), tensor(1), tensor(2), 64, stream=stream)
+        assert fake.last_launch(mark).stream == s
+    mark = fake.launch_count()
+    k(tensor(0), tensor(1), tensor(2), 64, stream=None)
+    assert fake.last_launch(mark).stream == 0
+    with pytest.raises(TypeError, match="stream= takes"):
+        k(tensor(0), tensor(1), tensor(2), 64, stream="s")
+    with pytest.raises(ValueError, match="stream handle"):
+        k(tensor(0), tensor(1), tensor(2), 64, stream=-1)
+
+
+def test_raw_pointers_without_torch_use_the_legacy_default_stream(fake, open_pack):
+    assert "torch" not in sys.modules
+    mark = fake.launch_count()
+    open_pack("examplepack").vector_add(addr(0), addr(1), addr(2), 64)
+    assert fake.last_launch(mark).stream == 0
+
+
+def test_with_torch_imported_raw_pointers_use_torchs_current_stream(driver):
+    # In a child process: kpack remembers torch once it has seen it. The stand-in "torch"
+    # module's Tensor is FakeTensor, whose exchange table reports the stream set here.
+    script = f"""
+import sys, types, ctypes
+import kpack
+from kpack._kpack import _testing
+sys.path.insert(0, {str(KERNELS.parent / 'tests' / 'python')!r})
+from conftest import Fake
+pack = kpack.open({str(KERNELS / 'examplepack')!r}, driver={driver!r})
+fake = Fake({driver!r})
+s = fake.stream_create()
+_testing.set_current_stream(s)
+mark = fake.launch_count()
+pack.vector_add(1 << 20, 2 << 20, 3 << 20, 64)
+assert fake.last_launch(mark).stream == 0, "torch not imported yet: legacy stream"
+torch = types.ModuleType("torch")
+torch.Tensor = _testing.FakeTensor
+sys.modules["torch"] = torch
+mark = fake.launch_count()
+pack.vector_add(1 << 20, 2 << 20, 3 << 20, 64)
+assert fake.last_launch(mark).stream == s, "torch imported: its current stream"
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- bound launches
+
+
+def test_bind_launches_and_set_rewrites_one_argument(fake, open_pack, layouts):
+    k = open_pack("dispatchpack").axpy
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    b = k.bind(x, y, out, 4096, 1, 2.0)
+    assert isinstance(b, kpack.BoundLaunch) and b.kernel is k
+    assert b.args == (x, y, out, 4096, 1, 2.0)
+    mark = fake.launch_count()
+    b()
+    b()
+    launches = fake.launches_since(mark)
+    off = layouts("dispatchpack", "axpy", "b0_div16_unit")
+    assert len(launches) == 2 and launches[0].params == launches[1].params
+    assert launches[0].grid == (16, 1, 1) and launches[0].f32(off["alpha"]) == 2.0
+    b.set("alpha", 0.5)
+    b.set(3, 5000)  # n: bucket 1 (BLOCK 1024), and no longer div16
+    mark = fake.launch_count()
+    b()
+    launch = fake.last_launch(mark)
+    off = layouts("dispatchpack", "axpy", "b1_generic")
+    assert launch.grid == (5, 1, 1) and launch.block == (128, 1, 1)
+    assert launch.i32(off["n"]) == 5000 and launch.f32(off["alpha"]) == 0.5
+    assert b.args[3] == 5000
+    z = tensor(7)
+    b.set("out_ptr", z)
+    assert b.args[2] is z
+    mark = fake.launch_count()
+    b()
+    assert fake.last_launch(mark).u64(off["out_ptr"]) == addr(7)
+
+
+def test_bind_errors(fake, open_pack):
+    k = open_pack("dispatchpack").axpy
+    b = k.bind(tensor(0), tensor(1), tensor(2), 4096, 1, 2.0)
+    with pytest.raises(KeyError, match="no call parameter 'nope'"):
+        b.set("nope", 1)
+    with pytest.raises(IndexError, match="no index 6"):
+        b.set(6, 1)
+    with pytest.raises(TypeError, match=r"'alpha', fp32\) expects a float; got str"):
+        b.set("alpha", "x")
+    with pytest.raises(ValueError, match="no variant is valid for n=-1099511627776"):
+        b.set("n", -(2**40))  # bucket 0, which has no i64 variant
+    with pytest.raises(TypeError, match="takes no arguments"):
+        b(1)
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        k.bind(tensor(0))
+    with pytest.raises(ValueError, match="cuda:1"):
+        b.set("x_ptr", tensor(0, device_id=1))
+    mark = fake.launch_count()
+    b()  # still the last good arguments
+    assert fake.last_launch(mark).grid == (16, 1, 1)
+
+
+def test_bound_launch_follows_the_current_stream_unless_given_one(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    s1, s2 = fake.stream_create(), fake.stream_create()
+    b = k.bind(tensor(0), tensor(1), tensor(2), 64)
+    try:
+        _testing.set_current_stream(s1)
+        mark = fake.launch_count()
+        b()
+        _testing.set_current_stream(s2)
+        b()
+        assert [launch.stream for launch in fake.launches_since(mark)] == [s1, s2]
+        b.set_stream(s1)
+        _testing.set_current_stream(0)
+        mark = fake.launch_count()
+        b()
+        assert fake.last_launch(mark).stream == s1
+        b.set_stream(None)
+        mark = fake.launch_count()
+        b()
+        assert fake.last_launch(mark).stream == 0
+    finally:
+        _testing.set_current_stream(0)
+    fixed = k.bind(tensor(0), tensor(1), tensor(2), 64, stream=s2)
+    mark = fake.launch_count()
+    fixed()
+    assert fake.last_launch(mark).stream == s2
+
+
+def test_bound_grid(fake, open_pack):
+    k = open_pack("testpack").add
+    x = tensor(0)
+    b = k[(2, 2)].bind(x, x, x, 16)
+    mark = fake.launch_count()
+    b()
+    b.set_grid(9)
+    b()
+    assert [launch.grid for launch in fake.launches_since(mark)] == [(2, 2, 1), (9, 1, 1)]
+    b = k[lambda meta: (meta["n"] // meta["BLOCK"],)].bind(x, x, x, 4096)
+    mark = fake.launch_count()
+    b()
+    assert fake.last_launch(mark).grid == (4, 1, 1)
+
+
+# ---------------------------------------------------------------- failures below
+
+
+def test_driver_errors_become_exceptions_with_the_driver_message(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    fake.fail_next("LaunchKernelEx", fake.CUDA_ERROR_LAUNCH_FAILED)
+    with pytest.raises(kpack.Error, match="CUDA_ERROR_LAUNCH_FAILED") as e:
+        k(tensor(0), tensor(1), tensor(2), 64)
+    assert e.value.code == "INTERNAL" and isinstance(e.value, kpack.InternalError)
+    mark = fake.launch_count()
+    k(tensor(0), tensor(1), tensor(2), 64)  # and the next launch works
+    assert fake.launch_count() == mark + 1
+
+
+def test_a_failing_tensor_export_launches_nothing(fake, open_pack):
+    k = open_pack("examplepack").vector_add
+    mark = fake.launch_count()
+    with pytest.raises(RuntimeError, match="export refused"):
+        k(tensor(0), tensor(1, fail=True), tensor(2), 64)
+    assert fake.launch_count() == mark
+
+
+def test_managed_export_path_releases_what_it_takes(fake, open_pack, layouts):
+    k = open_pack("examplepack").vector_add
+    _testing.reset_counters()
+    t = _testing.FakeManagedTensor(addr(9))
+    mark = fake.launch_count()
+    k(t, t, t, 64)
+    assert fake.last_launch(mark).u64(layouts("examplepack", "vector_add", "div16")["x_ptr"]) == \
+        addr(9)
+    c = _testing.counters()
+    assert c["managed_tensor_from_py_object"] == 3 and c["managed_deleted"] == 3
+
+
+def test_kernel_objects_keep_the_pack_alive(fake, driver):
+    k = kpack.open(KERNELS / "examplepack", driver=driver).vector_add  # the Pack is gone
+    mark = fake.launch_count()
+    k(tensor(0), tensor(1), tensor(2), 64)
+    assert fake.launch_count() == mark + 1
+
+
+def test_preload_and_runtime_stats(open_pack):
+    pack = open_pack("dispatchpack")
+    pack.preload()
+    pack.axpy.preload()
+    assert pack.stats()["libraries_loaded"] == 10
