@@ -6,13 +6,19 @@
 //
 //   #include <kpack/torch.h>
 //
-//   at::Tensor vector_add(const at::Tensor& x, const at::Tensor& y) {
+//   // out = x + y, with the grid from the manifest (cdiv(n, BLOCK)).
+//   at::Tensor VectorAdd(const at::Tensor& x, const at::Tensor& y) {
+//     TORCH_CHECK(x.sizes() == y.sizes(), "vector_add: shapes differ");
 //     at::Tensor out = at::empty_like(x);
-//     // Grid from the manifest's grid expressions, on torch's current stream of x's
-//     // device; every tensor checked against its parameter's Triton type.
-//     kpack::TorchCheck(kpack::TorchLaunch(add_kernel, x, y, out, x.numel()));
+//     kpack::TorchCheck(kpack::TorchLaunch(Pack().vector_add, x, y, out,
+//                                          static_cast<int32_t>(x.numel())));
 //     return out;
 //   }
+//
+// (examples/torch_extension/kpack_torch_example.cpp, where Pack() holds the opened
+// Runtime's kernels; built and run on a GPU machine by ctest kpack_torch_extension_gpu.)
+// The launch goes on torch's current stream of x's device; every tensor is checked
+// against its parameter's Triton type.
 //
 // TorchLaunch(kernel, [grid,] args...) takes the kernel's call arguments in order:
 // at::Tensor arguments go through TensorArg (below), everything else is a kpack::Arg
