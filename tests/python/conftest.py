@@ -112,8 +112,22 @@ class Fake:
                                             None) == 0, name
         return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
 
+    def use_primary_context(self) -> None:
+        """Makes device 0's primary context current on this thread, as a CUDA runtime call
+        (or kpack's first launch of a tensor on device 0) would; like libcuda, the fake
+        gives a fresh thread no current context."""
+        get = self._proc("cuDeviceGet", 2000, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+        retain = self._proc("cuDevicePrimaryCtxRetain", 7000, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.c_int)
+        set_current = self._proc("cuCtxSetCurrent", 4000, ctypes.c_void_p)
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        assert get(ctypes.byref(dev), 0) == 0
+        assert retain(ctypes.byref(ctx), dev) == 0
+        assert set_current(ctx) == 0
+
     def stream_create(self) -> int:
-        """A new stream of the current (auto) context, as an int."""
+        """A new stream of device 0's primary context (made current), as an int."""
+        self.use_primary_context()
         create = self._proc("cuStreamCreate", 2000, ctypes.POINTER(ctypes.c_void_p),
                             ctypes.c_uint)
         s = ctypes.c_void_p()
