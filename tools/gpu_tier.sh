@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU tier on a GPU machine, in stages, each timed and logged:
+#
+#   tools/gpu_tier.sh [STAGE...]      (default: every stage, in this order)
+#
+#   build     configure and build build-gpu/ (Release), and `pip install
+#             --no-build-isolation .` into $KPACK_PYTHON (the Python with torch/triton)
+#   ctest     KPACK_REQUIRE_GPU=1 ctest -L gpu, except the stages below
+#   memcheck  compute-sanitizer memcheck over the conformance suite (eager and captured)
+#             and the 8-thread stress (own streams and CU_STREAM_PER_THREAD)
+#   examples  the example pack rebuilt tuned and checked against Triton's JIT
+#             (kpack_examples_gpu); the tuned pack is kept in $LOGS/examplepack-tuned
+#   python    the Python package, the torch extension (kpack_python_gpu,
+#             kpack_torch_extension_gpu)
+#   bench     kpack_launch_bench (paired rows), the Python and Triton launch benchmarks,
+#             kpack_open_bench
+#   run       tools/run.sh, the README's main job, with a GPU
+#
+# Logs go to $LOGS (default: $OUT when set, else gpu-logs/): one <stage>.log each and
+# summary.txt (stage, exit code, seconds). The exit code is the number of failed stages.
+# Needs the C++ dependencies on CMAKE_PREFIX_PATH (on the project's H200 machine:
+# `source .gpu/env.sh` first).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGS="${LOGS:-${OUT:-gpu-logs}}"
+mkdir -p "$LOGS"
+python="${KPACK_PYTHON:-$(command -v python3)}"
+build=build-gpu
+stages=("$@")
+((${#stages[@]})) || stages=(build ctest memcheck examples python bench run)
+# Tests that other stages run (they are slow, or want the GPU to themselves).
+separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_extension_gpu|_bench_gpu$'
+
+stage_build() {
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DPython3_EXECUTABLE="$python" || return 1
+  # The wheel's own C++ build runs beside the project's.
+  "$python" -m pip install -q --no-build-isolation --no-deps . > "$LOGS/pip.log" 2>&1 &
+  local pip=$!
+  cmake --build "$build" -j"$(nproc)" || { wait "$pip"; return 1; }
+  wait "$pip" || { echo "pip install failed: see pip.log"; return 1; }
+}
+stage_ctest() {
+  KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" -L gpu -E "$separate" -j4 \
+    --output-on-failure --timeout 600
+}
+stage_memcheck() {
+  local cs=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
+  KPACK_REQUIRE_GPU=1 "${cs[@]}" "$build/tests/kpack_gpu_test" --gtest_filter='Suite/*' &&
+    KPACK_REQUIRE_GPU=1 KPACK_STRESS_LAUNCHES=600 "${cs[@]}" "$build/tests/kpack_gpu_test" \
+      --gtest_filter='Streams/*'
+}
+stage_examples() {
+  rm -rf "$LOGS/examplepack-tuned"
+  KPACK_REQUIRE_GPU=1 KPACK_EXAMPLES_KEEP="$PWD/$LOGS/examplepack-tuned" \
+    ctest --test-dir "$build" -R '^kpack_examples_gpu$' --output-on-failure -V --timeout 900
+}
+stage_python() {
+  KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" -R 'kpack_python_gpu|kpack_torch_extension_gpu' \
+    -j2 --output-on-failure -V --timeout 900
+}
+stage_bench() {
+  "$build/bench/kpack_launch_bench" --benchmark_filter='paired/' --benchmark_repetitions=5 \
+    --benchmark_min_time=0.05 --benchmark_report_aggregates_only=true &&
+    "$python" bench/python_launch_bench.py --kpack-bench "$build/bench/kpack_launch_bench" \
+      --out "$LOGS/python_bench" &&
+    "$build/bench/kpack_open_bench" --benchmark_min_time=0.5
+}
+stage_run() {
+  KPACK_REQUIRE_GPU=1 bash tools/run.sh
+}
+
+failed=0
+for s in "${stages[@]}"; do
+  start=$SECONDS
+  echo "== $s"
+  "stage_$s" > "$LOGS/$s.log" 2>&1
+  rc=$?
+  line="$s rc=$rc $((SECONDS - start))s"
+  echo "$line" | tee -a "$LOGS/summary.txt"
+  tail -n 25 "$LOGS/$s.log"
+  ((rc == 0)) || failed=$((failed + 1))
+done
+exit "$failed"
