@@ -61,13 +61,14 @@ struct ScratchArenas::Shared {
   std::mutex mu;
   bool closed = false;  // ~ScratchArenas ran: graphs' arenas returning now leak
   struct Reserved {
-    StreamKey stream;
+    StreamKey stream;          // KeyOf: what Reserve and Release match on
+    StreamKey capture_stream;  // CaptureKeyOf: what a launch inside a capture matches on
     Arena arena;
   };
   std::vector<Reserved> reserved;  // set aside for the next capture on a stream
   struct Captured {
     uint64_t capture;  // cuStreamGetCaptureInfo's id
-    StreamKey stream;
+    StreamKey stream;  // CaptureKeyOf
     Arena arena;
   };
   std::vector<Captured> in_graphs;  // owned by graphs, until their destructor returns them
@@ -112,6 +113,14 @@ absl::StatusOr<StreamKey> ScratchArenas::KeyOf(CUstream stream, uint64_t context
   KPACK_RETURN_IF_ERROR(
       driver_.Check(driver_.StreamGetId(stream, &id), "cuStreamGetId for a scratch arena"));
   return StreamKey{context, StreamKey::kReal, id};
+}
+
+StreamKey ScratchArenas::CaptureKeyOf(CUstream stream, uint64_t context) {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return StreamKey{context, StreamKey::kLegacy, 0};
+  if (stream == CU_STREAM_PER_THREAD) {
+    return StreamKey{context, StreamKey::kPerThread, ThreadToken()};
+  }
+  return StreamKey{context, StreamKey::kHandle, reinterpret_cast<uintptr_t>(stream)};
 }
 
 std::pair<CUdeviceptr, uint64_t> ScratchArenas::Find(const StreamKey& key) const {
@@ -261,7 +270,7 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::GrowLocked(CUstream stream, CUcontext
 absl::StatusOr<CUdeviceptr> ScratchArenas::ForCapture(CUstream stream, uint64_t context,
                                                       uint64_t capture, CUgraph graph,
                                                       uint64_t bytes) {
-  KPACK_ASSIGN_OR_RETURN(StreamKey key, KeyOf(stream, context));
+  const StreamKey key = CaptureKeyOf(stream, context);
   Arena arena;
   {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -273,8 +282,9 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::ForCapture(CUstream stream, uint64_t 
           c.arena.size, ", and kpack never allocates during a capture: call "
           "Runtime::ReserveScratch(stream, ", bytes, ") before beginning the capture"));
     }
-    auto reserved = std::find_if(shared_->reserved.begin(), shared_->reserved.end(),
-                                 [&](const Shared::Reserved& r) { return r.stream == key; });
+    auto reserved =
+        std::find_if(shared_->reserved.begin(), shared_->reserved.end(),
+                     [&](const Shared::Reserved& r) { return r.capture_stream == key; });
     if (reserved != shared_->reserved.end() && reserved->arena.size >= bytes) {
       arena = reserved->arena;
       shared_->reserved.erase(reserved);
@@ -374,8 +384,19 @@ absl::Status ScratchArenas::Reserve(CUstream stream, uint64_t bytes) {
     shared_->idle.push_back(reserved->arena);  // too small: back to the pool
     shared_->reserved.erase(reserved);
   }
+  // A reservation left by a destroyed stream whose handle this one reuses would be found
+  // first by a capture on this stream: back to the pool with it.
+  const StreamKey capture_key = CaptureKeyOf(stream, context_id);
+  for (auto it = shared_->reserved.begin(); it != shared_->reserved.end();) {
+    if (it->capture_stream == capture_key) {
+      shared_->idle.push_back(it->arena);
+      it = shared_->reserved.erase(it);
+    } else {
+      ++it;
+    }
+  }
   KPACK_ASSIGN_OR_RETURN(Arena arena, TakeOrAllocate(context, context_id, bytes));
-  shared_->reserved.push_back({key, arena});
+  shared_->reserved.push_back({key, capture_key, arena});
   return absl::OkStatus();
 }
 

@@ -59,11 +59,16 @@
 namespace kpack::internal {
 
 // Which stream a launch's eager arena belongs to, within a context.
+// Inside a stream capture a real stream is known by its handle (kHandle): the driver
+// refuses cuStreamGetId on a capturing stream, and a failed call would invalidate the
+// user's capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on driver 580).
 struct StreamKey {
-  enum Kind : uint64_t { kReal = 1, kLegacy = 2, kPerThread = 3 };
+  enum Kind : uint64_t { kReal = 1, kLegacy = 2, kPerThread = 3, kHandle = 4 };
   uint64_t context = 0;  // cuCtxGetId
   uint64_t kind = 0;
-  uint64_t id = 0;  // kReal: cuStreamGetId; kPerThread: the thread's kpack token; else 0
+  // kReal: cuStreamGetId; kHandle: the CUstream's address; kPerThread: the thread's
+  // kpack token; else 0
+  uint64_t id = 0;
   bool operator==(const StreamKey&) const = default;
 };
 
@@ -116,6 +121,9 @@ class ScratchArenas {
   // The key of `stream` in the current context `context`; a real stream's id costs one
   // cuStreamGetId.
   absl::StatusOr<StreamKey> KeyOf(CUstream stream, uint64_t context) const;
+  // The key of `stream` as a capture sees it: KeyOf's, but a real stream by its handle
+  // (no driver call, so it is safe on a capturing stream).
+  static StreamKey CaptureKeyOf(CUstream stream, uint64_t context);
   // The lock-free lookup: the arena (aligned, size) of `key`, or {0, 0}.
   std::pair<CUdeviceptr, uint64_t> Find(const StreamKey& key) const;
   // Grows (or makes) `stream`'s arena to at least `bytes`, allocating in `context` (the

@@ -1518,7 +1518,7 @@ CUresult FakeStreamSynchronize(CUstream handle) {
 }
 
 // Real streams have their own id; the legacy stream one per context; the per-thread
-// stream one per (thread, context).
+// stream one per (thread, context). A capturing stream has none to give (see below).
 CUresult FakeStreamGetId(CUstream handle, unsigned long long* id) {  // NOLINT(runtime/int)
   if (CUresult r = Enter(Fn::kStreamGetId); r != CUDA_SUCCESS) return r;
   if (id == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -1536,8 +1536,14 @@ CUresult FakeStreamGetId(CUstream handle, unsigned long long* id) {  // NOLINT(r
     *id = per_thread;
     return CUDA_SUCCESS;
   }
-  const Stream* stream = s.streams.Find(handle);
+  Stream* stream = s.streams.Find(handle);
   if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Seen on driver 580: asked of a capturing stream, cuStreamGetId fails with
+  // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture.
+  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   *id = stream->id;
   return CUDA_SUCCESS;
 }
