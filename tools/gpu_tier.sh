@@ -24,6 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS="${LOGS:-${OUT:-gpu-logs}}"
 mkdir -p "$LOGS"
+LOGS="$(cd "$LOGS" && pwd)"
 python="${KPACK_PYTHON:-$(command -v python3)}"
 build=build-gpu
 stages=("$@")
@@ -52,7 +53,7 @@ stage_memcheck() {
 }
 stage_examples() {
   rm -rf "$LOGS/examplepack-tuned"
-  KPACK_REQUIRE_GPU=1 KPACK_EXAMPLES_KEEP="$PWD/$LOGS/examplepack-tuned" \
+  KPACK_REQUIRE_GPU=1 KPACK_EXAMPLES_KEEP="$LOGS/examplepack-tuned" \
     ctest --test-dir "$build" -R '^kpack_examples_gpu$' --output-on-failure -V --timeout 900
 }
 stage_python() {
