@@ -75,6 +75,11 @@ NB_MODULE(_kpack, m) {
                   "the pack, load the CUDA driver (`driver`: a library path; default "
                   "$KPACK_CUDA_DRIVER, else libcuda.so.1).")
       .def_prop_ro("dir", [](const RuntimeState& s) { return s.dir; })
+      .def_prop_rw(
+          "preload_on_first_use", [](const RuntimeState& s) { return s.preload_on_first_use; },
+          [](RuntimeState& s, bool on) { s.preload_on_first_use = on; },
+          "Load every variant into a device's context at the first launch from Python there "
+          "(kpack.open(preload='first_use')).")
       .def_prop_ro("kernel_names",
                    [](const RuntimeState& s) { return s.runtime.kernel_names(); })
       .def("kernel", &KernelObject, nb::arg("name"),

@@ -141,15 +141,21 @@ class Pack:
         return self._runtime.stats()
 
 
-def open(dir: str | _os.PathLike, preload: bool = False, driver: Optional[str] = None,  # noqa: A001
-         nvtx: bool = True) -> Pack:
+def open(dir: str | _os.PathLike, preload: bool | str = False,  # noqa: A001
+         driver: Optional[str] = None, nvtx: bool = True) -> Pack:
     """Open the pack in ``dir``: read and check the manifest and every cubin's sha256, and
     load the CUDA driver (``driver``: the library's path; default ``$KPACK_CUDA_DRIVER``,
     else ``libcuda.so.1``). Kernels load lazily at their first launch, or all now with
-    ``preload=True`` (needs a current CUDA context). ``nvtx=False`` drops the per-launch
-    NVTX range. Raises ``UnavailableError`` without a usable driver, ``NotFoundError`` for a
+    ``preload=True`` (needs a current CUDA context), or all into a device's context at the
+    first launch on that device with ``preload="first_use"`` (so that no later launch there
+    loads: CUDA graph capture forbids loading). ``nvtx=False`` drops the per-launch NVTX
+    range. Raises ``UnavailableError`` without a usable driver, ``NotFoundError`` for a
     missing directory or file, ``InvalidArgumentError`` for a malformed pack."""
-    return Pack(_kpack.Runtime.open(_os.fspath(dir), preload, driver, nvtx))
+    if preload not in (False, True, "first_use"):
+        raise ValueError(f"preload must be False, True or 'first_use', got {preload!r}")
+    runtime = _kpack.Runtime.open(_os.fspath(dir), preload is True, driver, nvtx)
+    runtime.preload_on_first_use = preload == "first_use"
+    return Pack(runtime)
 
 
 def build_flags() -> dict:
