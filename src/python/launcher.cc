@@ -110,6 +110,7 @@ struct Strings {
   PyObject* cuda_stream;
   PyObject* cuda_stream_protocol;
   PyObject* scratch_kw;
+  PyObject* grid_kw;
   PyObject* torch;
   PyObject* tensor;
   PyObject* cuda_get_current_raw_stream;
@@ -126,6 +127,7 @@ bool InternStrings() {
   g_str.stream = intern("stream");
   g_str.stream_kw = g_str.stream;
   g_str.scratch_kw = intern("scratch");
+  g_str.grid_kw = intern("grid");
   g_str.cuda_stream = intern("cuda_stream");
   g_str.cuda_stream_protocol = intern("__cuda_stream__");
   g_str.torch = intern("torch");
@@ -133,7 +135,7 @@ bool InternStrings() {
   g_str.cuda_get_current_raw_stream = intern("_cuda_getCurrentRawStream");
   g_str.c = intern("_C");
   return g_str.data_ptr && g_str.dlpack && g_str.dlpack_device && g_str.exchange_api &&
-         g_str.stream && g_str.scratch_kw && g_str.cuda_stream && g_str.cuda_stream_protocol && g_str.torch &&
+         g_str.stream && g_str.scratch_kw && g_str.grid_kw && g_str.cuda_stream && g_str.cuda_stream_protocol && g_str.torch &&
          g_str.tensor && g_str.cuda_get_current_raw_stream && g_str.c;
 }
 
@@ -518,6 +520,7 @@ struct CallState {
   CUstream explicit_stream = nullptr;
   bool has_explicit_stream = false;
   PyObject* scratch = nullptr;  // borrowed: the call's scratch= (None: the kernel's default)
+  PyObject* grid = nullptr;     // borrowed: the call's grid= (None: as if not given)
   const DLPackExchangeAPI* api = nullptr;  // of the first tensor read through one
   int device = -1;                         // the current device, once a tensor needed it
 };
@@ -920,6 +923,10 @@ ABSL_ATTRIBUTE_NOINLINE bool CollectArgs(const KernelPlan& p, PyObject* const* a
       st->scratch = value;
       continue;
     }
+    if (PyUnicode_Compare(key, g_str.grid_kw) == 0) {
+      st->grid = value;
+      continue;
+    }
     size_t i = 0;
     while (i < n && PyUnicode_Compare(key, p.params[i].py_name) != 0) ++i;
     if (i == n) {
@@ -1141,6 +1148,20 @@ PyObject* LaunchCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObj
   if (!ResolveStream(*k->rt, &st, &stream)) return nullptr;
   if (!MaybePreload(k->rt, st.device)) return nullptr;
   Grid g;
+  if (st.grid != nullptr && st.grid != Py_None) {  // k(*args, grid=g): k[g](*args)
+    if (grid != nullptr || grid_fn != nullptr) {
+      PyErr_Format(PyExc_TypeError, "kernel '%s': grid given twice (kernel[grid] and grid=)",
+                   p.name.c_str());
+      return nullptr;
+    }
+    if (PyCallable_Check(st.grid)) {
+      grid_fn = st.grid;
+    } else if (!ParseGrid(st.grid, &g)) {
+      return nullptr;
+    } else {
+      grid = &g;
+    }
+  }
   if (grid_fn != nullptr) {
     if (!EvalGridFn(k, grid_fn, a.span(), a.objects(), &g)) return nullptr;
     grid = &g;
@@ -1640,10 +1661,6 @@ PyGetSetDef g_kernel_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-PyMemberDef g_vectorcall_member[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, 0, READONLY, nullptr},  // offset set at init
-    {nullptr, 0, 0, 0, nullptr},
-};
 
 PyMethodDef g_grid_methods[] = {
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(GridBind)),
@@ -1669,25 +1686,6 @@ PyGetSetDef g_bound_getset[] = {
     {"kernel", BoundGetKernel, nullptr, "the kernel", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
-
-PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
-                       std::vector<PyType_Slot> slots, const char* doc) {
-  static std::vector<std::unique_ptr<PyMemberDef[]>> members_keep;
-  auto members = std::make_unique<PyMemberDef[]>(2);
-  members[0] = g_vectorcall_member[0];
-  members[0].offset = vectorcall_offset;
-  members[1] = g_vectorcall_member[1];
-  slots.push_back({Py_tp_members, members.get()});
-  slots.push_back({Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)});
-  slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
-  slots.push_back({0, nullptr});
-  members_keep.push_back(std::move(members));
-  PyType_Spec spec = {name, basicsize, 0,
-                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-                          Py_TPFLAGS_DISALLOW_INSTANTIATION,
-                      slots.data()};
-  return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
-}
 
 PyObject* MakeException(PyObject* module, const char* name, PyObject* bases, const char* doc) {
   std::string full = std::string("kpack.") + name;
@@ -1751,6 +1749,24 @@ PyStructSequence_Desc g_variant_stats_desc = {"kpack.VariantStats", "Launch coun
 
 }  // namespace
 
+PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
+                       std::vector<PyType_Slot> slots, const char* doc, unsigned long flags) {
+  static std::vector<std::unique_ptr<PyMemberDef[]>> members_keep;
+  auto members = std::make_unique<PyMemberDef[]>(2);
+  members[0] = {"__vectorcalloffset__", T_PYSSIZET, vectorcall_offset, READONLY, nullptr};
+  members[1] = {nullptr, 0, 0, 0, nullptr};
+  slots.push_back({Py_tp_members, members.get()});
+  slots.push_back({Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)});
+  slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
+  slots.push_back({0, nullptr});
+  members_keep.push_back(std::move(members));
+  PyType_Spec spec = {name, basicsize, 0,
+                      static_cast<unsigned int>(Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+                                                Py_TPFLAGS_HAVE_VECTORCALL | flags),
+                      slots.data()};
+  return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+}
+
 PyObject* RaiseStatus(const absl::Status& status) {
   return RaiseWithCode(ExceptionFor(status.code()),
                        std::string_view(status.message().data(), status.message().size()),
@@ -1767,9 +1783,11 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_mp_subscript, reinterpret_cast<void*>(KernelGetItem)},
        {Py_tp_methods, g_kernel_methods},
        {Py_tp_getset, g_kernel_getset}},
-      "A pack kernel. k(*args, stream=None) launches with the manifest's grid expressions; "
-      "k[grid](*args) with an explicit grid (int, 1-3 tuple, or callable of the launch's "
-      "meta dict); k.bind(*args) packs once for repeated launches.");
+      "A pack kernel. k(*args, stream=None, scratch=None, grid=None) launches with the "
+      "manifest's grid expressions, or grid= (as k[grid](*args) does: an int, a 1-3 tuple, "
+      "or a callable of the launch's meta dict); k.bind(*args) packs once for repeated "
+      "launches.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   g_grid_type = MakeType(
       "kpack.GridLaunch", sizeof(GridObject), offsetof(GridObject, vectorcall),
       {{Py_tp_dealloc, reinterpret_cast<void*>(GridDealloc)},
@@ -1777,7 +1795,8 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_tp_clear, reinterpret_cast<void*>(GridClear)},
        {Py_tp_repr, reinterpret_cast<void*>(GridRepr)},
        {Py_tp_methods, g_grid_methods}},
-      "kernel[grid]: call it with the kernel's arguments to launch with that grid.");
+      "kernel[grid]: call it with the kernel's arguments to launch with that grid.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   g_bound_type = MakeType(
       "kpack.BoundLaunch", sizeof(BoundObject), offsetof(BoundObject, vectorcall),
       {{Py_tp_dealloc, reinterpret_cast<void*>(BoundDealloc)},
@@ -1786,7 +1805,8 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_tp_repr, reinterpret_cast<void*>(BoundRepr)},
        {Py_tp_methods, g_bound_methods},
        {Py_tp_getset, g_bound_getset}},
-      "A launch whose arguments are checked, dispatched and packed: b() launches it.");
+      "A launch whose arguments are checked, dispatched and packed: b() launches it.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   if (g_kernel_type == nullptr || g_grid_type == nullptr || g_bound_type == nullptr) return false;
   g_variant_stats_type = PyStructSequence_NewType(&g_variant_stats_desc);
   if (g_variant_stats_type == nullptr) return false;

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "driver/driver.h"
@@ -92,6 +93,12 @@ PyObject* LaunchObjects(PyObject* kernel, PyObject* grid, PyObject* const* args,
 // excluded): false for anything else. Never raises.
 bool IsKernelObject(PyObject* o);
 bool TensorDType(PyObject* o, uint8_t* code, uint8_t* bits);
+
+// A GC-tracked type with vectorcall at `vectorcall_offset` (also its tp_call), `slots`
+// besides, and `flags` added (e.g. Py_TPFLAGS_DISALLOW_INSTANTIATION). Null with a Python
+// exception set.
+PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
+                       std::vector<PyType_Slot> slots, const char* doc, unsigned long flags);
 
 // Sets the Python exception that corresponds to `status` (see kpack/__init__.py for the
 // classes) and returns null.

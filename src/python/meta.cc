@@ -134,13 +134,13 @@ std::string KernelMeta::KeywordHint(const char* keyword) const {
              "launch picks the variant from the call arguments)";
     }
   }
-  for (const char* option : {"num_warps", "num_ctas", "num_stages", "maxnreg", "grid"}) {
+  for (const char* option : {"num_warps", "num_ctas", "num_stages", "maxnreg"}) {
     if (k == option) {
-      return " (launch options are fixed per variant in the pack; a grid goes in "
-             "kernel[grid](...))";
+      return " (launch options are fixed per variant in the pack: choose the variant with "
+             "kernel.restrict(...))";
     }
   }
-  return " (call parameters: " + signature + "; and stream=, scratch=)";
+  return " (call parameters: " + signature + "; and stream=, scratch=, grid=)";
 }
 
 PyObject* KernelMeta::Params() const {

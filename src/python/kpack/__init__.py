@@ -56,6 +56,7 @@ import os as _os
 from typing import Iterator, List, Optional
 
 from kpack import _kpack
+from kpack._dropin import DropInError, DropInWarning, install, installed, uninstall
 from kpack._kpack import (BoundLaunch, Error, FailedPreconditionError, GridLaunch, InternalError,
                           InvalidArgumentError, Kernel, NotFoundError, OutOfRangeError, Param,
                           ResourceExhaustedError, UnavailableError, UnimplementedError, Variant,
@@ -65,7 +66,8 @@ __all__ = [
     "open", "Pack", "Kernel", "GridLaunch", "BoundLaunch", "Param", "Variant", "VariantStats",
     "Error", "InvalidArgumentError", "NotFoundError", "FailedPreconditionError",
     "UnavailableError", "UnimplementedError", "ResourceExhaustedError", "OutOfRangeError",
-    "InternalError", "build_flags",
+    "InternalError", "build_flags", "install", "uninstall", "installed", "DropInWarning",
+    "DropInError",
 ]
 
 __version__ = "0.1.0"
