@@ -161,6 +161,17 @@ PyObject* Fallback(LaunchObject* l, PyObject* reason, PyObject* const* args, siz
   return result;
 }
 
+// Keyword names that are the same objects: a call site's constant tuple, or (for a call
+// with **kwargs, whose tuple is new each time) the same interned strings.
+bool SameNames(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (a == nullptr || b == nullptr || PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a); ++i) {
+    if (PyTuple_GET_ITEM(a, i) != PyTuple_GET_ITEM(b, i)) return false;
+  }
+  return true;
+}
+
 Shape* FindShape(LaunchObject* l, Py_ssize_t nargs, PyObject* kwnames) {
   Entry* e = l->entry;
   for (const std::unique_ptr<Shape>& s : e->shapes) {
@@ -315,7 +326,7 @@ PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   Shape* s = nullptr;
   for (const std::unique_ptr<Shape>& c : e->shapes) {  // the common case: by identity
-    if (c->nargs == nargs && c->kwnames == kwnames) s = c.get();
+    if (c->nargs == nargs && SameNames(c->kwnames, kwnames)) s = c.get();
   }
   if (ABSL_PREDICT_FALSE(s == nullptr)) {
     s = FindShape(l, nargs, kwnames);
