@@ -45,6 +45,13 @@ class                          also a                             code
 ``Error`` (the base)           ``RuntimeError``                   any other
 =============================  =================================  ====================
 
+``k(*args, grid=g)`` is ``k[g](*args)``; ``scratch=`` gives kernels with Triton global
+scratch their memory (a callable ``(nbytes, align, stream)`` returning an address or an
+object with ``data_ptr()``, held until the launch is issued); ``k.restrict(variants)``
+launches only some variants. ``kpack.torch`` registers a pack's kernels as torch ops, and
+``kpack.install(pack)`` makes existing Triton ``kernel[grid](...)`` calls launch through
+the pack (``kpack._dropin``).
+
 Launches need a current CUDA context on the calling thread (torch makes one when it puts
 a tensor on the GPU); a thread with none gets the primary context of its tensors' device,
 as the CUDA runtime would do. The extension does not import torch.
