@@ -1132,6 +1132,26 @@ bool EvalGridFn(const KernelObject* k, PyObject* grid_fn, std::span<const Arg> a
   return ok;
 }
 
+// A call's grid= (None: as if not given), merged into the kernel[grid] it may not also
+// have: k(*args, grid=g) is k[g](*args). `storage` holds a parsed grid. False with an
+// exception set.
+bool GridKeyword(const KernelPlan& p, const CallState& st, const Grid** grid, PyObject** grid_fn,
+                 Grid* storage) {
+  if (st.grid == nullptr || st.grid == Py_None) return true;
+  if (*grid != nullptr || *grid_fn != nullptr) {
+    PyErr_Format(PyExc_TypeError, "kernel '%s': grid given twice (kernel[grid] and grid=)",
+                 p.name.c_str());
+    return false;
+  }
+  if (PyCallable_Check(st.grid)) {
+    *grid_fn = st.grid;
+    return true;
+  }
+  if (!ParseGrid(st.grid, storage)) return false;
+  *grid = storage;
+  return true;
+}
+
 // The scratch callable of a call: its scratch= (None: none), else the kernel's default.
 PyObject* ScratchFn(const KernelObject* k, const CallState& st) {
   if (st.scratch != nullptr) return st.scratch == Py_None ? nullptr : st.scratch;
@@ -1148,20 +1168,7 @@ PyObject* LaunchCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObj
   if (!ResolveStream(*k->rt, &st, &stream)) return nullptr;
   if (!MaybePreload(k->rt, st.device)) return nullptr;
   Grid g;
-  if (st.grid != nullptr && st.grid != Py_None) {  // k(*args, grid=g): k[g](*args)
-    if (grid != nullptr || grid_fn != nullptr) {
-      PyErr_Format(PyExc_TypeError, "kernel '%s': grid given twice (kernel[grid] and grid=)",
-                   p.name.c_str());
-      return nullptr;
-    }
-    if (PyCallable_Check(st.grid)) {
-      grid_fn = st.grid;
-    } else if (!ParseGrid(st.grid, &g)) {
-      return nullptr;
-    } else {
-      grid = &g;
-    }
-  }
+  if (!GridKeyword(p, st, &grid, &grid_fn, &g)) return nullptr;
   if (grid_fn != nullptr) {
     if (!EvalGridFn(k, grid_fn, a.span(), a.objects(), &g)) return nullptr;
     grid = &g;
@@ -1207,6 +1214,7 @@ PyObject* BindCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObjec
   const std::span<const Arg> span = a.span();
   PyObject** objects = a.objects();
   Grid g;
+  if (!GridKeyword(p, st, &grid, &grid_fn, &g)) return nullptr;
   if (grid_fn != nullptr) {
     if (!EvalGridFn(k, grid_fn, span, objects, &g)) return nullptr;
     grid = &g;

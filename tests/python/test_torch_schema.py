@@ -69,4 +69,9 @@ def test_grid_keyword_is_kernel_subscript(fake, open_pack):
         k(*t, 64, grid=None)
     with pytest.raises(TypeError, match="grid given twice"):
         k[(1,)](*t, 64, grid=[2])
+    with pytest.raises(TypeError, match="grid given twice"):
+        k[(1,)].bind(*t, 64, grid=[2])
     assert fake.launch_count() == mark
+    b = k.bind(*t, 64, grid=(4, 2))
+    b()
+    assert fake.last_launch(mark).grid == (4, 2, 1)
