@@ -20,9 +20,10 @@ Sections, each printing what it measured; every failure is collected and printed
              Triton programs call them launch through kpack, bit-identical to Triton's JIT;
              a call with a constexpr the pack lacks falls back to the JIT with a
              DropInWarning and is counted; strict=True raises DropInError
-  dynamo     an installed Triton call inside torch.compile(fullgraph=True): Dynamo traces
-             it itself (triton_kernel_wrapper_mutation, compiled by Inductor), so it does
-             not reach kpack -- the README says to call the torch op there instead
+  dynamo     installed Triton calls inside torch.compile(fullgraph=True): the calls the pack
+             serves become kpack ops in the graph (launched by kpack, bit-identical to the
+             eager drop-in, also under reduce-overhead); one it cannot serve stays Dynamo's
+             triton_kernel_wrapper_mutation (Inductor's), with a DropInWarning
 
 Usage: torch_ops_check.py REPO_ROOT [--only SECTION,...]
 (needs `pip install --no-build-isolation .` into this Python first). Exits 77 (skipped)
@@ -287,40 +288,91 @@ def section_dynamo(c, torch, ctx):
     import kpack
     import kpack.torch
     import triton
+    from matmul import matmul_kernel
+    from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx
     from vector_add import vector_add_kernel
     pack = ctx["pack"]
     kpack.torch.install(pack, namespace="kpack_example")
     try:
-        def uses_triton(x, y):
+        def uses_triton(x, y, a, b):
+            """Triton calls as a program writes them; the pack serves both."""
             out = torch.empty_like(x)
             vector_add_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, out, x.numel(), BLOCK=1024)
-            return out
+            m, k = a.shape
+            n = b.shape[1]
+            mm = torch.empty((m, n), device=a.device, dtype=a.dtype)
+            matmul_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),
+                                        triton.cdiv(n, meta["BLOCK_N"]))](
+                a, b, mm, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                mm.stride(0), mm.stride(1), BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+            return out, mm
+
+        def launches():
+            return sum(s.launches for k in ("vector_add", "matmul_fp16")
+                       for s in pack[k].stats().values())
 
         graphs = []
 
         def backend(gm, example_inputs):
-            graphs.append(str(gm.graph))
+            graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
             return compile_fx(gm, example_inputs)
 
+        g = torch.Generator(device="cuda").manual_seed(3)
+        x, y = (torch.randn(1 << 20, device="cuda", generator=g) for _ in range(2))
+        a = torch.randn(300, 128, device="cuda", generator=g).half()
+        b = torch.randn(128, 256, device="cuda", generator=g).half()
+        want = [t.clone() for t in uses_triton(x, y, a, b)]  # eager: the drop-in
         torch._dynamo.reset()
         compiled = torch.compile(uses_triton, backend=backend, fullgraph=True)
-        x, y = torch.randn(1 << 20, device="cuda"), torch.randn(1 << 20, device="cuda")
-        before = sum(s.launches for s in pack.vector_add.stats().values())
-        got = compiled(x, y)
+        before = launches()
+        got = compiled(x, y, a, b)
         torch.cuda.synchronize()
-        after = sum(s.launches for s in pack.vector_add.stats().values())
-        traced = "triton_kernel_wrapper_mutation" in "".join(graphs)
-        print(f"dynamo: installed Triton call under torch.compile(fullgraph=True): no graph "
-              f"break, traced as triton_kernel_wrapper_mutation: {traced}; kpack launches "
-              f"during the compiled call: {after - before}; result == x + y: "
-              f"{torch.equal(got, x + y)}")
-        c.expect(torch.equal(got, x + y), "dynamo: the compiled call computed a wrong result")
-        c.expect(traced, f"dynamo: expected Dynamo's own Triton HOP in the graph: {graphs}")
-        c.expect(after == before, "dynamo: the compiled call launched through kpack after all "
-                                  "(update the README's Python section)")
+        targets = graphs[-1] if graphs else []
+        routed = [t for t in targets if t.startswith("kpack_example.")]
+        print(f"dynamo: installed Triton calls under torch.compile(fullgraph=True) traced as "
+              f"{routed}; kpack launches during the compiled call: {launches() - before}; "
+              f"bitwise == eager drop-in: {same_all(torch, got, want)}")
+        c.expect("kpack_example.vector_add.default" in targets and
+                 any(t.startswith("kpack_example.matmul_fp16__v") for t in targets),
+                 f"dynamo: the installed calls did not become kpack ops: {targets}")
+        c.expect(not any("triton_kernel_wrapper" in t for t in targets),
+                 f"dynamo: a served call stayed Dynamo's Triton call: {targets}")
+        c.expect(launches() - before == 2, f"dynamo: {launches() - before} kpack launches "
+                                           f"during the compiled call, expected 2")
+        c.expect(same_all(torch, got, want), "dynamo: compiled outputs differ from eager")
+
+        torch._dynamo.reset()
+        counters.clear()
+        graphed = torch.compile(uses_triton, mode="reduce-overhead", fullgraph=True)
+        for i in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            got = graphed(x, y, a, b)
+            torch.cuda.synchronize()
+            same = same_all(torch, got, want)
+            print(f"dynamo reduce-overhead call {i}: bitwise == eager drop-in: {same}")
+            c.expect(same, f"dynamo: reduce-overhead call {i} differs from eager")
+        c.expect(counters["inductor"].get("cudagraph_skips", 0) == 0,
+                 f"dynamo: cudagraphs skipped: {dict(counters['inductor'])}")
+
+        def unserved(x, y):
+            out = torch.empty_like(x)
+            vector_add_kernel[(triton.cdiv(x.numel(), 512),)](x, y, out, x.numel(), BLOCK=512)
+            return out
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.compile(unserved, backend=backend, fullgraph=True)(x, y)
+        torch.cuda.synchronize()
+        messages = [str(w.message) for w in caught if issubclass(w.category, kpack.DropInWarning)]
+        print(f"dynamo: a call the pack cannot serve (BLOCK=512) under compile: {graphs[-1]}; "
+              f"warnings {messages}")
+        c.expect(any("triton_kernel_wrapper_mutation" in t for t in graphs[-1]),
+                 f"dynamo: the unserved call should stay Dynamo's Triton call: {graphs[-1]}")
+        c.expect(any("BLOCK=512" in m for m in messages), f"dynamo: no DropInWarning: {messages}")
+        c.expect(torch.equal(got, x + y), "dynamo: the unserved call computed a wrong result")
     finally:
-        kpack.uninstall()
+        kpack.torch.uninstall()
 
 
 def main():

@@ -4,6 +4,7 @@ op implementation relies on (torch passes the op's grid argument as `grid=[...]`
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -15,7 +16,9 @@ from kpack._kpack import _testing
 
 
 def test_importing_kpack_torch_does_not_import_torch():
-    assert "torch" not in sys.modules
+    script = "import sys, kpack, kpack.torch; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
 
 
 def test_schemas_of_the_example_pack(open_pack):

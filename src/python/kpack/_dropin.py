@@ -118,6 +118,16 @@ class _Shape:
     dtype_params: List[str]
 
 
+@dataclasses.dataclass
+class _Target:
+    """What a call launches: ``view`` (``kernel`` of ``pack`` restricted to ``names``)."""
+    view: Any
+    pack: Any
+    kernel: Any
+    names: List[str]
+    ignore_buckets: bool
+
+
 class _Resolver:
     """Answers kpack._kpack.DropIn's questions (dropin.h)."""
 
@@ -241,6 +251,11 @@ class _Resolver:
         return shape, tuple(key_pos), tuple(call_pos), tuple(defaults), tuple(dtype_params)
 
     def target(self, info: _Function, shape: _Shape, values: tuple, dtypes: tuple):
+        found = self.resolve(info, shape, values, dtypes)
+        return found if isinstance(found, str) else found.view
+
+    def resolve(self, info: _Function, shape: _Shape, values: tuple, dtypes: tuple):
+        """The kernel view a call launches (a ``_Target``), or why it cannot (a str)."""
         constexprs = {k: constexpr_value(v) for k, v in shape.constexpr_defaults.items()}
         options: Dict[str, Any] = {}
         for (kind, name), value in zip(shape.key, values):
@@ -266,13 +281,13 @@ class _Resolver:
                     misses.append(f"'{kernel.name}' has no variant with {_describe(constexprs)}")
                     continue
                 try:
-                    return self._view(kernel, names, ignore_buckets=False)
+                    return _Target(self._view(kernel, names, False), pack, kernel, names, False)
                 except ValueError as e:  # a bucket none of them serves
                     misses.append(str(e))
                     continue
             names = [v.name for v in kernel.variants if self._matches(v, constexprs, effective)]
             if names:
-                return self._view(kernel, names, ignore_buckets=True)
+                return _Target(self._view(kernel, names, True), pack, kernel, names, True)
             have = sorted({f"{_describe(v.constexprs)}, num_warps={v.num_warps}"
                            for v in kernel.variants})
             misses.append(f"'{kernel.name}' has no variant with {_describe(constexprs)}, "
@@ -325,8 +340,9 @@ class _Resolver:
         key = (id(kernel), tuple(names), ignore_buckets)
         view = self.views.get(key)
         if view is None:
-            if len(names) == len(kernel.variants) and not ignore_buckets:
-                view = kernel
+            if len(names) == len(kernel.variants) and \
+                    (not ignore_buckets or all(not v.bucket for v in kernel.variants)):
+                view = kernel  # every variant, the same dispatch
             else:
                 try:
                     view = kernel.restrict(names, ignore_buckets=ignore_buckets)

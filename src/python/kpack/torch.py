@@ -9,7 +9,8 @@ allocator, and the drop-in for existing Triton calls.
     torch.ops.mypack.vector_add(x, y, out, n)            # grid from the manifest
     torch.ops.mypack.layer_norm_fwd(..., grid=[M])        # required without grid expressions
 
-    kpack.torch.install(pack)   # existing `my_kernel[grid](...)` calls launch through kpack
+    kpack.torch.install(pack)   # existing `my_kernel[grid](...)` calls launch through kpack,
+                                # and become the ops above inside torch.compile
 
 Each kernel becomes ``torch.ops.<namespace>.<kernel>`` with a schema made from the
 manifest (:func:`op_schema`): pointer parameters are ``Tensor(a!)`` -- mutated, since a
@@ -141,6 +142,23 @@ class TorchOps:
         self.namespace = namespace
         self.names = names
         self._library = library  # the registrations live as long as it does
+        self._views: Dict[tuple, str] = {}  # (kernel, variants, ignore_buckets) -> op name
+
+    def view_op(self, target):
+        """The op that launches a drop-in target (``kpack._dropin._Target``): the kernel's
+        own when the target is the whole kernel, else one defined for that set of variants
+        (``<op>__v<N>``, same schema), once."""
+        import torch  # noqa: PLC0415
+        kernel = target.kernel
+        if target.view is kernel:
+            return self[kernel.name].default
+        key = (kernel.name, tuple(target.names), target.ignore_buckets)
+        name = self._views.get(key)
+        if name is None:
+            name = f"{self.names[kernel.name]}__v{len(self._views)}"
+            _define(self._library, self.namespace, name, target.view)
+            self._views[key] = name
+        return getattr(getattr(torch.ops, self.namespace), name).default
 
     def __getitem__(self, kernel_name: str):
         import torch  # noqa: PLC0415
@@ -187,15 +205,20 @@ def register(pack, namespace: Optional[str] = None,
         op_names[kernel_name] = name
     library = torch.library.Library(namespace, "DEF")
     for kernel_name, name in op_names.items():
-        kernel = pack[kernel_name]
-        library.define(op_schema(kernel, name))
-        impl = kernel.with_scratch(caching_allocator_scratch) if kernel.has_scratch else kernel
-        library.impl(name, impl, "CUDA")
-        torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
+        _define(library, namespace, name, pack[kernel_name])
     pack._runtime.preload_on_first_use = True
     ops = TorchOps(pack, namespace, op_names, library)
     _registered[namespace] = ops
     return ops
+
+
+def _define(library, namespace: str, name: str, kernel) -> None:
+    """Defines op ``namespace::name`` launching ``kernel`` (see the module's documentation)."""
+    import torch  # noqa: PLC0415
+    library.define(op_schema(kernel, name))
+    impl = kernel.with_scratch(caching_allocator_scratch) if kernel.has_scratch else kernel
+    library.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
 
 
 def _fake(*args, grid=None):
@@ -204,14 +227,152 @@ def _fake(*args, grid=None):
 
 
 def install(pack, namespace: Optional[str] = None, strict: bool = False):
-    """``kpack.install(pack, strict)`` with the pack's kernels also registered as torch ops
-    (``register(pack, namespace)``), which a ``torch.compile``\\ d function calls directly
-    (Dynamo traces a ``@triton.jit`` call itself; see the README's Python section).
-    Returns the installation (``kpack.install``)."""
+    """``kpack.install(pack, strict)``, with the pack's kernels registered as torch ops
+    (``register(pack, namespace)``) through which installed Triton calls go inside
+    ``torch.compile``: Dynamo traces a ``@triton.jit`` call itself, into its
+    ``triton_kernel_wrapper_mutation`` for Inductor to compile, and this routes the calls
+    the pack serves to the kpack op instead (see ``_route_dynamo``). Returns the
+    installation (``kpack.install``)."""
     register(pack, namespace)
-    return _dropin.install(pack, strict=strict)
+    installation = _dropin.install(pack, strict=strict)
+    _patch_dynamo()
+    return installation
 
 
 def uninstall() -> None:
-    """``kpack.uninstall()``."""
+    """``kpack.uninstall()``, and Dynamo traces Triton calls as before."""
     _dropin.uninstall()
+    _unpatch_dynamo()
+
+
+# ---------------------------------------------------------------- torch.compile
+
+_DLPACK = None  # torch dtype -> the drop-in's dtype code (DLPack code << 8 | bits)
+_dynamo_original = None
+_dynamo_warned: set = set()
+
+
+def _dtype_code(dtype) -> int:
+    global _DLPACK
+    if _DLPACK is None:
+        import torch  # noqa: PLC0415
+        pairs = {torch.int8: (0, 8), torch.int16: (0, 16), torch.int32: (0, 32),
+                 torch.int64: (0, 64), torch.uint8: (1, 8), torch.float16: (2, 16),
+                 torch.float32: (2, 32), torch.float64: (2, 64), torch.bfloat16: (4, 16),
+                 torch.bool: (6, 8), torch.float8_e4m3fn: (10, 8),
+                 torch.float8_e4m3fnuz: (11, 8), torch.float8_e5m2: (12, 8),
+                 torch.float8_e5m2fnuz: (13, 8)}
+        for name, bits in (("uint16", 16), ("uint32", 32), ("uint64", 64)):
+            if hasattr(torch, name):
+                pairs[getattr(torch, name)] = (1, bits)
+        _DLPACK = {d: code << 8 | b for d, (code, b) in pairs.items()}
+    return _DLPACK.get(dtype, 0)
+
+
+def _route_dynamo(variable, grids, combined_args, tx):
+    """For Dynamo's DynamoTritonHOPifier.call_HOP: a traced call of an installed Triton
+    kernel becomes a call of the kpack op that launches what the drop-in would launch
+    eagerly (the same resolver: source, constexprs, launch options, dtypes). None when the
+    pack cannot serve the call, or for an autotuner with several configs (Inductor tunes
+    those itself): Dynamo then records its own Triton call, as without kpack."""
+    import torch  # noqa: PLC0415
+    from torch._dynamo import variables  # noqa: PLC0415
+    from triton.runtime.autotuner import Autotuner  # noqa: PLC0415
+
+    installation = _dropin.installed()
+    if installation is None:
+        return None
+    kernel = variable.kernel
+    config = None
+    if isinstance(kernel, Autotuner):
+        if len(kernel.configs) != 1:
+            _not_routed(installation, kernel.fn, "an autotuned kernel inside torch.compile is "
+                        "tuned and compiled by Inductor, not launched by kpack")
+            return None
+        config, kernel = kernel.configs[0], kernel.fn
+    resolver = installation._resolver
+    found = resolver.function(kernel)
+    if found is None or found[1] is not None or found[2]:
+        return None
+    info = found[0]
+
+    def value(name):
+        v = combined_args[name]
+        return v.as_python_constant() if v.is_python_constant() else v
+
+    key, values = [], []
+    for p in info.base.params:
+        if p.is_constexpr:
+            given = config.kwargs[p.name] if config is not None and p.name in config.kwargs \
+                else value(p.name) if p.name in combined_args else p.default
+            key.append(("c", p.name))
+            values.append(given)
+    if config is not None:
+        for option in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+            if getattr(config, option, None) is not None:
+                key.append(("o", option))
+                values.append(getattr(config, option))
+    pointers = [p.name for p in info.candidates[0][1].params if p.type.startswith("*")]
+    dtypes = []
+    for name in pointers:
+        example = value(name).as_proxy().node.meta.get("example_value") \
+            if name in combined_args and not combined_args[name].is_python_constant() else None
+        dtypes.append(_dtype_code(example.dtype) if isinstance(example, torch.Tensor) else 0)
+    shape = _dropin._Shape(key, {}, pointers)
+    target = resolver.resolve(info, shape, tuple(values), tuple(dtypes))
+    if isinstance(target, str):
+        _not_routed(installation, info.base, f"inside torch.compile, Inductor compiles it: "
+                    f"{target}")
+        return None
+    ops = next((o for o in _registered.values() if o.pack is target.pack), None)
+    if ops is None:
+        return None
+    op = ops.view_op(target)
+    args = []
+    for p in info.base.params:
+        if p.is_constexpr:
+            continue
+        v = value(p.name) if p.name in combined_args else p.default
+        args.append(v.as_proxy() if isinstance(v, variables.VariableTracker) else v)
+    grid = list(grids[0])
+    tx.output.create_proxy("call_function", op, tuple(args), {"grid": grid})
+    return variables.ConstantVariable.create(None)
+
+
+def _not_routed(installation, fn, reason: str) -> None:
+    """A traced call kpack leaves to Dynamo: warned once (strict: DropInError)."""
+    import warnings  # noqa: PLC0415
+    name = _dropin._Resolver._name(fn)
+    message = f"kpack: {name}: {reason}"
+    if installation.strict:
+        raise _dropin.DropInError(message)
+    if (name, reason) not in _dynamo_warned:
+        _dynamo_warned.add((name, reason))
+        warnings.warn(message, _dropin.DropInWarning, stacklevel=2)
+
+
+def _patch_dynamo() -> None:
+    """Routes Dynamo's traced Triton calls through ``_route_dynamo`` (once)."""
+    global _dynamo_original
+    if _dynamo_original is not None:
+        return
+    try:
+        from torch._dynamo.variables.functions import DynamoTritonHOPifier  # noqa: PLC0415
+    except ImportError:
+        return  # a torch without Dynamo's Triton support: nothing to route
+    original = DynamoTritonHOPifier.call_HOP
+
+    def call_HOP(self, variable, grids, combined_args, tx):  # noqa: N802
+        routed = _route_dynamo(variable, grids, combined_args, tx)
+        return routed if routed is not None else original(self, variable, grids, combined_args, tx)
+
+    DynamoTritonHOPifier.call_HOP = call_HOP
+    _dynamo_original = (DynamoTritonHOPifier, original)
+
+
+def _unpatch_dynamo() -> None:
+    global _dynamo_original
+    if _dynamo_original is not None:
+        cls, original = _dynamo_original
+        cls.call_HOP = original
+        _dynamo_original = None
