@@ -109,8 +109,11 @@ Entry* FindEntry(DropInObject* d, PyObject* fn) {
     e->hooks = Py_NewRef(hooks);
   }
   Py_DECREF(r);
+  // The resolver ran Python code, which may have made this entry meanwhile; the first
+  // one stays (launchers of it may be alive).
+  if (auto again = d->entries->find(fn); again != d->entries->end()) return again->second.get();
   Entry* raw = e.get();
-  (*d->entries)[fn] = std::move(e);  // the entry holds `fn`, so its address stays unique
+  d->entries->emplace(fn, std::move(e));  // the entry holds `fn`, so its address stays unique
   return raw;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_driver.h"
@@ -194,6 +195,35 @@ TEST_F(DispatchRuntimeTest, RestrictedKeepingBucketsAndItsErrors) {
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(&same->info(), &axpy_.info());
   EXPECT_EQ(Kernel().Restrict(all).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Views are made under the runtime's lock: threads asking for the same view at once get
+// one view, and launch through it while others make theirs (TSan runs this).
+TEST_F(DispatchRuntimeTest, RestrictFromManyThreads) {
+  constexpr int kThreads = 8;
+  const Names configs[3] = {{"b0_generic", "b0_div16", "b0_div16_unit"},
+                            {"b1_generic", "b1_div16", "b1_div16_unit"},
+                            {"b2_generic", "b2_div16", "b2_div16_unit"}};
+  std::vector<const KernelInfo*> seen(kThreads, nullptr);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      testing::UsePrimaryContext();
+      for (int i = 0; i < 20; ++i) {
+        absl::StatusOr<Kernel> view = axpy_.Restrict(configs[(t + i) % 3], true);
+        if (!view.ok()) return;
+        if ((t + i) % 3 == 0) seen[t] = &view->info();
+        if (!view->Launch(nullptr, kX, kY, kOut, int64_t{4096}, 1, 1.0f).ok()) return;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_NE(seen[t], nullptr) << "thread " << t << " failed";
+    EXPECT_EQ(seen[t], seen[0]) << "one view per request";
+  }
+  EXPECT_EQ(Launches("b0_div16_unit") + Launches("b1_div16_unit") + Launches("b2_div16_unit"),
+            uint64_t{kThreads} * 20);
 }
 
 TEST_F(DispatchRuntimeTest, LargeNGoesToTheI64Variant) {
