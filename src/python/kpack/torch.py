@@ -324,9 +324,10 @@ def _route_dynamo(variable, grids, combined_args, tx):
         _not_routed(installation, info.base, f"inside torch.compile, Inductor compiles it: "
                     f"{target}")
         return None
-    ops = next((o for o in _registered.values() if o.pack is target.pack), None)
+    ops = next((o for o in _registered.values()
+                if o.pack is target.pack and target.kernel.name in o.names), None)
     if ops is None:
-        return None
+        return None  # not registered as an op (register(..., kernels=...) left it out)
     op = ops.view_op(target)
     args = []
     for p in info.base.params:
