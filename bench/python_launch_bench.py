@@ -149,12 +149,9 @@ PATHS = [
     LaunchPath("kpack_eager", "kpack eager `k(...)`", _kpack_eager),
     LaunchPath("kpack_bound", "kpack bound `b()`", _kpack_bound),
 ]
-# ---- Slot for the rows of the second part of issue 15 (torch ops, drop-in install) ----
-# Append LaunchPath(key, label, make) entries here, e.g.
-#   LaunchPath("kpack_torch_ops", "kpack `torch.ops.bench.args4(...)`", make_torch_op),
-#   LaunchPath("kpack_dropin", "Triton `kernel[grid]` after kpack install", make_dropin),
-# `make` gets (torch, pack, kernel_name, call_args, out) and returns the launch callable;
-# the row is measured, checked and tabulated like the others, and TARGETS can name it.
+# The torch-path rows: `make` gets (torch, pack, kernel_name, call_args, out) and returns
+# the launch callable, `active` (if any) the context the row is checked and timed in; the
+# rows are measured, checked and tabulated like the others, and TARGETS name them.
 EXTRA_PATHS: list = [
     LaunchPath("kpack_torch_ops", "kpack `torch.ops.kpack_bench.args4(...)`", _kpack_torch_ops),
     LaunchPath("kpack_dropin", "Triton `kernel[grid](...)` after `kpack.install`", _triton_jit,
