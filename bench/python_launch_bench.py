@@ -10,7 +10,14 @@ and 14 call arguments, ``tools/kpack_tools/build_bench_pack.py``) this measures
 * ``kpack_eager``: ``pack.args4(x, out, n, s0)`` -- kpack's Python call, grid from the
   manifest, torch's current stream;
 * ``kpack_bound``: ``b()`` for ``b = pack.args4.bind(...)``;
-* the rows of ``EXTRA_PATHS`` (the slot for the ``torch.ops`` and drop-in rows);
+* ``kpack_torch_ops``: ``torch.ops.kpack_bench.args4(x, out, n, s0)`` -- the pack's
+  kernels registered as torch ops (``kpack.torch.register``), called as a torch program
+  calls an op;
+* ``kpack_dropin``: Triton's own ``kernel[grid](...)`` call, the same line as
+  ``triton_jit``, with the benchmark pack installed (``kpack.install``) while this row is
+  timed: the drop-in launches it through kpack. The committed benchmark pack predates the
+  kpack/2 ``source`` field, so the row installs a copy of it whose manifest names the
+  functions it was built from (``kpack_tools.pack.source_identity``);
 * ``raw_params``: raw ``cuLaunchKernelEx`` from C++ on the same cubin, the floor
   (``bench/launch_bench.cc``, run as a subprocess: ``--kpack-bench``).
 
@@ -38,6 +45,7 @@ kpack's own Python-side cost instead: the fake driver's launch does nothing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -65,6 +73,8 @@ class LaunchPath:
     label: str
     # (torch, pack, kernel name, call args, out) -> a no-argument launch callable
     make: Optional[Callable] = None
+    # (pack) -> a context manager that the path is checked, warmed up and timed in
+    active: Optional[Callable] = None
 
 
 def _triton_jit(torch, pack, kernel, args, out):
@@ -92,19 +102,61 @@ def _kpack_bound(torch, pack, kernel, args, out):
     return pack[kernel].bind(*args)
 
 
+def _kpack_torch_ops(torch, pack, kernel, args, out):
+    import kpack.torch  # noqa: PLC0415
+    op = kpack.torch.register(pack, "kpack_bench")[kernel]
+    return lambda: op(*args)
+
+
+_dropin_packs = {}
+
+
+def dropin_pack(pack, driver=None):
+    """The benchmark pack with the kpack/2 ``source`` of the functions it was built from,
+    in a temporary copy (made once)."""
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import kpack  # noqa: PLC0415
+    from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
+    from kpack_tools.pack import source_identity  # noqa: PLC0415
+    if pack.dir not in _dropin_packs:
+        copy = Path(tempfile.mkdtemp(prefix="kpack_bench_dropin_")) / "pack"
+        shutil.copytree(pack.dir, copy)
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["format"] = "kpack/2"
+        for k in manifest["kernels"]:
+            k["source"] = dict(source_identity(FUNCTIONS[k["name"]][0]))
+        (copy / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        _dropin_packs[pack.dir] = kpack.open(copy, preload="first_use", driver=driver,
+                                             nvtx=driver is None)
+    return _dropin_packs[pack.dir]
+
+
+@contextlib.contextmanager
+def _dropin_active(pack):
+    import kpack  # noqa: PLC0415
+    kpack.install(dropin_pack(pack), strict=True)  # a fallback would time Triton: refuse it
+    try:
+        yield
+    finally:
+        kpack.uninstall()
+
+
 PATHS = [
     LaunchPath("triton_jit", "Triton `kernel[grid](...)`", _triton_jit),
     LaunchPath("triton_compiled", "Triton `CompiledKernel[grid](...)`", _triton_compiled),
     LaunchPath("kpack_eager", "kpack eager `k(...)`", _kpack_eager),
     LaunchPath("kpack_bound", "kpack bound `b()`", _kpack_bound),
 ]
-# ---- Slot for the rows of the second part of issue 15 (torch ops, drop-in install) ----
-# Append LaunchPath(key, label, make) entries here, e.g.
-#   LaunchPath("kpack_torch_ops", "kpack `torch.ops.bench.args4(...)`", make_torch_op),
-#   LaunchPath("kpack_dropin", "Triton `kernel[grid]` after kpack install", make_dropin),
-# `make` gets (torch, pack, kernel_name, call_args, out) and returns the launch callable;
-# the row is measured, checked and tabulated like the others, and TARGETS can name it.
-EXTRA_PATHS: list = []
+# The torch-path rows: `make` gets (torch, pack, kernel_name, call_args, out) and returns
+# the launch callable, `active` (if any) the context the row is checked and timed in; the
+# rows are measured, checked and tabulated like the others, and TARGETS name them.
+EXTRA_PATHS: list = [
+    LaunchPath("kpack_torch_ops", "kpack `torch.ops.kpack_bench.args4(...)`", _kpack_torch_ops),
+    LaunchPath("kpack_dropin", "Triton `kernel[grid](...)` after `kpack.install`", _triton_jit,
+               _dropin_active),
+]
 RAW = LaunchPath("raw_params", "raw `cuLaunchKernelEx` (C++, params)")
 
 
@@ -126,6 +178,16 @@ TARGETS = [
            lambda m: (m["kpack_bound"] - m["raw_params"], m["kpack_bound"] - m["raw_params"] <= 0.4)),
     Target("kpack bound <= raw + 0.4 us (14 args)", "args14",
            lambda m: (m["kpack_bound"] - m["raw_params"], m["kpack_bound"] - m["raw_params"] <= 0.4)),
+    Target("kpack torch.ops <= kpack eager + 2 us (4 args)", "args4",
+           lambda m: (m["kpack_torch_ops"] - m["kpack_eager"],
+                      m["kpack_torch_ops"] - m["kpack_eager"] <= 2)),
+    Target("kpack torch.ops <= kpack eager + 2 us (14 args)", "args14",
+           lambda m: (m["kpack_torch_ops"] - m["kpack_eager"],
+                      m["kpack_torch_ops"] - m["kpack_eager"] <= 2)),
+    Target("Triton kernel[grid] >= 3x the drop-in (4 args)", "args4",
+           lambda m: (m["triton_jit"] / m["kpack_dropin"], m["triton_jit"] / m["kpack_dropin"] >= 3)),
+    Target("Triton kernel[grid] >= 3x the drop-in (14 args)", "args14",
+           lambda m: (m["triton_jit"] / m["kpack_dropin"], m["triton_jit"] / m["kpack_dropin"] >= 3)),
 ]
 
 
@@ -158,13 +220,16 @@ def measure_python(torch, paths, args) -> tuple[dict, dict]:
     results = {p.key: {k: [] for k in KERNELS} for p in paths}
     errors = {p.key: {} for p in paths}
     launchers = {}
+    active = {p.key: (lambda p=p: p.active(pack) if p.active else contextlib.nullcontext())
+              for p in paths}
     with torch.cuda.stream(stream):
         for kernel in KERNELS:
             call, out, expected = make_inputs(torch, kernel)
             for p in paths:
                 launch = p.make(torch, pack, kernel, call, out)
                 out.fill_(float("nan"))
-                launch()
+                with active[p.key]():
+                    launch()
                 torch.cuda.synchronize()
                 err = (out - expected).abs().max().item()
                 if not err <= 1e-5:
@@ -172,15 +237,17 @@ def measure_python(torch, paths, args) -> tuple[dict, dict]:
                                      f"(max abs error {err})")
                 errors[p.key][kernel] = err
                 launchers[(p.key, kernel)] = launch
-        for launch in launchers.values():
-            time_batches(torch, launch, args.batch, args.warmup)
+        for (key, _), launch in launchers.items():
+            with active[key]():
+                time_batches(torch, launch, args.batch, args.warmup)
         order = list(launchers)
         rng = random.Random(1)
         for _ in range(args.reps):
             rng.shuffle(order)
             for key, kernel in order:
-                results[key][kernel].append(
-                    time_batches(torch, launchers[(key, kernel)], args.batch, args.iters))
+                with active[key]():
+                    results[key][kernel].append(
+                        time_batches(torch, launchers[(key, kernel)], args.batch, args.iters))
     return results, errors
 
 
@@ -262,7 +329,9 @@ def fake_main(args) -> int:
     os.environ["KPACK_FAKE_LAUNCH_NOOP"] = "1"
     import kpack  # noqa: PLC0415
     from kpack._kpack import _testing  # noqa: PLC0415
+    from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
     pack = kpack.open(PACK, driver=args.fake_driver, nvtx=False)
+    kpack.install(dropin_pack(pack, driver=args.fake_driver), strict=True)
     rows = []
     for kernel in KERNELS:
         k = pack[kernel]
@@ -271,10 +340,13 @@ def fake_main(args) -> int:
         ints = tuple(0x7F00_0000_0000 + 0x1000 * i for i in range(INPUTS[kernel] + 1)) + call[len(t):]
         bound = k.bind(*call)
         grid = (1,)
+        jit_fn = FUNCTIONS[kernel][0]
         cases = {"eager (tensor stand-ins)": lambda: k(*call),
                  "eager (int pointers)": lambda: k(*ints),
                  "kernel[grid] (tensor stand-ins)": lambda: k[grid](*call),
-                 "bound b()": bound}
+                 "bound b()": bound,
+                 "drop-in Triton fn[grid](..., BLOCK=, num_warps=)":
+                     lambda: jit_fn[grid](*call, BLOCK=BLOCK, num_warps=NUM_WARPS)}
         for name, fn in cases.items():
             best = min(_time_ns(fn, args.fake_launches) for _ in range(args.fake_rounds))
             rows.append((kernel, name, best))

@@ -10,8 +10,8 @@
 #             and the 8-thread stress (own streams and CU_STREAM_PER_THREAD)
 #   examples  the example pack rebuilt tuned and checked against Triton's JIT
 #             (kpack_examples_gpu); the tuned pack is kept in $LOGS/examplepack-tuned
-#   python    the Python package, the torch extension (kpack_python_gpu,
-#             kpack_torch_extension_gpu)
+#   python    the Python package, its torch ops and drop-in, the torch extension
+#             (kpack_python_gpu, kpack_torch_ops_gpu, kpack_torch_extension_gpu)
 #   bench     kpack_launch_bench (paired rows), the Python and Triton launch benchmarks,
 #             kpack_open_bench
 #   run       tools/run.sh, the README's main job, with a GPU
@@ -30,7 +30,7 @@ build=build-gpu
 stages=("$@")
 ((${#stages[@]})) || stages=(build ctest memcheck examples python bench run)
 # Tests that other stages run (they are slow, or want the GPU to themselves).
-separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_extension_gpu|_bench_gpu$'
+separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|_bench_gpu$'
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -57,8 +57,9 @@ stage_examples() {
     ctest --test-dir "$build" -R '^kpack_examples_gpu$' --output-on-failure -V --timeout 900
 }
 stage_python() {
-  KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" -R 'kpack_python_gpu|kpack_torch_extension_gpu' \
-    -j2 --output-on-failure -V --timeout 900
+  KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" \
+    -R 'kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu' \
+    -j2 --output-on-failure -V --timeout 1200
 }
 stage_bench() {
   "$build/bench/kpack_launch_bench" --benchmark_filter='paired/' --benchmark_repetitions=5 \

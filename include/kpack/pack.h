@@ -48,6 +48,9 @@ struct ParamInfo {
   std::string name;
   std::string type;  // the Triton type string as in the manifest: "*fp32", "i32", "constexpr"
   bool is_constexpr = false;
+  // kpack/2 `readonly`: the build spec declared that the kernel never writes through this
+  // pointer. False when absent (the pointer may be written), always for non-pointers.
+  bool readonly = false;
 };
 
 // One bucket dimension of a kernel.
@@ -84,6 +87,13 @@ struct VariantInfo {
   uint32_t param_bytes = 0;            // the end of the last slot
 };
 
+// kpack/2 `source`: the `@triton.jit` function a kernel was compiled from, as the pack
+// tools recorded it (docs/pack-format.md). Both empty when the manifest has none.
+struct SourceInfo {
+  std::string qualname;  // "module.qualname"
+  std::string sha256;    // of the function's source text (Triton's JITFunction.src), hex
+};
+
 struct KernelInfo {
   std::string name;
   std::vector<ParamInfo> params;    // all, constexprs included, declaration order
@@ -91,6 +101,10 @@ struct KernelInfo {
   std::vector<BucketDimInfo> buckets;
   std::vector<std::string> grid;  // 0-3 grid expressions (x, y, z)
   std::vector<VariantInfo> variants;
+  SourceInfo source;
+  // kpack/2 `autotune_key`: the parameter names of the `triton.autotune` key a recorded
+  // autotuned function was tuned on, in the program's order; empty when absent.
+  std::vector<std::string> autotune_key;
 };
 
 class Pack {

@@ -207,6 +207,24 @@ class Kernel {
   // valid(). The reference lives as long as the Runtime.
   const KernelInfo& info() const;
 
+  // A handle that launches only the variants named in `variants` (of this kernel),
+  // choosing among them as a launch chooses among all: the bucket, then the most
+  // specialized variant whose assumptions hold. With `ignore_buckets` the handle has no
+  // buckets, and every call chooses among all the named variants by specialization
+  // alone: for a caller that fixed the compile-time configuration itself, as a Triton
+  // `kernel[grid](..., BLOCK=64, num_warps=4)` call does (kpack's Python drop-in for
+  // such calls restricts a kernel to the variants of that configuration), whichever
+  // bucket the configuration was tuned for. The handle's info() describes the named
+  // variants only (and no buckets when ignored); its variant_stats() count the
+  // variants' launches through any handle. INVALID_ARGUMENT for an empty list, a name
+  // that is not a variant of this kernel (listing those there are) or one listed twice,
+  // and, keeping buckets, a bucket that none of the named variants serves (naming it).
+  // Views live as long as the Runtime and the same request returns the same view
+  // (naming every variant without `ignore_buckets` returns this kernel); the first
+  // request takes a lock and allocates, later ones take the lock. Thread-safe.
+  absl::StatusOr<Kernel> Restrict(std::span<const std::string> variants,
+                                  bool ignore_buckets = false) const;
+
   // Loads every variant of this kernel into the current CUDA context now and checks it
   // against its device, as Runtime::Preload does for all kernels.
   absl::Status Preload() const;

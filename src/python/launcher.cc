@@ -109,6 +109,8 @@ struct Strings {
   PyObject* stream_kw;
   PyObject* cuda_stream;
   PyObject* cuda_stream_protocol;
+  PyObject* scratch_kw;
+  PyObject* grid_kw;
   PyObject* torch;
   PyObject* tensor;
   PyObject* cuda_get_current_raw_stream;
@@ -124,6 +126,8 @@ bool InternStrings() {
   g_str.exchange_api = intern(kExchangeApiAttr);
   g_str.stream = intern("stream");
   g_str.stream_kw = g_str.stream;
+  g_str.scratch_kw = intern("scratch");
+  g_str.grid_kw = intern("grid");
   g_str.cuda_stream = intern("cuda_stream");
   g_str.cuda_stream_protocol = intern("__cuda_stream__");
   g_str.torch = intern("torch");
@@ -131,7 +135,7 @@ bool InternStrings() {
   g_str.cuda_get_current_raw_stream = intern("_cuda_getCurrentRawStream");
   g_str.c = intern("_C");
   return g_str.data_ptr && g_str.dlpack && g_str.dlpack_device && g_str.exchange_api &&
-         g_str.stream && g_str.cuda_stream && g_str.cuda_stream_protocol && g_str.torch &&
+         g_str.stream && g_str.scratch_kw && g_str.grid_kw && g_str.cuda_stream && g_str.cuda_stream_protocol && g_str.torch &&
          g_str.tensor && g_str.cuda_get_current_raw_stream && g_str.c;
 }
 
@@ -213,7 +217,9 @@ struct KernelObject {
   vectorcallfunc vectorcall;
   PyObject* owner;  // the _kpack.Runtime object: keeps `rt` alive
   RuntimeState* rt;
-  KernelPlan* plan;
+  KernelPlan* plan;  // owned unless `base` is set
+  PyObject* base;     // strong: the kernel object whose plan this one shares (with_scratch)
+  PyObject* scratch;  // strong: the default scratch= allocator, or null
 };
 
 struct GridObject {  // kernel[grid]
@@ -224,11 +230,14 @@ struct GridObject {  // kernel[grid]
   PyObject* grid_fn;  // strong; a callable grid, else null
 };
 
+struct PyScratch;
+
 struct BoundObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   KernelObject* kernel;  // strong
   std::optional<BoundLaunch> bound;
+  PyScratch* scratch;  // owned, with a strong `fn`; null without a scratch callable
   PyObject* args;  // list: the argument objects, kept alive while the launch may use them
   // How each call finds its stream: explicit (fixed at bind), else the producer's current
   // stream of `device` through `api`, else torch's, else legacy.
@@ -245,49 +254,82 @@ PyTypeObject* g_variant_stats_type = nullptr;
 
 // ---------------------------------------------------------------- devices and streams
 
-// The device of the calling thread's current CUDA context. With no context current and
-// `hint` >= 0 (a tensor's device), makes that device's primary context current first, as
-// the CUDA runtime does on a thread's first call. False with a Python exception set.
+// The ordinal of CUdevice handle `handle` (what DLPack's device_id and torch's device
+// index are): the driver's handles need not be ordinals, so it is looked up among
+// cuDeviceGet's answers. False with a Python exception set.
+bool DeviceOrdinal(const internal::Driver& d, CUdevice handle, int* ordinal) {
+  int count = 0;
+  if (CUresult r = d.DeviceGetCount(&count); r != CUDA_SUCCESS) {
+    RaiseStatus(d.Check(r, "cuDeviceGetCount"));
+    return false;
+  }
+  for (int i = 0; i < count; ++i) {
+    CUdevice h = 0;
+    if (CUresult r = d.DeviceGet(&h, i); r != CUDA_SUCCESS) {
+      RaiseStatus(d.Check(r, "cuDeviceGet"));
+      return false;
+    }
+    if (h == handle) {
+      *ordinal = i;
+      return true;
+    }
+  }
+  PyErr_Format(g_exc.internal, "kpack: the current context's device (CUdevice %d) is none of "
+               "the driver's %d devices", static_cast<int>(handle), count);
+  return false;
+}
+
+// The device ordinal of the calling thread's current CUDA context. With no context
+// current and `hint` >= 0 (a tensor's device), makes that device's primary context current
+// first, as the CUDA runtime does on a thread's first call. False with a Python exception
+// set.
 bool CurrentDevice(const internal::Driver& d, int hint, int* device, bool* have_context) {
-  // Context -> device, which never changes for a context. A global, not a thread_local
+  // Context -> device ordinal, which never changes for a context. Keyed by cuCtxGetId, as
+  // the runtime keys its per-context state: a context destroyed and replaced by one at the
+  // same address (on another device, say) has a new id. A global, not a thread_local
   // (which costs a __tls_get_addr call in a dlopened module): the GIL guards it.
   struct Entry {
     const internal::Driver* driver = nullptr;
-    CUcontext context = nullptr;
+    unsigned long long id = 0;  // NOLINT(runtime/int)
     int device = -1;
   };
   static std::array<Entry, 4> cache;
   static size_t next = 0;
-  CUcontext context = nullptr;
-  CUresult r = d.CtxGetCurrent(&context);
-  if (r == CUDA_SUCCESS && context == nullptr && hint >= 0) {
+  unsigned long long id = 0;  // NOLINT(runtime/int)
+  CUresult r = d.CtxGetId(nullptr, &id);  // a thread-local read
+  if (r == CUDA_ERROR_INVALID_CONTEXT) {  // no context current
+    if (hint < 0) {
+      *have_context = false;
+      *device = -1;
+      return true;
+    }
     CUdevice dev = 0;
+    CUcontext context = nullptr;
     r = d.DeviceGet(&dev, hint);
     if (r == CUDA_SUCCESS) r = d.DevicePrimaryCtxRetain(&context, dev);
     if (r == CUDA_SUCCESS) r = d.CtxSetCurrent(context);
+    if (r == CUDA_SUCCESS) r = d.CtxGetId(nullptr, &id);
   }
   if (r != CUDA_SUCCESS) {
-    RaiseStatus(d.Check(r, "cuCtxGetCurrent (or making the tensors' device current)"));
+    RaiseStatus(d.Check(r, "cuCtxGetId (or making the tensors' device current)"));
     return false;
   }
-  *have_context = context != nullptr;
-  if (context == nullptr) {
-    *device = -1;
-    return true;
-  }
+  *have_context = true;
   for (const Entry& e : cache) {
-    if (e.context == context && e.driver == &d) {
+    if (e.id == id && e.driver == &d) {
       *device = e.device;
       return true;
     }
   }
-  CUdevice dev = 0;
-  if (CUresult g = d.CtxGetDevice(&dev); g != CUDA_SUCCESS) {
+  CUdevice handle = 0;
+  if (CUresult g = d.CtxGetDevice(&handle); g != CUDA_SUCCESS) {
     RaiseStatus(d.Check(g, "cuCtxGetDevice"));
     return false;
   }
-  cache[next++ % cache.size()] = {&d, context, static_cast<int>(dev)};
-  *device = dev;
+  int ordinal = -1;
+  if (!DeviceOrdinal(d, handle, &ordinal)) return false;
+  cache[next++ % cache.size()] = {&d, id, ordinal};
+  *device = ordinal;
   return true;
 }
 
@@ -477,6 +519,8 @@ struct CallState {
   const RuntimeState* rt;
   CUstream explicit_stream = nullptr;
   bool has_explicit_stream = false;
+  PyObject* scratch = nullptr;  // borrowed: the call's scratch= (None: the kernel's default)
+  PyObject* grid = nullptr;     // borrowed: the call's grid= (None: as if not given)
   const DLPackExchangeAPI* api = nullptr;  // of the first tensor read through one
   int device = -1;                         // the current device, once a tensor needed it
 };
@@ -875,6 +919,14 @@ ABSL_ATTRIBUTE_NOINLINE bool CollectArgs(const KernelPlan& p, PyObject* const* a
       stream_obj = value;
       continue;
     }
+    if (PyUnicode_Compare(key, g_str.scratch_kw) == 0) {
+      st->scratch = value;
+      continue;
+    }
+    if (PyUnicode_Compare(key, g_str.grid_kw) == 0) {
+      st->grid = value;
+      continue;
+    }
     size_t i = 0;
     while (i < n && PyUnicode_Compare(key, p.params[i].py_name) != 0) ++i;
     if (i == n) {
@@ -934,6 +986,99 @@ bool ResolveStream(const RuntimeState& rt, CallState* st, CUstream* stream) {
   return DefaultStream(rt, st->api, st->device, stream);
 }
 
+// ---------------------------------------------------------------- scratch from Python
+
+// scratch=: a callable `scratch(nbytes, align, stream)` that kpack asks, through a
+// kpack::ScratchAllocator, for each launch's Triton scratch memory (once per scratch kind
+// the chosen variant has; `stream` is the launch's CUstream as an int). It returns an int
+// device address, which stays the caller's (kpack never frees it), or an object with
+// data_ptr() (a tensor, say), which kpack holds until the launch has been issued and then
+// releases: with a stream-ordered allocator -- torch's caching allocator, allocating on
+// `stream` -- that is safe, as the memory is reused only by work ordered after the launch.
+// An exception from the callable propagates out of the launch (nothing launched).
+struct PyScratch {
+  PyObject* fn = nullptr;  // borrowed from the call, or held by the bound launch
+  PyObject* kept[2] = {nullptr, nullptr};
+  bool failed = false;
+
+  // Drops what the last launch kept (with any pending exception preserved: releasing may
+  // run Python code, e.g. a caching allocator's free).
+  void Release() {
+    if (kept[0] == nullptr && kept[1] == nullptr) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    Py_CLEAR(kept[0]);
+    Py_CLEAR(kept[1]);
+    PyErr_Restore(type, value, tb);
+  }
+};
+
+CUdeviceptr ScratchFromPython(size_t bytes, size_t align, CUstream stream, void* user_data) {
+  auto* s = static_cast<PyScratch*>(user_data);
+  if (s->failed) return 0;
+  PyObject* r = PyObject_CallFunction(s->fn, "nnK", static_cast<Py_ssize_t>(bytes),
+                                      static_cast<Py_ssize_t>(align),
+                                      static_cast<unsigned long long>(  // NOLINT(runtime/int)
+                                          reinterpret_cast<uintptr_t>(stream)));
+  if (r == nullptr) {
+    s->failed = true;
+    return 0;
+  }
+  unsigned long long ptr = 0;  // NOLINT(runtime/int)
+  if (PyLong_Check(r) && !PyBool_Check(r)) {
+    ptr = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+  } else {
+    PyObject* address = PyObject_CallMethodNoArgs(r, g_str.data_ptr);
+    if (address == nullptr || !PyLong_Check(address)) {
+      if (address != nullptr) {
+        PyErr_Format(PyExc_TypeError, "scratch allocator: data_ptr() returned %.200s, not an int",
+                     Py_TYPE(address)->tp_name);
+        Py_DECREF(address);
+      } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Format(PyExc_TypeError, "scratch allocator returned %.200s; expected an int device "
+                     "address or an object with data_ptr()", Py_TYPE(r)->tp_name);
+      }
+      Py_DECREF(r);
+      s->failed = true;
+      return 0;
+    }
+    ptr = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(address);
+    // Held until the launch is issued (at most one object per scratch kind).
+    PyObject*& slot = s->kept[0] == nullptr ? s->kept[0] : s->kept[1];
+    Py_XSETREF(slot, r);
+  }
+  if (PyErr_Occurred()) {
+    s->failed = true;
+    return 0;
+  }
+  return static_cast<CUdeviceptr>(ptr);
+}
+
+// The launch's result: None, or the exception -- the scratch callable's own, when it is
+// why the launch failed.
+PyObject* LaunchResult(const absl::Status& status, PyScratch* scratch) {
+  if (scratch != nullptr) scratch->Release();
+  if (ABSL_PREDICT_TRUE(status.ok())) Py_RETURN_NONE;
+  if (scratch != nullptr && scratch->failed && PyErr_Occurred()) return nullptr;
+  return RaiseStatus(status);
+}
+
+// kpack.open(preload="first_use"): loads every variant at the first launch on a device.
+bool MaybePreload(RuntimeState* rt, int device) {
+  if (ABSL_PREDICT_TRUE(!rt->preload_on_first_use) || device < 0 || device >= 64 ||
+      (rt->preloaded_devices >> device & 1) != 0) {
+    return true;
+  }
+  if (absl::Status s = rt->runtime.Preload(); !s.ok()) {
+    RaiseStatus(s);
+    return false;
+  }
+  rt->preloaded_devices |= uint64_t{1} << device;
+  return true;
+}
+
 // A grid value: an int, or a tuple/list of 1-3 ints. False with an exception set.
 bool ParseGrid(PyObject* o, Grid* grid) {
   std::array<uint32_t, 3> dims{1, 1, 1};
@@ -987,6 +1132,32 @@ bool EvalGridFn(const KernelObject* k, PyObject* grid_fn, std::span<const Arg> a
   return ok;
 }
 
+// A call's grid= (None: as if not given), merged into the kernel[grid] it may not also
+// have: k(*args, grid=g) is k[g](*args). `storage` holds a parsed grid. False with an
+// exception set.
+bool GridKeyword(const KernelPlan& p, const CallState& st, const Grid** grid, PyObject** grid_fn,
+                 Grid* storage) {
+  if (st.grid == nullptr || st.grid == Py_None) return true;
+  if (*grid != nullptr || *grid_fn != nullptr) {
+    PyErr_Format(PyExc_TypeError, "kernel '%s': grid given twice (kernel[grid] and grid=)",
+                 p.name.c_str());
+    return false;
+  }
+  if (PyCallable_Check(st.grid)) {
+    *grid_fn = st.grid;
+    return true;
+  }
+  if (!ParseGrid(st.grid, storage)) return false;
+  *grid = storage;
+  return true;
+}
+
+// The scratch callable of a call: its scratch= (None: none), else the kernel's default.
+PyObject* ScratchFn(const KernelObject* k, const CallState& st) {
+  if (st.scratch != nullptr) return st.scratch == Py_None ? nullptr : st.scratch;
+  return k->scratch;
+}
+
 PyObject* LaunchCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObject* const* args,
                      size_t nargs, PyObject* kwnames) {
   const KernelPlan& p = *k->plan;
@@ -995,18 +1166,26 @@ PyObject* LaunchCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObj
   if (!PrepareCall(p, args, nargs, kwnames, grid_fn != nullptr, &st, &a)) return nullptr;
   CUstream stream;
   if (!ResolveStream(*k->rt, &st, &stream)) return nullptr;
-  absl::Status s;
+  if (!MaybePreload(k->rt, st.device)) return nullptr;
+  Grid g;
+  if (!GridKeyword(p, st, &grid, &grid_fn, &g)) return nullptr;
   if (grid_fn != nullptr) {
-    Grid g;
     if (!EvalGridFn(k, grid_fn, a.span(), a.objects(), &g)) return nullptr;
-    s = p.kernel.LaunchArgs(g, stream, a.span());
-  } else if (grid != nullptr) {
-    s = p.kernel.LaunchArgs(*grid, stream, a.span());
-  } else {
-    s = p.kernel.LaunchArgs(stream, a.span());
+    grid = &g;
   }
-  if (ABSL_PREDICT_FALSE(!s.ok())) return RaiseStatus(s);
-  Py_RETURN_NONE;
+  PyObject* scratch_fn = ScratchFn(k, st);
+  if (ABSL_PREDICT_TRUE(scratch_fn == nullptr)) {
+    const absl::Status s = grid != nullptr ? p.kernel.LaunchArgs(*grid, stream, a.span())
+                                           : p.kernel.LaunchArgs(stream, a.span());
+    if (ABSL_PREDICT_FALSE(!s.ok())) return RaiseStatus(s);
+    Py_RETURN_NONE;
+  }
+  PyScratch scratch;
+  scratch.fn = scratch_fn;
+  const ScratchAllocator allocator{ScratchFromPython, &scratch};
+  const absl::Status s = grid != nullptr ? p.kernel.LaunchArgs(*grid, stream, a.span(), allocator)
+                                         : p.kernel.LaunchArgs(stream, a.span(), allocator);
+  return LaunchResult(s, &scratch);
 }
 
 PyObject* KernelVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
@@ -1031,9 +1210,11 @@ PyObject* BindCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObjec
   if (!PrepareCall(p, args, nargs, kwnames, true, &st, &a)) return nullptr;
   CUstream stream;
   if (!ResolveStream(*k->rt, &st, &stream)) return nullptr;
+  if (!MaybePreload(k->rt, st.device)) return nullptr;
   const std::span<const Arg> span = a.span();
   PyObject** objects = a.objects();
   Grid g;
+  if (!GridKeyword(p, st, &grid, &grid_fn, &g)) return nullptr;
   if (grid_fn != nullptr) {
     if (!EvalGridFn(k, grid_fn, span, objects, &g)) return nullptr;
     grid = &g;
@@ -1052,6 +1233,12 @@ PyObject* BindCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObjec
   b->vectorcall = nullptr;  // set below, after the members
   b->kernel = reinterpret_cast<KernelObject*>(Py_NewRef(reinterpret_cast<PyObject*>(k)));
   new (&b->bound) std::optional<BoundLaunch>(std::move(*bound));
+  b->scratch = nullptr;
+  if (PyObject* fn = ScratchFn(k, st); fn != nullptr) {
+    b->scratch = new PyScratch;
+    b->scratch->fn = Py_NewRef(fn);
+    b->bound->set_scratch_allocator({ScratchFromPython, b->scratch});
+  }
   b->args = kept;
   b->stream_explicit = st.has_explicit_stream;
   b->api = st.api;
@@ -1082,6 +1269,7 @@ PyObject* BoundVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                     "a bound launch takes no arguments; change them with .set(name, value)");
     return nullptr;
   }
+  if (!MaybePreload(b->kernel->rt, b->device)) return nullptr;
   if (!b->stream_explicit) {
     CUstream stream;
     if (!DefaultStream(*b->kernel->rt, b->api, b->device, &stream)) return nullptr;
@@ -1090,9 +1278,8 @@ PyObject* BoundVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
       b->last_stream = stream;
     }
   }
-  absl::Status s = b->bound->Launch();
-  if (!s.ok()) return RaiseStatus(s);
-  Py_RETURN_NONE;
+  if (b->scratch != nullptr) b->scratch->failed = false;
+  return LaunchResult(b->bound->Launch(), b->scratch);
 }
 
 // b.set(name_or_index, value)
@@ -1174,6 +1361,7 @@ int BoundTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(reinterpret_cast<PyObject*>(b->kernel));
   Py_VISIT(b->args);
+  if (b->scratch != nullptr) Py_VISIT(b->scratch->fn);
   return 0;
 }
 
@@ -1188,6 +1376,12 @@ void BoundDealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   b->bound.~optional();  // before the kernel (and so the Runtime) may go
+  if (b->scratch != nullptr) {
+    b->scratch->Release();
+    Py_CLEAR(b->scratch->fn);
+    delete b->scratch;
+    b->scratch = nullptr;
+  }
   Py_CLEAR(b->args);
   Py_CLEAR(b->kernel);
   PyObject_GC_Del(self);
@@ -1311,6 +1505,78 @@ PyObject* KernelSelectVariant(PyObject* self, PyObject* const* args, Py_ssize_t 
   return PyUnicode_FromStringAndSize(v->data(), static_cast<Py_ssize_t>(v->size()));
 }
 
+// k.restrict(variants, ignore_buckets=False): Kernel::Restrict, as a new kernel object.
+PyObject* KernelRestrict(PyObject* self, PyObject* args, PyObject* kwargs) {
+  static const char* kwlist[] = {"variants", "ignore_buckets", nullptr};
+  PyObject* names = nullptr;
+  int ignore_buckets = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:restrict", const_cast<char**>(kwlist),
+                                   &names, &ignore_buckets)) {
+    return nullptr;
+  }
+  if (PyUnicode_Check(names)) {
+    PyErr_SetString(PyExc_TypeError, "restrict() takes a list of variant names, not a str");
+    return nullptr;
+  }
+  PyObject* seq = PySequence_Fast(names, "restrict() takes a list of variant names");
+  if (seq == nullptr) return nullptr;
+  std::vector<std::string> list;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+    const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+    if (name == nullptr) {
+      Py_DECREF(seq);
+      return nullptr;
+    }
+    list.emplace_back(name);
+  }
+  Py_DECREF(seq);
+  auto* k = reinterpret_cast<KernelObject*>(self);
+  absl::StatusOr<Kernel> view = k->plan->kernel.Restrict(list, ignore_buckets != 0);
+  if (!view.ok()) return RaiseStatus(view.status());
+  PyObject* o = NewKernelObjectLike(self, *view);
+  if (o != nullptr && k->scratch != nullptr) {
+    reinterpret_cast<KernelObject*>(o)->scratch = Py_NewRef(k->scratch);
+  }
+  return o;
+}
+
+// k.with_scratch(allocator): the same kernel with a default scratch= (None: none).
+PyObject* KernelWithScratch(PyObject* self, PyObject* allocator) {
+  auto* k = reinterpret_cast<KernelObject*>(self);
+  if (allocator != Py_None && !PyCallable_Check(allocator)) {
+    PyErr_Format(PyExc_TypeError, "with_scratch() takes a callable (nbytes, align, stream) or "
+                 "None, got %.200s", Py_TYPE(allocator)->tp_name);
+    return nullptr;
+  }
+  KernelObject* c = PyObject_GC_New(KernelObject, g_kernel_type);
+  if (c == nullptr) return nullptr;
+  c->vectorcall = KernelVectorcall;
+  c->owner = Py_NewRef(k->owner);
+  c->rt = k->rt;
+  c->plan = k->plan;
+  c->base = Py_NewRef(k->base != nullptr ? k->base : self);  // the plan's owner
+  c->scratch = allocator == Py_None ? nullptr : Py_NewRef(allocator);
+  PyObject_GC_Track(reinterpret_cast<PyObject*>(c));
+  return reinterpret_cast<PyObject*>(c);
+}
+
+PyObject* KernelGetSource(PyObject* self, void*) {
+  return reinterpret_cast<KernelObject*>(self)->plan->meta.Source();
+}
+
+PyObject* KernelGetAutotuneKey(PyObject* self, void*) {
+  return reinterpret_cast<KernelObject*>(self)->plan->meta.AutotuneKey();
+}
+
+PyObject* KernelGetHasScratch(PyObject* self, void*) {
+  return PyBool_FromLong(reinterpret_cast<KernelObject*>(self)->plan->meta.has_scratch());
+}
+
+PyObject* KernelGetScratch(PyObject* self, void*) {
+  PyObject* s = reinterpret_cast<KernelObject*>(self)->scratch;
+  return Py_NewRef(s != nullptr ? s : Py_None);
+}
+
 PyObject* KernelPreload(PyObject* self, PyObject*) {
   absl::Status s = reinterpret_cast<KernelObject*>(self)->plan->kernel.Preload();
   if (!s.ok()) return RaiseStatus(s);
@@ -1323,8 +1589,11 @@ PyObject* KernelRepr(PyObject* self) {
 }
 
 int KernelTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* k = reinterpret_cast<KernelObject*>(self);
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(reinterpret_cast<KernelObject*>(self)->owner);
+  Py_VISIT(k->owner);
+  Py_VISIT(k->base);
+  Py_VISIT(k->scratch);
   return 0;
 }
 
@@ -1332,10 +1601,12 @@ void KernelDealloc(PyObject* self) {
   auto* k = reinterpret_cast<KernelObject*>(self);
   PyTypeObject* type = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
-  if (k->plan != nullptr) {
+  if (k->plan != nullptr && k->base == nullptr) {
     for (ParamPlan& p : k->plan->params) Py_XDECREF(p.py_name);
     delete k->plan;
   }
+  Py_CLEAR(k->base);
+  Py_CLEAR(k->scratch);
   Py_CLEAR(k->owner);
   PyObject_GC_Del(self);
   Py_DECREF(type);
@@ -1359,6 +1630,14 @@ PyMethodDef g_kernel_methods[] = {
      "nothing."},
     {"preload", KernelPreload, METH_NOARGS,
      "preload(): load every variant of this kernel now (needs a current CUDA context)."},
+    {"restrict", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(KernelRestrict)),
+     METH_VARARGS | METH_KEYWORDS,
+     "restrict(variants, ignore_buckets=False) -> Kernel launching only the named variants "
+     "(kpack::Kernel::Restrict): chosen among them by bucket and specialization, or with "
+     "ignore_buckets by specialization alone (a fixed configuration for every shape)."},
+    {"with_scratch", KernelWithScratch, METH_O,
+     "with_scratch(allocator) -> Kernel: this kernel with `allocator` as every launch's "
+     "default scratch= (see the call's scratch=); None: kpack's own arenas."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -1374,13 +1653,22 @@ PyGetSetDef g_kernel_getset[] = {
      nullptr},
     {"grid", KernelGetGrid, nullptr,
      "the manifest's grid expressions (x, y, z), empty if the kernel has none", nullptr},
+    {"source", KernelGetSource, nullptr,
+     "(qualname, sha256) of the @triton.jit function the pack was built or recorded from "
+     "(kpack/2 `source`), or None",
+     nullptr},
+    {"autotune_key", KernelGetAutotuneKey, nullptr,
+     "the triton.autotune key's parameter names a recorded autotuned function was tuned on "
+     "(kpack/2 `autotune_key`), empty if none",
+     nullptr},
+    {"has_scratch", KernelGetHasScratch, nullptr,
+     "whether a variant needs Triton global or profile scratch memory (see scratch=)",
+     nullptr},
+    {"scratch", KernelGetScratch, nullptr,
+     "the default scratch= allocator (with_scratch), or None", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-PyMemberDef g_vectorcall_member[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, 0, READONLY, nullptr},  // offset set at init
-    {nullptr, 0, 0, 0, nullptr},
-};
 
 PyMethodDef g_grid_methods[] = {
     {"bind", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(GridBind)),
@@ -1406,25 +1694,6 @@ PyGetSetDef g_bound_getset[] = {
     {"kernel", BoundGetKernel, nullptr, "the kernel", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
-
-PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
-                       std::vector<PyType_Slot> slots, const char* doc) {
-  static std::vector<std::unique_ptr<PyMemberDef[]>> members_keep;
-  auto members = std::make_unique<PyMemberDef[]>(2);
-  members[0] = g_vectorcall_member[0];
-  members[0].offset = vectorcall_offset;
-  members[1] = g_vectorcall_member[1];
-  slots.push_back({Py_tp_members, members.get()});
-  slots.push_back({Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)});
-  slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
-  slots.push_back({0, nullptr});
-  members_keep.push_back(std::move(members));
-  PyType_Spec spec = {name, basicsize, 0,
-                      Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-                          Py_TPFLAGS_DISALLOW_INSTANTIATION,
-                      slots.data()};
-  return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
-}
 
 PyObject* MakeException(PyObject* module, const char* name, PyObject* bases, const char* doc) {
   std::string full = std::string("kpack.") + name;
@@ -1488,6 +1757,24 @@ PyStructSequence_Desc g_variant_stats_desc = {"kpack.VariantStats", "Launch coun
 
 }  // namespace
 
+PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
+                       std::vector<PyType_Slot> slots, const char* doc, unsigned long flags) {
+  static std::vector<std::unique_ptr<PyMemberDef[]>> members_keep;
+  auto members = std::make_unique<PyMemberDef[]>(2);
+  members[0] = {"__vectorcalloffset__", T_PYSSIZET, vectorcall_offset, READONLY, nullptr};
+  members[1] = {nullptr, 0, 0, 0, nullptr};
+  slots.push_back({Py_tp_members, members.get()});
+  slots.push_back({Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)});
+  slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
+  slots.push_back({0, nullptr});
+  members_keep.push_back(std::move(members));
+  PyType_Spec spec = {name, basicsize, 0,
+                      static_cast<unsigned int>(Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+                                                Py_TPFLAGS_HAVE_VECTORCALL | flags),
+                      slots.data()};
+  return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
+}
+
 PyObject* RaiseStatus(const absl::Status& status) {
   return RaiseWithCode(ExceptionFor(status.code()),
                        std::string_view(status.message().data(), status.message().size()),
@@ -1504,9 +1791,11 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_mp_subscript, reinterpret_cast<void*>(KernelGetItem)},
        {Py_tp_methods, g_kernel_methods},
        {Py_tp_getset, g_kernel_getset}},
-      "A pack kernel. k(*args, stream=None) launches with the manifest's grid expressions; "
-      "k[grid](*args) with an explicit grid (int, 1-3 tuple, or callable of the launch's "
-      "meta dict); k.bind(*args) packs once for repeated launches.");
+      "A pack kernel. k(*args, stream=None, scratch=None, grid=None) launches with the "
+      "manifest's grid expressions, or grid= (as k[grid](*args) does: an int, a 1-3 tuple, "
+      "or a callable of the launch's meta dict); k.bind(*args) packs once for repeated "
+      "launches.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   g_grid_type = MakeType(
       "kpack.GridLaunch", sizeof(GridObject), offsetof(GridObject, vectorcall),
       {{Py_tp_dealloc, reinterpret_cast<void*>(GridDealloc)},
@@ -1514,7 +1803,8 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_tp_clear, reinterpret_cast<void*>(GridClear)},
        {Py_tp_repr, reinterpret_cast<void*>(GridRepr)},
        {Py_tp_methods, g_grid_methods}},
-      "kernel[grid]: call it with the kernel's arguments to launch with that grid.");
+      "kernel[grid]: call it with the kernel's arguments to launch with that grid.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   g_bound_type = MakeType(
       "kpack.BoundLaunch", sizeof(BoundObject), offsetof(BoundObject, vectorcall),
       {{Py_tp_dealloc, reinterpret_cast<void*>(BoundDealloc)},
@@ -1523,7 +1813,8 @@ bool InitLaunchTypes(PyObject* m) {
        {Py_tp_repr, reinterpret_cast<void*>(BoundRepr)},
        {Py_tp_methods, g_bound_methods},
        {Py_tp_getset, g_bound_getset}},
-      "A launch whose arguments are checked, dispatched and packed: b() launches it.");
+      "A launch whose arguments are checked, dispatched and packed: b() launches it.",
+      Py_TPFLAGS_DISALLOW_INSTANTIATION);
   if (g_kernel_type == nullptr || g_grid_type == nullptr || g_bound_type == nullptr) return false;
   g_variant_stats_type = PyStructSequence_NewType(&g_variant_stats_desc);
   if (g_variant_stats_type == nullptr) return false;
@@ -1575,8 +1866,52 @@ PyObject* NewKernelObject(PyObject* owner, RuntimeState* state, Kernel kernel) {
   k->owner = Py_NewRef(owner);
   k->rt = state;
   k->plan = plan.release();
+  k->base = nullptr;
+  k->scratch = nullptr;
   PyObject_GC_Track(reinterpret_cast<PyObject*>(k));
   return reinterpret_cast<PyObject*>(k);
+}
+
+PyObject* NewKernelObjectLike(PyObject* like, Kernel kernel) {
+  auto* k = reinterpret_cast<KernelObject*>(like);
+  return NewKernelObject(k->owner, k->rt, kernel);
+}
+
+bool IsKernelObject(PyObject* o) { return Py_TYPE(o) == g_kernel_type; }
+
+PyObject* LaunchObjects(PyObject* kernel, PyObject* grid_obj, PyObject* const* args, size_t n) {
+  auto* k = reinterpret_cast<KernelObject*>(kernel);
+  if (grid_obj == Py_None) return LaunchCall(k, nullptr, nullptr, args, n, nullptr);
+  if (PyCallable_Check(grid_obj)) return LaunchCall(k, nullptr, grid_obj, args, n, nullptr);
+  Grid grid;
+  if (!ParseGrid(grid_obj, &grid)) return nullptr;
+  return LaunchCall(k, &grid, nullptr, args, n, nullptr);
+}
+
+bool TensorDType(PyObject* o, uint8_t* code, uint8_t* bits) {
+  const TypeEntry* e = nullptr;
+  for (const TypeEntry& t : g_types) {
+    if (t.type == Py_TYPE(o)) e = &t;
+  }
+  if (e == nullptr) {
+    if (PyLong_Check(o)) return false;
+    e = LookupType(Py_TYPE(o));
+    if (e == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  if (e->source != Source::kExchange || e->api->dltensor_from_py_object_no_sync == nullptr) {
+    return false;
+  }
+  DLTensor t;
+  if (e->api->dltensor_from_py_object_no_sync(o, &t) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  *code = t.dtype.code;
+  *bits = t.dtype.bits;
+  return true;
 }
 
 }  // namespace kpack::python

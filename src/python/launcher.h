@@ -28,6 +28,14 @@
 // torch imported, torch's current stream of the current device; else the legacy default
 // stream.
 //
+// Scratch: a kernel with Triton global (or profile) scratch memory takes it from the call's
+// `scratch=` callable (nbytes, align, stream) -> int address or object with data_ptr(),
+// held until the launch is issued (a kpack::ScratchAllocator; see ScratchFromPython), else
+// from the kernel object's default (`k.with_scratch(fn)`), else from kpack's arenas.
+//
+// Devices: a context's device is cached by its cuCtxGetId and mapped from its CUdevice
+// handle to the ordinal (DLPack's device_id) through cuDeviceGet.
+//
 // The GIL is held for the whole launch (a launch is a few microseconds; releasing and
 // retaking the GIL would cost more than the time other threads could use).
 
@@ -36,8 +44,10 @@
 
 #include <Python.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "driver/driver.h"
@@ -52,6 +62,12 @@ struct RuntimeState {
   // launch objects read the current context's device through it.
   std::shared_ptr<const internal::Driver> driver;
   std::string dir;
+  // kpack.open(preload="first_use"): the first launch from Python on a device (ordinal
+  // < 64) loads every variant into that device's current context (Runtime::Preload), so
+  // that no later launch there loads -- which a CUDA graph capture forbids, and torch
+  // captures (torch.cuda.graph, cudagraph trees) on a device the program already used.
+  bool preload_on_first_use = false;
+  uint64_t preloaded_devices = 0;  // bit per device ordinal
 };
 
 // Registers the launch types and the kpack exception classes in `module`. False with a
@@ -61,6 +77,28 @@ bool InitLaunchTypes(PyObject* module);
 // A new kernel object for `kernel` of `state`, keeping `owner` (the Python object owning
 // `state`) alive. Null with a Python exception set on failure.
 PyObject* NewKernelObject(PyObject* owner, RuntimeState* state, Kernel kernel);
+
+// A new kernel object for `kernel` (a view of the pack kernel of `like`, e.g. from
+// Kernel::Restrict) sharing `like`'s owner and runtime. Null with a Python exception set.
+PyObject* NewKernelObjectLike(PyObject* like, Kernel kernel);
+
+// Launches kernel object `kernel` (a kpack.Kernel) with `grid` (None: the manifest's grid
+// expressions; else what kernel[grid] takes) on the call parameters `args` (n objects in
+// launch order), as `kernel[grid](*args)` does. New reference (None), or null with a
+// Python exception set.
+PyObject* LaunchObjects(PyObject* kernel, PyObject* grid, PyObject* const* args, size_t n);
+
+// Whether `kernel` (a kpack.Kernel) is one, and the DLPack dtype of a tensor argument as
+// the kernel's launch would read it (through the exchange API, `__dlpack__` readers
+// excluded): false for anything else. Never raises.
+bool IsKernelObject(PyObject* o);
+bool TensorDType(PyObject* o, uint8_t* code, uint8_t* bits);
+
+// A GC-tracked type with vectorcall at `vectorcall_offset` (also its tp_call), `slots`
+// besides, and `flags` added (e.g. Py_TPFLAGS_DISALLOW_INSTANTIATION). Null with a Python
+// exception set.
+PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
+                       std::vector<PyType_Slot> slots, const char* doc, unsigned long flags);
 
 // Sets the Python exception that corresponds to `status` (see kpack/__init__.py for the
 // classes) and returns null.

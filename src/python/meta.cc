@@ -12,10 +12,13 @@ namespace {
 PyTypeObject* g_param_type = nullptr;
 PyTypeObject* g_variant_type = nullptr;
 
+// Fields past n_in_sequence are attributes only: a Param still unpacks as
+// (name, type, constexpr), a Variant as its first ten fields.
 PyStructSequence_Field g_param_fields[] = {
     {"name", "parameter name"},
     {"type", "Triton type, e.g. '*fp32', 'i32', 'constexpr'"},
     {"constexpr", "compiled into the variants, not passed at launch"},
+    {"readonly", "a pointer the build spec declared the kernel never writes through (kpack/2)"},
     {nullptr, nullptr},
 };
 PyStructSequence_Desc g_param_desc = {"kpack.Param", "A kernel parameter.", g_param_fields, 3};
@@ -31,6 +34,10 @@ PyStructSequence_Field g_variant_fields[] = {
     {"constexprs", "{name: value} compiled into this variant"},
     {"arch", "compute capability the cubin was built for (90: sm_90a)"},
     {"arg_types", "Triton type of each call parameter in this variant"},
+    {"global_scratch_size", "Triton global scratch bytes per program (0: none)"},
+    {"profile_scratch_size", "Triton profile scratch bytes per program (0: none)"},
+    {"launch_pdl", "launched with programmatic dependent launch"},
+    {"launch_cooperative_grid", "launched as a cooperative grid"},
     {nullptr, nullptr},
 };
 PyStructSequence_Desc g_variant_desc = {"kpack.Variant", "A compiled variant of a kernel.",
@@ -38,6 +45,19 @@ PyStructSequence_Desc g_variant_desc = {"kpack.Variant", "A compiled variant of 
 
 PyObject* Str(const std::string& s) {
   return PyUnicode_FromStringAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+}
+
+PyObject* StrTuple(const std::vector<std::string>& items) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+  for (size_t i = 0; t != nullptr && i < items.size(); ++i) {
+    PyObject* s = Str(items[i]);
+    if (s == nullptr) {
+      Py_DECREF(t);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), s);
+  }
+  return t;
 }
 
 PyObject* OptInt(const std::optional<int64_t>& v) {
@@ -70,8 +90,13 @@ void KernelMeta::Init(const Kernel& kernel) {
     signature += (i ? ", " : "") + call_names_.back();
   }
   const KernelInfo& info = kernel.info();
-  for (const ParamInfo& p : info.params) params_.push_back({p.name, p.type, p.is_constexpr});
+  for (const ParamInfo& p : info.params) {
+    params_.push_back({p.name, p.type, p.is_constexpr, p.readonly});
+  }
   grid_ = info.grid;
+  source_qualname_ = info.source.qualname;
+  source_sha256_ = info.source.sha256;
+  autotune_key_ = info.autotune_key;
   for (const VariantInfo& v : info.variants) {
     VariantMeta m;
     m.name = v.name;
@@ -91,6 +116,11 @@ void KernelMeta::Init(const Kernel& kernel) {
     m.shared = v.shared;
     m.constexprs_json = v.constexprs_json;
     m.arg_types = v.arg_types;
+    m.global_scratch_size = v.global_scratch_size;
+    m.profile_scratch_size = v.profile_scratch_size;
+    m.launch_pdl = v.launch_pdl;
+    m.launch_cooperative_grid = v.launch_cooperative_grid;
+    has_scratch_ = has_scratch_ || v.global_scratch_size != 0 || v.profile_scratch_size != 0;
     variants_.push_back(std::move(m));
   }
   constexprs_.assign(variants_.size(), nullptr);
@@ -104,13 +134,13 @@ std::string KernelMeta::KeywordHint(const char* keyword) const {
              "launch picks the variant from the call arguments)";
     }
   }
-  for (const char* option : {"num_warps", "num_ctas", "num_stages", "maxnreg", "grid"}) {
+  for (const char* option : {"num_warps", "num_ctas", "num_stages", "maxnreg"}) {
     if (k == option) {
-      return " (launch options are fixed per variant in the pack; a grid goes in "
-             "kernel[grid](...))";
+      return " (launch options are fixed per variant in the pack: choose the variant with "
+             "kernel.restrict(...))";
     }
   }
-  return " (call parameters: " + signature + "; and stream=)";
+  return " (call parameters: " + signature + "; and stream=, scratch=, grid=)";
 }
 
 PyObject* KernelMeta::Params() const {
@@ -120,7 +150,8 @@ PyObject* KernelMeta::Params() const {
     PyObject* p = PyStructSequence_New(g_param_type);
     if (p == nullptr || !SetField(p, 0, Str(params_[i].name)) ||
         !SetField(p, 1, Str(params_[i].type)) ||
-        !SetField(p, 2, PyBool_FromLong(params_[i].is_constexpr))) {
+        !SetField(p, 2, PyBool_FromLong(params_[i].is_constexpr)) ||
+        !SetField(p, 3, PyBool_FromLong(params_[i].readonly))) {
       Py_XDECREF(p);
       Py_DECREF(list);
       return nullptr;
@@ -192,7 +223,11 @@ PyObject* KernelMeta::Variants() const {
          SetField(out, 5, PyLong_FromLong(v.num_stages)) &&
          SetField(out, 6, PyLong_FromUnsignedLong(v.shared)) &&
          SetField(out, 7, PyDict_Copy(constexprs)) && SetField(out, 8, PyLong_FromLong(v.arch)) &&
-         SetField(out, 9, Py_NewRef(types));
+         SetField(out, 9, Py_NewRef(types)) &&
+         SetField(out, 10, PyLong_FromUnsignedLong(v.global_scratch_size)) &&
+         SetField(out, 11, PyLong_FromUnsignedLong(v.profile_scratch_size)) &&
+         SetField(out, 12, PyBool_FromLong(v.launch_pdl)) &&
+         SetField(out, 13, PyBool_FromLong(v.launch_cooperative_grid));
     Py_XDECREF(bucket);
     Py_XDECREF(assumptions);
     Py_XDECREF(types);
@@ -206,18 +241,19 @@ PyObject* KernelMeta::Variants() const {
   return list;
 }
 
-PyObject* KernelMeta::GridExpressions() const {
-  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(grid_.size()));
-  for (size_t i = 0; t != nullptr && i < grid_.size(); ++i) {
-    PyObject* s = Str(grid_[i]);
-    if (s == nullptr) {
-      Py_DECREF(t);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(t, static_cast<Py_ssize_t>(i), s);
-  }
+PyObject* KernelMeta::GridExpressions() const { return StrTuple(grid_); }
+
+PyObject* KernelMeta::Source() const {
+  if (source_qualname_.empty()) Py_RETURN_NONE;
+  PyObject* q = Str(source_qualname_);
+  PyObject* h = Str(source_sha256_);
+  PyObject* t = q != nullptr && h != nullptr ? PyTuple_Pack(2, q, h) : nullptr;
+  Py_XDECREF(q);
+  Py_XDECREF(h);
   return t;
 }
+
+PyObject* KernelMeta::AutotuneKey() const { return StrTuple(autotune_key_); }
 
 PyObject* KernelMeta::GridMeta(const Kernel& kernel, std::span<const Arg> args,
                                PyObject* const* objects) const {

@@ -21,6 +21,7 @@ namespace kpack::python {
 struct ParamMeta {
   std::string name, type;
   bool is_constexpr = false;
+  bool readonly = false;
 };
 
 struct VariantMeta {
@@ -35,6 +36,8 @@ struct VariantMeta {
   std::vector<std::pair<std::string, std::string>> assumptions;  // (param, "div16"|"eq1")
   int num_warps = 0, num_ctas = 1, num_stages = 0, arch = 0;
   uint32_t shared = 0;
+  uint32_t global_scratch_size = 0, profile_scratch_size = 0;
+  bool launch_pdl = false, launch_cooperative_grid = false;
   std::string constexprs_json;
   std::vector<std::string> arg_types;
 };
@@ -57,6 +60,9 @@ class KernelMeta {
   PyObject* Params() const;           // list of kpack.Param
   PyObject* Variants() const;         // list of kpack.Variant
   PyObject* GridExpressions() const;  // tuple of str
+  PyObject* Source() const;           // (qualname, sha256), or None
+  PyObject* AutotuneKey() const;      // tuple of str
+  bool has_scratch() const { return has_scratch_; }
   // The dict a callable grid gets, as Triton builds it: every call argument by name (the
   // objects passed), the constexprs of the variant these arguments select, and its
   // num_warps, num_ctas and num_stages.
@@ -70,6 +76,9 @@ class KernelMeta {
   std::vector<std::string> call_names_;
   std::vector<std::string> grid_;
   std::vector<VariantMeta> variants_;
+  std::string source_qualname_, source_sha256_;
+  std::vector<std::string> autotune_key_;
+  bool has_scratch_ = false;
   mutable std::vector<PyObject*> constexprs_;  // per variant, parsed on first use
 };
 

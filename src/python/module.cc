@@ -15,6 +15,7 @@
 
 #include "driver/driver.h"
 #include "kpack/kpack.h"
+#include "dropin.h"
 #include "launcher.h"
 #include "testing.h"
 
@@ -64,7 +65,10 @@ CUstream StreamArg(nb::handle stream) {
 NB_MODULE(_kpack, m) {
   using namespace kpack::python;  // NOLINT(build/namespaces)
   m.doc() = "kpack's extension module; use the kpack package (kpack.open).";
-  if (!InitLaunchTypes(m.ptr())) throw nb::python_error();
+  // Packs registered as torch ops live in torch's dispatcher until the interpreter exits;
+  // nanobind's report of them at exit would be noise.
+  nb::set_leak_warnings(false);
+  if (!InitLaunchTypes(m.ptr()) || !InitDropIn(m.ptr())) throw nb::python_error();
 
   nb::class_<RuntimeState>(m, "Runtime",
                            "An open pack (kpack::Runtime). Use kpack.open(), which wraps it.")
@@ -75,6 +79,11 @@ NB_MODULE(_kpack, m) {
                   "the pack, load the CUDA driver (`driver`: a library path; default "
                   "$KPACK_CUDA_DRIVER, else libcuda.so.1).")
       .def_prop_ro("dir", [](const RuntimeState& s) { return s.dir; })
+      .def_prop_rw(
+          "preload_on_first_use", [](const RuntimeState& s) { return s.preload_on_first_use; },
+          [](RuntimeState& s, bool on) { s.preload_on_first_use = on; },
+          "Load every variant into a device's context at the first launch from Python there "
+          "(kpack.open(preload='first_use')).")
       .def_prop_ro("kernel_names",
                    [](const RuntimeState& s) { return s.runtime.kernel_names(); })
       .def("kernel", &KernelObject, nb::arg("name"),

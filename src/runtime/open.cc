@@ -5,12 +5,17 @@
 #include <cuda.h>
 
 #include <cstdlib>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "runtime/runtime_impl.h"
 #include "util/log.h"
 #include "util/status_macros.h"
@@ -86,6 +91,14 @@ void SetArgType(ParamType type, ArgSlot* slot) {
   }
 }
 
+// A kernel with nothing to dispatch on gets `sole_variant`: Select then reads no argument.
+void SetSoleVariant(KernelData& k) {
+  if (k.variants.size() == 1 && k.dispatch.num_properties() == 0 && k.dispatch.num_buckets() == 1) {
+    const DispatchTable::Choice only = k.dispatch.Select({});
+    if (only.variant == 0 && !only.fallback) k.sole_variant = k.variants[0];
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_view dir,
@@ -155,14 +168,10 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->profile_scratch_align = vs.profile_scratch_align;
       BuildLaunchAttributes(*v);
       v->cubin = std::move(tables.variants[vi].cubin);
-      k->variants.push_back(std::move(v));
+      k->variants.push_back(v.get());
+      k->owned.push_back(std::move(v));
     }
-    if (k->variants.size() == 1 && k->dispatch.num_properties() == 0 &&
-        k->dispatch.num_buckets() == 1) {
-      // Nothing to dispatch on: Select reads no argument and finds the one variant.
-      const DispatchTable::Choice only = k->dispatch.Select({});
-      if (only.variant == 0 && !only.fallback) k->sole_variant = k->variants[0].get();
-    }
+    SetSoleVariant(*k);
     rt->by_name_[ks.name] = k.get();
     rt->kernels_.push_back(std::move(k));
   }
@@ -174,7 +183,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
 RuntimeImpl::~RuntimeImpl() {
   scratch_.reset();
   for (const auto& k : kernels_) {
-    for (const auto& v : k->variants) {
+    for (const auto& v : k->owned) {
       std::lock_guard<std::mutex> lock(v->load_mu);
       if (v->library != nullptr) driver_->LibraryUnload(v->library);
     }
@@ -185,4 +194,82 @@ RuntimeImpl::~RuntimeImpl() {
   }
 #endif
 }
+absl::StatusOr<const KernelData*> RuntimeImpl::Restrict(const KernelData& k,
+                                                        std::span<const std::string> variants,
+                                                        bool ignore_buckets) const {
+  const KernelSpec& ks = *k.spec;
+  // The chosen variants in the kernel's order, so that ties in the ranking keep going to
+  // the earlier variant of the manifest.
+  std::vector<bool> chosen(ks.variants.size(), false);
+  for (const std::string& name : variants) {
+    size_t i = 0;
+    while (i < ks.variants.size() && ks.variants[i].name != name) ++i;
+    if (i == ks.variants.size()) {
+      std::vector<std::string> names;
+      for (const VariantSpec& v : ks.variants) names.push_back(v.name);
+      return absl::InvalidArgumentError(absl::StrCat("kernel '", ks.name, "' has no variant '",
+                                                     name, "' (it has: ",
+                                                     absl::StrJoin(names, ", "), ")"));
+    }
+    if (chosen[i]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kernel '", ks.name, "': variant '", name, "' is listed twice"));
+    }
+    chosen[i] = true;
+  }
+  if (variants.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kernel '", ks.name, "': restricting it to no variant"));
+  }
+  if (variants.size() == ks.variants.size() && !(ignore_buckets && !ks.buckets.empty())) {
+    return &k;  // every variant, same dispatch
+  }
+  // The key names the VariantData, so that restricting a view and restricting its kernel
+  // to the same variants give the same view.
+  std::string key = absl::StrCat(ks.name, ignore_buckets ? "|all" : "|buckets");
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    if (chosen[i]) absl::StrAppend(&key, "|", reinterpret_cast<uintptr_t>(k.variants[i]));
+  }
+  std::lock_guard<std::mutex> lock(views_mu_);
+  if (auto it = views_.find(key); it != views_.end()) return &it->second->data;
+
+  auto view = std::make_unique<KernelView>();
+  view->spec = ks;
+  view->spec.variants.clear();
+  view->info = *k.info;
+  view->info.variants.clear();
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    if (!chosen[i]) continue;
+    view->spec.variants.push_back(ks.variants[i]);
+    view->info.variants.push_back(k.info->variants[i]);
+    view->data.variants.push_back(k.variants[i]);
+    kept.push_back(ks.variants[i].name);
+  }
+  if (ignore_buckets) {
+    view->spec.buckets.clear();
+    view->info.buckets.clear();
+    for (VariantSpec& v : view->spec.variants) v.bucket.clear();
+    for (VariantInfo& v : view->info.variants) v.bucket.clear();
+  }
+  absl::StatusOr<DispatchTable> dispatch = DispatchTable::Build(view->spec);
+  if (!dispatch.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("kernel '", ks.name, "' restricted to ",
+                                                   absl::StrJoin(kept, ", "), ": ",
+                                                   dispatch.status().message()));
+  }
+  KernelData& d = view->data;
+  d.runtime = k.runtime;
+  d.num_args = k.num_args;
+  d.nvtx_domain = k.nvtx_domain;
+  d.nvtx_message = k.nvtx_message;
+  d.dispatch = *std::move(dispatch);
+  d.spec = &view->spec;
+  d.info = &view->info;
+  SetSoleVariant(d);
+  const KernelData* result = &d;
+  views_.emplace(std::move(key), std::move(view));
+  return result;
+}
+
 }  // namespace kpack::internal

@@ -49,6 +49,14 @@ absl::StatusOr<size_t> Kernel::ArgIndex(std::string_view name) const {
 
 const KernelInfo& Kernel::info() const { return *data_->info; }
 
+absl::StatusOr<Kernel> Kernel::Restrict(std::span<const std::string> variants,
+                                        bool ignore_buckets) const {
+  if (data_ == nullptr) return EmptyKernel();
+  KPACK_ASSIGN_OR_RETURN(const internal::KernelData* view,
+                         data_->runtime->Restrict(*data_, variants, ignore_buckets));
+  return Kernel(view);
+}
+
 absl::Status Kernel::Preload() const {
   if (data_ == nullptr) return EmptyKernel();
   for (const auto& v : data_->variants) KPACK_RETURN_IF_ERROR(data_->runtime->Load(*v).status());
@@ -117,7 +125,7 @@ absl::StatusOr<BoundLaunch> Kernel::BindImpl(const Grid* grid, CUstream stream,
   state->stream = stream;
   internal::DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(rt.Select(*data_, args, &choice));
-  state->variant = data_->variants[choice.variant].get();
+  state->variant = data_->variants[choice.variant];
   state->fallback = choice.fallback;
   KPACK_RETURN_IF_ERROR(rt.PackArgs(*state->variant, args, state->buf));
   state->args.assign(args.begin(), args.end());
@@ -164,7 +172,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
       st.args[index] = old;
       return error;
     }
-    const internal::VariantData* variant = k.variants[choice.variant].get();
+    const internal::VariantData* variant = k.variants[choice.variant];
     if (variant != st.variant) {
       alignas(16) std::byte packed[internal::kMaxParamBytes];
       absl::Status s = k.runtime->PackArgs(*variant, st.args, packed);

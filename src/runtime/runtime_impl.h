@@ -129,9 +129,21 @@ struct alignas(64) KernelData {
 
   // ---- dispatch and the rest
   DispatchTable dispatch;
-  std::vector<std::unique_ptr<VariantData>> variants;
+  // Indexed like spec->variants. A kernel of the pack owns its VariantData (`owned`); a
+  // view (Kernel::Restrict) points at its kernel's, sharing their load state and counters.
+  std::vector<const VariantData*> variants;
+  std::vector<std::unique_ptr<VariantData>> owned;
   const KernelSpec* spec = nullptr;
   const KernelInfo* info = nullptr;  // the public description, in the runtime's Pack
+};
+
+// A kernel restricted to some of its variants (Kernel::Restrict): its own spec (those
+// variants; no buckets when they are ignored), description and dispatch table, over the
+// kernel's VariantData. Built on request, kept until the Runtime goes.
+struct KernelView {
+  KernelSpec spec;
+  KernelInfo info;
+  KernelData data;
 };
 
 class RuntimeImpl {
@@ -194,6 +206,12 @@ class RuntimeImpl {
 
   static Kernel MakeKernel(const KernelData* k) { return Kernel(k); }
 
+  // The view of `k` restricted to the variants named `variants` (see Kernel::Restrict);
+  // the same request gets the same view. Takes views_mu_.
+  absl::StatusOr<const KernelData*> Restrict(const KernelData& k,
+                                             std::span<const std::string> variants,
+                                             bool ignore_buckets) const;
+
  private:
   RuntimeImpl() = default;
   // Prepare's scratch step, for variants with scratch (out of line: they pay driver calls).
@@ -214,6 +232,9 @@ class RuntimeImpl {
   std::unique_ptr<ScratchArenas> scratch_;
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
+  // Kernel::Restrict's views, by (kernel, variants, ignore_buckets).
+  mutable std::mutex views_mu_;
+  mutable absl::flat_hash_map<std::string, std::unique_ptr<KernelView>> views_;
 };
 
 // "kernel 'K' variant 'V'", the prefix of every per-variant error message.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "fake_driver.h"
 
@@ -55,5 +56,16 @@ KPACK_FAKE_EXPORT void kpack_fake_fail_next(const char* fn, int code) {
 }
 
 KPACK_FAKE_EXPORT void kpack_fake_set_launch_noop(int on) { kpack::fake::SetLaunchNoop(on != 0); }
+
+// `count` default devices (kpack::fake::SetDevices); drops every context stack.
+KPACK_FAKE_EXPORT void kpack_fake_set_devices(int count) {
+  kpack::fake::SetDevices(std::vector<kpack::fake::DeviceConfig>(static_cast<size_t>(count)));
+}
+
+KPACK_FAKE_EXPORT void kpack_fake_set_device_handle_offset(int offset) {
+  kpack::fake::SetDeviceHandleOffset(offset);
+}
+
+KPACK_FAKE_EXPORT void kpack_fake_set_handle_reuse(int on) { kpack::fake::SetHandleReuse(on != 0); }
 
 }  // extern "C"

@@ -2,10 +2,11 @@
 """GPU check of the kpack Python package on torch tensors (ctest kpack_python_gpu).
 
 For every kernel of the committed example pack (kernels/examplepack) and every shape of
-examples_check.SHAPES (each bucket, aligned and not): launches through kpack's Python
-eager call, through a bound launch, and through kernel[grid] with a callable grid, and
-compares each output bit for bit with Triton's JIT running the same kernel, config and
-specialization (examples_check explains why that is exact). Then: launches inside
+examples_check.SHAPES (each bucket, aligned and not; python_cases.py): launches through
+kpack's Python eager call (grid= for kernels without grid expressions), through a bound
+launch, and through kernel[grid] with a callable grid, and compares each output bit for
+bit with Triton's JIT running the same kernel, config and specialization (examples_check
+explains why that is exact). Then: launches inside
 torch.cuda.graph capture and replay (which fails if kpack launched on any stream but
 torch's current one), a launch on a side stream, and the error paths (CPU tensor, wrong
 dtype, wrong count) on real tensors.
@@ -14,16 +15,8 @@ Usage: python_check.py REPO_ROOT       (needs `pip install --no-build-isolation 
 Exits 77 (skipped) without torch or a GPU, unless KPACK_REQUIRE_GPU=1 (then 1).
 """
 
-import os
 import sys
 from pathlib import Path
-
-SKIP = 77
-
-
-def skip_or_fail(reason):
-    print(f"SKIPPED: {reason}")
-    return 1 if os.environ.get("KPACK_REQUIRE_GPU") == "1" else SKIP
 
 
 def main():
@@ -31,103 +24,54 @@ def main():
         print(__doc__)
         return 2
     repo = Path(sys.argv[1]).resolve()
-    try:
-        import torch
-        import triton
-    except ImportError as e:
-        return skip_or_fail(f"cannot import torch/triton: {e}")
-    if not torch.cuda.is_available():
-        return skip_or_fail("torch sees no CUDA device")
-    try:
-        import kpack
-    except ImportError as e:
-        print(f"FAILED: cannot import kpack ({e}); install it into {sys.executable} with "
-              f"`pip install --no-build-isolation {repo}`")
-        return 1
-    sys.path[:0] = [str(repo / "tools"), str(repo / "tests" / "gpu")]
-    import examples_check as ec
-    from kpack_tools import build as builder
-    from kpack_tools.autotune import jit_launcher
-    from kpack_tools.spec import load_specs
-
-    print(f"kpack {kpack.__file__}, triton {triton.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}")
-    pack_dir = repo / "kernels" / "examplepack"
+    sys.path.insert(0, str(repo / "tests" / "gpu"))
+    import python_cases as pc
+    stack = pc.import_stack(repo)
+    if isinstance(stack, int):
+        return stack
+    torch, triton, kpack = stack
+    pack_dir, specs, chosen = pc.load(repo)
     pack = kpack.open(pack_dir)
-    spec_files = [repo / "kernels" / "examples" / f"{n}.py"
-                  for n in ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train")]
-    specs = {s.name: s for f in spec_files for s in load_specs(f)}
-    import json
-    tuning = json.loads((pack_dir / "tuning.json").read_text())
-    chosen = {(k["name"], tuple(b["bucket"])): b["chosen"]
-              for k in tuning["kernels"] for b in k["buckets"]}
 
     failures, seen = [], set()
-    for name, cases in ec.SHAPES.items():
-        spec, kernel = specs[name], pack[name]
-        for shape, _ in cases:
-            args = spec.make_inputs(shape, "cuda")
-            call = [args[p] for p in spec.call_params]
-            index = spec.bucket_of(args)
-            special = ec.expected_variant(spec, args)
-            want = builder.variant_name(spec, index, special)
-            variant = kernel.select_variant(*call)
-            if variant != want:
-                failures.append(f"{name} {shape}: kpack selects {variant}, expected {want}")
-            # Triton's JIT, specialized exactly like the variant, into the outputs.
-            config = spec.config(chosen[(name, index)])
-            assumed = set(special.div16) | set(special.eq1)
-            jit_fn = triton.JITFunction(spec.fn.fn, do_not_specialize=[
-                p for p in spec.call_params if p not in assumed])
+    for case in pc.cases(pack, specs, chosen):
+        name, spec, kernel, call = case.name, case.spec, pack[case.name], case.call
+        variant = kernel.select_variant(*call)
+        if variant != case.want:
+            failures.append(f"{name} {case.shape}: kpack selects {variant}, expected {case.want}")
+        constexprs = dict(spec.constexprs(case.config))
+        metas = []
+
+        def grid(meta, case=case):
+            # kpack's meta dict: the arguments, the chosen variant's constexprs (the
+            # tuned config's) and its launch options.
+            metas.append(meta)
+            return spec.grid_for(case.args, case.config)
+
+        # A kernel without grid expressions takes the caller's grid (grid=).
+        explicit = {} if case.grid is None else {"grid": case.grid}
+        paths = {
+            "eager": lambda: kernel(*call, **explicit),
+            "bound": lambda: (kernel[case.grid] if case.grid else kernel).bind(*call)(),
+            "grid": lambda: kernel[grid](*call),
+        }
+        for path, launch in paths.items():
+            case.reset_outputs()
+            launch()
+            torch.cuda.synchronize()
             for out in spec.outputs:
-                args[out].zero_()
-            jit_launcher(spec, config, args, fn=jit_fn)()
-            expected = {out: args[out].clone() for out in spec.outputs}
-            constexprs = dict(spec.constexprs(config))
-            metas = []
-
-            def grid(meta, spec=spec, args=args, config=config):
-                # kpack's meta dict: the arguments, the chosen variant's constexprs (the
-                # tuned config's) and its launch options.
-                metas.append(meta)
-                return spec.grid_for(args, config)
-
-            paths = {
-                "eager": lambda: kernel(*call),
-                "bound": lambda: kernel.bind(*call)(),
-                "grid": lambda: kernel[grid](*call),
-            }
-            if not kernel.grid:
-                # No grid in the manifest (it counts rows, which are no parameter): the
-                # caller passes one, and a call without is refused before launching.
-                try:
-                    kernel(*call)
-                    failures.append(f"{name}: a call without a grid was not refused")
-                except Exception as e:  # noqa: BLE001  (any kpack error is the answer)
-                    print(f"{name:12} no manifest grid, eager call refused: {e}")
-                fixed = spec.grid_for(args, config)
-                paths = {
-                    "grid": lambda: kernel[grid](*call),
-                    "bound": lambda fixed=fixed: kernel[fixed].bind(*call)(),
-                }
-            for path, launch in paths.items():
-                for out in spec.outputs:
-                    args[out].fill_(float("nan"))
-                launch()
-                torch.cuda.synchronize()
-                for out in spec.outputs:
-                    same = torch.equal(ec.bits(args[out]), ec.bits(expected[out]))
-                    print(f"{name:12} {str(shape):38} {variant:12} {path:6} bitwise == JIT: "
-                          f"{same}")
-                    if not same:
-                        failures.append(f"{name} {shape} {path}: {out} differs from Triton's JIT")
-            meta = metas[-1]
-            if {k: meta[k] for k in constexprs} != constexprs or \
-                    meta["num_warps"] != config.num_warps or \
-                    any(meta[p] is not args[p] for p in spec.call_params):
-                failures.append(f"{name} {shape}: callable grid got meta {meta}, expected the "
-                                f"arguments and {constexprs}, num_warps {config.num_warps}")
-            seen.add((name, variant))
+                same = pc.same_bits(case.args[out], case.expected[out])
+                print(f"{name:14} {str(case.shape):38} {variant:12} {path:6} bitwise == JIT: "
+                      f"{same}")
+                if not same:
+                    failures.append(f"{name} {case.shape} {path}: {out} differs from Triton's JIT")
+        meta = metas[-1]
+        if {k: meta[k] for k in constexprs} != constexprs or \
+                meta["num_warps"] != case.config.num_warps or \
+                any(meta[p] is not case.args[p] for p in spec.call_params):
+            failures.append(f"{name} {case.shape}: callable grid got meta {meta}, expected the "
+                            f"arguments and {constexprs}, num_warps {case.config.num_warps}")
+        seen.add((name, variant))
     for name in pack.kernel_names:
         for v in pack[name].variants:
             if (name, v.name) not in seen:

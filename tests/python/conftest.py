@@ -112,18 +112,34 @@ class Fake:
                                             None) == 0, name
         return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(fn.value)
 
-    def use_primary_context(self) -> None:
-        """Makes device 0's primary context current on this thread, as a CUDA runtime call
-        (or kpack's first launch of a tensor on device 0) would; like libcuda, the fake
-        gives a fresh thread no current context."""
+    def device(self, ordinal: int) -> int:
+        """cuDeviceGet's CUdevice handle for a device ordinal."""
         get = self._proc("cuDeviceGet", 2000, ctypes.POINTER(ctypes.c_int), ctypes.c_int)
+        dev = ctypes.c_int()
+        assert get(ctypes.byref(dev), ordinal) == 0
+        return dev.value
+
+    def use_primary_context(self, ordinal: int = 0) -> None:
+        """Makes a device's primary context current on this thread, as a CUDA runtime call
+        (or kpack's first launch of a tensor on that device) would; like libcuda, the fake
+        gives a fresh thread no current context."""
         retain = self._proc("cuDevicePrimaryCtxRetain", 7000, ctypes.POINTER(ctypes.c_void_p),
                             ctypes.c_int)
         set_current = self._proc("cuCtxSetCurrent", 4000, ctypes.c_void_p)
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        assert get(ctypes.byref(dev), 0) == 0
-        assert retain(ctypes.byref(ctx), dev) == 0
+        ctx = ctypes.c_void_p()
+        assert retain(ctypes.byref(ctx), self.device(ordinal)) == 0
         assert set_current(ctx) == 0
+
+    def ctx_create(self, ordinal: int) -> int:
+        """A new (non-primary) context of a device, made current (cuCtxCreate)."""
+        create = self._proc("cuCtxCreate", 12050, ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.c_void_p, ctypes.c_uint, ctypes.c_int)
+        ctx = ctypes.c_void_p()
+        assert create(ctypes.byref(ctx), None, 0, self.device(ordinal)) == 0
+        return ctx.value
+
+    def ctx_destroy(self, ctx: int) -> None:
+        assert self._proc("cuCtxDestroy", 4000, ctypes.c_void_p)(ctx) == 0
 
     def stream_create(self) -> int:
         """A new stream of device 0's primary context (made current), as an int."""

@@ -520,3 +520,221 @@ def test_preload_and_runtime_stats(open_pack):
     pack.preload()
     pack.axpy.preload()
     assert pack.stats()["libraries_loaded"] == 10
+
+
+# ---------------------------------------------------------------- the pack tools' fields
+
+
+def test_source_readonly_and_autotune_key(open_pack):
+    pack = open_pack("examplepack")
+    add = pack.vector_add
+    qualname, sha256 = add.source
+    assert qualname == "vector_add.vector_add_kernel" and len(sha256) == 64
+    assert [p.readonly for p in add.params] == [True, True, False, False, False]
+    name, type_, constexpr = add.params[0]  # still unpacks as three fields
+    assert (name, type_, constexpr) == ("x_ptr", "*fp32", False)
+    assert add.autotune_key == ()
+    assert pack.matmul_fp16.source == pack.matmul_bf16.source, "one function, two dtypes"
+    assert open_pack("testpack").add.source is None
+
+
+def test_scratch_is_described(open_pack):
+    scratch = open_pack("testpack").scratch
+    assert scratch.has_scratch and not open_pack("testpack").add.has_scratch
+    v = scratch.variants[0]
+    assert (v.global_scratch_size, v.profile_scratch_size) == (128, 0)
+    assert not v.launch_pdl and open_pack("testpack").pdl.variants[0].launch_pdl
+    assert len(tuple(v)) == 10, "the new fields are attributes, not tuple items"
+
+
+# ---------------------------------------------------------------- restrict
+
+
+def test_restrict_launches_one_configuration_for_every_bucket(fake, open_pack):
+    axpy = open_pack("dispatchpack").axpy
+    b1 = axpy.restrict(["b1_generic", "b1_div16", "b1_div16_unit"], ignore_buckets=True)
+    assert isinstance(b1, kpack.Kernel) and b1.name == "axpy"
+    assert [v.name for v in b1.variants] == ["b1_generic", "b1_div16", "b1_div16_unit"]
+    assert all(v.bucket == {} for v in b1.variants)
+    for n, stride, variant in [(16, 1, "b1_div16_unit"), (1 << 20, 3, "b1_div16")]:
+        assert b1.select_variant(tensor(0), tensor(1), tensor(2), n, stride, 1.0) == variant
+        mark = fake.launch_count()
+        b1(tensor(0), tensor(1), tensor(2), n, stride, 1.0)
+        launch = fake.last_launch(mark)
+        assert launch.block == (128, 1, 1) and launch.grid[0] == -(-n // 1024), n
+    # Keeping buckets: only a bucket's own variants.
+    generic = axpy.restrict(["b0_generic", "b1_generic", "b2_generic"])
+    assert generic.select_variant(tensor(0), tensor(1), tensor(2), 5000, 1, 1.0) == "b1_generic"
+    with pytest.raises(kpack.InvalidArgumentError, match="no variant serves bucket 1"):
+        axpy.restrict(["b0_generic"])
+    with pytest.raises(kpack.InvalidArgumentError, match="has no variant 'nosuch'"):
+        axpy.restrict(["nosuch"], ignore_buckets=True)
+    with pytest.raises(TypeError, match="not a str"):
+        axpy.restrict("b0_generic")
+
+
+# ---------------------------------------------------------------- scratch=
+
+
+class Block:
+    """A scratch buffer stand-in whose release is observable (like a caching-allocator
+    block freed when its owner goes)."""
+    released = []
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+    def __del__(self):
+        Block.released.append(self.ptr)
+
+
+def scratch_call(open_pack):
+    k = open_pack("testpack").scratch
+    return k, (tensor(0), tensor(1), 64, 64, 64)
+
+
+def test_scratch_callable_gets_bytes_alignment_and_stream(fake, open_pack, layouts):
+    k, args = scratch_call(open_pack)
+    stream = fake.stream_create()
+    calls = []
+
+    def alloc(nbytes, align, s):
+        calls.append((nbytes, align, s))
+        return 0x7E00_0000_0000
+
+    mark = fake.launch_count()
+    k[(2, 3)](*args, stream=stream, scratch=alloc)
+    assert calls == [(2 * 3 * 128, 128, stream)], "grid programs x scratch bytes, one kind"
+    off = layouts("testpack", "scratch", "default")
+    assert fake.last_launch(mark).u64(off["$global_scratch"]) == 0x7E00_0000_0000
+    assert pack_stats(open_pack)["scratch_arenas"] == 0, "kpack's arenas untouched"
+
+
+def pack_stats(open_pack):
+    return open_pack("testpack").stats()
+
+
+def test_scratch_objects_are_held_until_the_launch_is_issued(fake, open_pack, layouts):
+    k, args = scratch_call(open_pack)
+    Block.released.clear()
+    seen = []
+
+    def alloc(nbytes, align, s):
+        seen.append(fake.launch_count())
+        return Block(0x7E00_0000_1000)
+
+    mark = fake.launch_count()
+    k[(1,)](*args, scratch=alloc)
+    assert seen == [mark] and Block.released == [0x7E00_0000_1000], "released after the launch"
+    off = layouts("testpack", "scratch", "default")
+    assert fake.last_launch(mark).u64(off["$global_scratch"]) == 0x7E00_0000_1000
+    # A default allocator for every launch of one kernel object; scratch=None overrides.
+    with_alloc = k.with_scratch(alloc)
+    assert with_alloc.scratch is alloc and k.scratch is None
+    with_alloc[(1,)](*args)
+    assert len(seen) == 2
+    arenas = pack_stats(open_pack)["scratch_arenas"]
+    with_alloc[(1,)](*args, scratch=None)  # kpack's own arena
+    assert len(seen) == 2 and pack_stats(open_pack)["scratch_arenas"] == arenas + 1
+    # Bound launches ask at every launch.
+    b = with_alloc[(1,)].bind(*args)
+    b()
+    b()
+    assert len(seen) == 4 and Block.released.count(0x7E00_0000_1000) == 4
+    # restrict() keeps the default.
+    assert k.with_scratch(alloc).restrict(["default"]).scratch is alloc
+
+
+@pytest.mark.parametrize("result, error, pattern", [
+    (ZeroDivisionError("boom"), ZeroDivisionError, "boom"),
+    ("nope", TypeError, "returned str; expected an int device address or an object with data_ptr"),
+    (0, kpack.ResourceExhaustedError, "returned null for 8192 bytes"),
+    (0x7E00_0000_0001, kpack.ResourceExhaustedError, "misaligned"),
+])
+def test_scratch_errors_launch_nothing(fake, open_pack, result, error, pattern):
+    k, args = scratch_call(open_pack)
+
+    def alloc(nbytes, align, s):
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    mark = fake.launch_count()
+    with pytest.raises(error, match=pattern):
+        k[(8, 8)](*args, scratch=alloc)
+    assert fake.launch_count() == mark
+    with pytest.raises(TypeError, match="with_scratch"):
+        k.with_scratch(3)
+
+
+# ---------------------------------------------------------------- preload="first_use"
+
+
+def test_preload_first_use_loads_every_variant_at_the_first_launch(fake, driver):
+    pack = kpack.open(KERNELS / "dispatchpack", driver=driver, preload="first_use")
+    assert pack.stats()["libraries_loaded"] == 0
+    pack.axpy(tensor(0), tensor(1), tensor(2), 64, 1, 1.0)
+    assert pack.stats()["libraries_loaded"] == 10, "all ten variants, not just the one launched"
+    lazy = kpack.open(KERNELS / "dispatchpack", driver=driver)
+    lazy.axpy(tensor(0), tensor(1), tensor(2), 64, 1, 1.0)
+    assert lazy.stats()["libraries_loaded"] == 1
+    with pytest.raises(ValueError, match="preload must be"):
+        kpack.open(KERNELS / "dispatchpack", driver=driver, preload="yes")
+
+
+# ---------------------------------------------------------------- contexts and devices
+
+
+def run_child(driver, body: str) -> None:
+    script = f"""
+import sys, ctypes
+import kpack
+from kpack._kpack import _testing
+sys.path.insert(0, {str(KERNELS.parent / 'tests' / 'python')!r})
+from conftest import Fake
+fake = Fake({driver!r})
+pack = kpack.open({str(KERNELS / 'examplepack')!r}, driver={driver!r})
+add = pack.vector_add
+def t(i, device=0):
+    return _testing.FakeTensor(0x7F00_0000_0000 + 0x10_0000 * (i + 1), device_id=device)
+""" + body + "\nprint('ok')\n"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_device_handles_are_mapped_to_ordinals(driver):
+    # CUdevice handles need not be ordinals: with the fake's handles at ordinal + 100, the
+    # current device is still cuda:1 for a tensor on cuda:1.
+    run_child(driver, """
+fake.lib.kpack_fake_set_devices(2)
+fake.lib.kpack_fake_set_device_handle_offset(100)
+fake.use_primary_context(1)
+mark = fake.launch_count()
+add(t(0, 1), t(1, 1), t(2, 1), 64)
+assert fake.launch_count() == mark + 1
+try:
+    add(t(0, 0), t(1, 0), t(2, 0), 64)
+    raise SystemExit("a tensor on cuda:0 launched on cuda:1")
+except ValueError as e:
+    assert "is on cuda:0 but the current device is cuda:1" in str(e), e
+""")
+
+
+def test_a_context_replaced_at_the_same_address_is_a_new_context(driver):
+    # The fake hands a destroyed context's handle to the next one (as a driver may); the
+    # extension tells them apart by cuCtxGetId, so the new one's device is read again.
+    run_child(driver, """
+fake.lib.kpack_fake_set_devices(2)
+fake.lib.kpack_fake_set_handle_reuse(1)
+first = fake.ctx_create(0)
+add(t(0, 0), t(1, 0), t(2, 0), 64)
+fake.ctx_destroy(first)
+second = fake.ctx_create(1)
+assert second == first, "the fake reused the handle"
+mark = fake.launch_count()
+add(t(0, 1), t(1, 1), t(2, 1), 64)
+assert fake.launch_count() == mark + 1
+""")

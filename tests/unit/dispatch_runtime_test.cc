@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "fake_driver.h"
 #include "fake_runtime.h"
@@ -25,6 +27,7 @@ using ::testing::HasSubstr;
 
 const std::string kPack = KPACK_DISPATCH_PACK_DIR;
 const CUdeviceptr kX = 0x100000, kY = 0x200000, kOut = 0x300000;
+using Names = std::vector<std::string>;
 
 class DispatchRuntimeTest : public ::testing::Test {
  protected:
@@ -105,6 +108,122 @@ TEST_F(DispatchRuntimeTest, MisalignmentFallsBackToGenericAndIsCounted) {
   EXPECT_EQ(Launches("b0_generic", true), 6u) << "each was a fallback";
   EXPECT_EQ(Launches("b0_div16_unit"), 1u);
   EXPECT_EQ(Launches("b0_div16_unit", true), 0u);
+}
+
+// Kernel::Restrict: a view that launches only some variants. Ignoring buckets, the b1
+// configuration (BLOCK 1024, 4 warps) serves every n, still specialized per call.
+TEST_F(DispatchRuntimeTest, RestrictedToOneConfigurationIgnoringBuckets) {
+  const Names b1 = {"b1_generic", "b1_div16", "b1_div16_unit"};
+  absl::StatusOr<Kernel> view = axpy_.Restrict(b1, /*ignore_buckets=*/true);
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->name(), "axpy");
+  EXPECT_TRUE(view->info().buckets.empty());
+  ASSERT_EQ(view->info().variants.size(), 3u);
+  EXPECT_EQ(view->info().variants[0].name, "b1_generic");
+  EXPECT_TRUE(view->info().variants[0].bucket.empty());
+  EXPECT_EQ(axpy_.info().variants.size(), 10u) << "the kernel itself is unchanged";
+  struct Case {
+    CUdeviceptr x;
+    int64_t n, stride;
+    const char* variant;
+  } cases[] = {{kX, 16, 1, "b1_div16_unit"}, {kX, 1 << 20, 1, "b1_div16_unit"},
+               {kX, 1 << 20, 3, "b1_div16"},  {kX + 4, 16, 1, "b1_generic"}};
+  for (const Case& c : cases) {
+    const Arg args[] = {Arg(c.x), Arg(kY), Arg(kOut), Arg(c.n), Arg(c.stride), Arg(2.0f)};
+    absl::StatusOr<std::string_view> chosen = view->SelectVariant(args);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    EXPECT_EQ(*chosen, c.variant) << c.n;
+    KP_ASSERT_OK(view->Launch(nullptr, c.x, kY, kOut, c.n, c.stride, 2.0f));
+    fake::LaunchRecord r = LastLaunch();
+    EXPECT_EQ(r.block[0], 128u) << "4 warps, whatever the bucket of n = " << c.n;
+    EXPECT_EQ(r.grid[0], static_cast<unsigned>((c.n + 1023) / 1024)) << "BLOCK 1024";
+  }
+  // The variants' counters, seen through both handles; the fallback counted too.
+  EXPECT_EQ(Launches("b1_div16_unit"), 2u);
+  EXPECT_EQ(Launches("b1_generic", true), 1u);
+  for (const Kernel::VariantStats& s : view->variant_stats()) {
+    if (s.variant == "b1_div16_unit") EXPECT_EQ(s.launches, 2u);
+  }
+  // A bound launch of the view re-selects within the view.
+  const Arg args[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(int64_t{16}), Arg(1), Arg(2.0f)};
+  absl::StatusOr<BoundLaunch> bound = view->Bind(nullptr, args);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  KP_ASSERT_OK(bound->Set(4, Arg(5)));
+  KP_ASSERT_OK(bound->Launch());
+  EXPECT_EQ(Launches("b1_div16"), 2u);
+  // The same request gets the same view: nothing is rebuilt per call.
+  absl::StatusOr<Kernel> again = axpy_.Restrict(Names{"b1_div16_unit", "b1_generic", "b1_div16"}, true);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(&again->info(), &view->info());
+}
+
+TEST_F(DispatchRuntimeTest, RestrictedKeepingBucketsAndItsErrors) {
+  // Keeping buckets, the named variants must serve every bucket.
+  absl::StatusOr<Kernel> generic =
+      axpy_.Restrict(Names{"b0_generic", "b1_generic", "b2_generic"}, /*ignore_buckets=*/false);
+  ASSERT_TRUE(generic.ok()) << generic.status();
+  EXPECT_EQ(generic->info().buckets.size(), 1u);
+  EXPECT_EQ(Selected(kX, 16, 1), "b0_div16_unit");
+  const Arg args[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(int64_t{5000}), Arg(1), Arg(2.0f)};
+  EXPECT_EQ(*generic->SelectVariant(args), "b1_generic");
+  absl::StatusOr<Kernel> b0 = axpy_.Restrict(Names{"b0_generic"});
+  EXPECT_EQ(b0.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(b0.status().message()),
+              AllOf(HasSubstr("kernel 'axpy' restricted to b0_generic"),
+                    HasSubstr("no variant serves bucket 1")));
+  // b0_generic alone takes no n past i32: a launch no variant of the view takes fails.
+  absl::StatusOr<Kernel> one = axpy_.Restrict(Names{"b0_generic"}, true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const int64_t big = int64_t{1} << 33;
+  absl::Status s = one->Launch(nullptr, kX, kY, kOut, big, 1, 2.0f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'n'"));
+
+  absl::StatusOr<Kernel> unknown = axpy_.Restrict(Names{"b0_generic", "nosuch"});
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.status().message()),
+              AllOf(HasSubstr("kernel 'axpy' has no variant 'nosuch'"),
+                    HasSubstr("b2_generic_i64")));
+  absl::StatusOr<Kernel> twice = axpy_.Restrict(Names{"b0_generic", "b0_generic"}, true);
+  EXPECT_THAT(std::string(twice.status().message()), HasSubstr("listed twice"));
+  absl::StatusOr<Kernel> none = axpy_.Restrict(Names{}, true);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  // Every variant, keeping buckets: the kernel itself.
+  std::vector<std::string> all;
+  for (const VariantInfo& v : axpy_.info().variants) all.push_back(v.name);
+  absl::StatusOr<Kernel> same = axpy_.Restrict(all);
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(&same->info(), &axpy_.info());
+  EXPECT_EQ(Kernel().Restrict(all).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Views are made under the runtime's lock: threads asking for the same view at once get
+// one view, and launch through it while others make theirs (TSan runs this).
+TEST_F(DispatchRuntimeTest, RestrictFromManyThreads) {
+  constexpr int kThreads = 8;
+  const Names configs[3] = {{"b0_generic", "b0_div16", "b0_div16_unit"},
+                            {"b1_generic", "b1_div16", "b1_div16_unit"},
+                            {"b2_generic", "b2_div16", "b2_div16_unit"}};
+  std::vector<const KernelInfo*> seen(kThreads, nullptr);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      testing::UsePrimaryContext();
+      for (int i = 0; i < 20; ++i) {
+        absl::StatusOr<Kernel> view = axpy_.Restrict(configs[(t + i) % 3], true);
+        if (!view.ok()) return;
+        if ((t + i) % 3 == 0) seen[t] = &view->info();
+        if (!view->Launch(nullptr, kX, kY, kOut, int64_t{4096}, 1, 1.0f).ok()) return;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_NE(seen[t], nullptr) << "thread " << t << " failed";
+    EXPECT_EQ(seen[t], seen[0]) << "one view per request";
+  }
+  EXPECT_EQ(Launches("b0_div16_unit") + Launches("b1_div16_unit") + Launches("b2_div16_unit"),
+            uint64_t{kThreads} * 20);
 }
 
 TEST_F(DispatchRuntimeTest, LargeNGoesToTheI64Variant) {

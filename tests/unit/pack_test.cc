@@ -441,6 +441,41 @@ TEST(PackTest, DescribesDispatch) {
   EXPECT_EQ(wide.arg_types[4], "i32");
 }
 
+// The kpack/2 fields the pack tools write: what a torch-op schema and the Python drop-in
+// read from the public description.
+TEST(PackTest, DescribesTheToolFields) {
+  absl::StatusOr<Pack> example = Pack::Read(KPACK_EXAMPLE_PACK_DIR);
+  ASSERT_TRUE(example.ok()) << example.status();
+  const KernelInfo& add = **example->Find("vector_add");
+  EXPECT_EQ(add.source.qualname, "vector_add.vector_add_kernel");
+  EXPECT_EQ(add.source.sha256.size(), 64u);
+  std::vector<bool> readonly;
+  for (const ParamInfo& p : add.params) readonly.push_back(p.readonly);
+  EXPECT_THAT(readonly, ElementsAre(true, true, false, false, false)) << "x_ptr, y_ptr read only";
+  EXPECT_TRUE(add.autotune_key.empty());
+  // Two pack kernels compiled from one function (fp16 and bf16 matmul) share its source.
+  EXPECT_EQ((*example->Find("matmul_fp16"))->source.sha256,
+            (*example->Find("matmul_bf16"))->source.sha256);
+
+  TempPack pack;
+  pack.manifest()["format"] = "kpack/2";
+  json& k = pack.kernel("add");
+  k["source"] = {{"qualname", "models.kernels.add_kernel"}, {"sha256", std::string(64, 'a')}};
+  k["autotune_key"] = {"n", "BLOCK"};
+  k["params"][2]["readonly"] = false;
+  pack.Save();
+  absl::StatusOr<Pack> read = Pack::Read(pack.dir());
+  ASSERT_TRUE(read.ok()) << read.status();
+  const KernelInfo& info = **read->Find("add");
+  EXPECT_EQ(info.source.qualname, "models.kernels.add_kernel");
+  EXPECT_EQ(info.source.sha256, std::string(64, 'a'));
+  EXPECT_THAT(info.autotune_key, ElementsAre("n", "BLOCK"));
+  EXPECT_FALSE(info.params[2].readonly);
+  const KernelInfo& scalars = **read->Find("scalars");
+  EXPECT_TRUE(scalars.source.qualname.empty() && scalars.source.sha256.empty());
+  EXPECT_TRUE(scalars.autotune_key.empty());
+}
+
 TEST(PackTest, FindListsTheKernelsThereAre) {
   absl::StatusOr<Pack> pack = Pack::Read(KPACK_TEST_PACK_DIR);
   ASSERT_TRUE(pack.ok());

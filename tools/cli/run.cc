@@ -105,7 +105,7 @@ class Session {
     const internal::KernelData* k = internal::KernelAccess::Get(kernel_);
     internal::DispatchTable::Choice choice;
     KPACK_RETURN_IF_ERROR(k->runtime->Select(*k, args_, &choice));
-    Plan plan{k->variants[choice.variant].get(), {}};
+    Plan plan{k->variants[choice.variant], {}};
     if (grid_.has_value()) {
       plan.grid = *grid_;
     } else {

@@ -45,6 +45,13 @@ class                          also a                             code
 ``Error`` (the base)           ``RuntimeError``                   any other
 =============================  =================================  ====================
 
+``k(*args, grid=g)`` is ``k[g](*args)``; ``scratch=`` gives kernels with Triton global
+scratch their memory (a callable ``(nbytes, align, stream)`` returning an address or an
+object with ``data_ptr()``, held until the launch is issued); ``k.restrict(variants)``
+launches only some variants. ``kpack.torch`` registers a pack's kernels as torch ops, and
+``kpack.install(pack)`` makes existing Triton ``kernel[grid](...)`` calls launch through
+the pack (``kpack._dropin``).
+
 Launches need a current CUDA context on the calling thread (torch makes one when it puts
 a tensor on the GPU); a thread with none gets the primary context of its tensors' device,
 as the CUDA runtime would do. The extension does not import torch.
@@ -56,6 +63,7 @@ import os as _os
 from typing import Iterator, List, Optional
 
 from kpack import _kpack
+from kpack._dropin import DropInError, DropInWarning, install, installed, uninstall
 from kpack._kpack import (BoundLaunch, Error, FailedPreconditionError, GridLaunch, InternalError,
                           InvalidArgumentError, Kernel, NotFoundError, OutOfRangeError, Param,
                           ResourceExhaustedError, UnavailableError, UnimplementedError, Variant,
@@ -65,7 +73,8 @@ __all__ = [
     "open", "Pack", "Kernel", "GridLaunch", "BoundLaunch", "Param", "Variant", "VariantStats",
     "Error", "InvalidArgumentError", "NotFoundError", "FailedPreconditionError",
     "UnavailableError", "UnimplementedError", "ResourceExhaustedError", "OutOfRangeError",
-    "InternalError", "build_flags",
+    "InternalError", "build_flags", "install", "uninstall", "installed", "DropInWarning",
+    "DropInError",
 ]
 
 __version__ = "0.1.0"
@@ -141,15 +150,21 @@ class Pack:
         return self._runtime.stats()
 
 
-def open(dir: str | _os.PathLike, preload: bool = False, driver: Optional[str] = None,  # noqa: A001
-         nvtx: bool = True) -> Pack:
+def open(dir: str | _os.PathLike, preload: bool | str = False,  # noqa: A001
+         driver: Optional[str] = None, nvtx: bool = True) -> Pack:
     """Open the pack in ``dir``: read and check the manifest and every cubin's sha256, and
     load the CUDA driver (``driver``: the library's path; default ``$KPACK_CUDA_DRIVER``,
     else ``libcuda.so.1``). Kernels load lazily at their first launch, or all now with
-    ``preload=True`` (needs a current CUDA context). ``nvtx=False`` drops the per-launch
-    NVTX range. Raises ``UnavailableError`` without a usable driver, ``NotFoundError`` for a
+    ``preload=True`` (needs a current CUDA context), or all into a device's context at the
+    first launch on that device with ``preload="first_use"`` (so that no later launch there
+    loads: CUDA graph capture forbids loading). ``nvtx=False`` drops the per-launch NVTX
+    range. Raises ``UnavailableError`` without a usable driver, ``NotFoundError`` for a
     missing directory or file, ``InvalidArgumentError`` for a malformed pack."""
-    return Pack(_kpack.Runtime.open(_os.fspath(dir), preload, driver, nvtx))
+    if preload not in (False, True, "first_use"):
+        raise ValueError(f"preload must be False, True or 'first_use', got {preload!r}")
+    runtime = _kpack.Runtime.open(_os.fspath(dir), preload is True, driver, nvtx)
+    runtime.preload_on_first_use = preload == "first_use"
+    return Pack(runtime)
 
 
 def build_flags() -> dict:

@@ -1,0 +1,379 @@
+"""kpack for PyTorch: a pack's kernels as torch ops, scratch memory from torch's caching
+allocator, and the drop-in for existing Triton calls.
+
+::
+
+    import kpack, kpack.torch
+    pack = kpack.open("mypack")
+    ops = kpack.torch.register(pack, namespace="mypack")
+    torch.ops.mypack.vector_add(x, y, out, n)            # grid from the manifest
+    torch.ops.mypack.layer_norm_fwd(..., grid=[M])        # required without grid expressions
+
+    kpack.torch.install(pack)   # existing `my_kernel[grid](...)` calls launch through kpack,
+                                # and become the ops above inside torch.compile
+
+Each kernel becomes ``torch.ops.<namespace>.<kernel>`` with a schema made from the
+manifest (:func:`op_schema`): pointer parameters are ``Tensor(a!)`` -- mutated, since a
+manifest cannot know what a kernel writes -- unless the build spec declared them
+``readonly`` (then ``Tensor``); integer scalars are ``SymInt``, floating-point ones
+``float``, ``i1``/``u1`` ``bool``; constexprs are compiled in and absent. A keyword-only
+``grid`` (1 to 3 ints) overrides the manifest's grid expressions and is required for
+kernels that have none. The op returns nothing: it writes into the tensors it is given.
+
+The CUDA implementation is the kpack kernel object itself (no Python frame between torch's
+dispatcher and kpack's launch); it launches on torch's current stream, so it works under
+``torch.cuda.graph`` capture and cudagraph trees. The fake (meta) implementation returns
+nothing, which is all a mutating op needs for ``torch.compile``, ``torch.library.opcheck``
+and fake tensors. Kernels with Triton global scratch take it from torch's caching allocator
+(:func:`caching_allocator_scratch`) on the launch's stream and free it right after the
+launch, stream-ordered, so that a capture puts it in the graph's memory pool rather than
+kpack's own arenas. ``register`` also makes the pack load every variant into a device's
+context at its first launch there (``preload="first_use"``): a capture may not load.
+
+This module imports torch only in the functions that need it; :func:`op_schema` works
+without.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from typing import Dict, Iterable, List, Optional
+
+from kpack import _dropin
+
+__all__ = ["op_schema", "op_name", "register", "TorchOps", "caching_allocator_scratch",
+           "install", "uninstall"]
+
+_INT_TYPES = {"i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"}
+_FLOAT_TYPES = {"fp16", "bf16", "fp32", "fp64"}
+_BOOL_TYPES = {"i1", "u1"}
+
+
+def op_name(kernel_name: str) -> str:
+    """The op name for a kernel: its name with every character an op name cannot hold
+    (kernel names may contain '.') replaced by '_'."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", kernel_name)
+    return name if not name[:1].isdigit() else "_" + name
+
+
+def _alias_sets() -> Iterable[str]:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    yield from letters
+    n = 1
+    while True:
+        for c in letters:
+            yield f"{c}{n}"
+        n += 1
+
+
+def op_schema(kernel, name: Optional[str] = None) -> str:
+    """The torch op schema of a kpack kernel (a ``kpack.Kernel``, or anything with the same
+    ``name``, ``params`` (``name``, ``type``, ``constexpr``, ``readonly``) and ``grid``):
+    ``name(Tensor x, Tensor(a!) out, SymInt n, *, SymInt[]? grid=None) -> ()``.
+
+    Raises ``ValueError`` for a parameter no schema can take (an ``nvTmaDesc``), or a
+    parameter named like the ``grid`` keyword."""
+    name = name or op_name(kernel.name)
+    aliases = _alias_sets()
+    args: List[str] = []
+    for p in kernel.params:
+        if p.constexpr:
+            continue
+        if p.name == "grid":
+            raise ValueError(f"kernel '{kernel.name}': a parameter named 'grid' clashes with "
+                             "the op's grid= keyword")
+        if keyword.iskeyword(p.name):
+            raise ValueError(f"kernel '{kernel.name}': parameter '{p.name}' is a Python keyword")
+        t = p.type
+        if t.startswith("*"):
+            readonly = getattr(p, "readonly", False)
+            args.append(f"Tensor {p.name}" if readonly else f"Tensor({next(aliases)}!) {p.name}")
+        elif t in _INT_TYPES:
+            args.append(f"SymInt {p.name}")
+        elif t in _FLOAT_TYPES:
+            args.append(f"float {p.name}")
+        elif t in _BOOL_TYPES:
+            args.append(f"bool {p.name}")
+        else:
+            raise ValueError(f"kernel '{kernel.name}': parameter '{p.name}' has type {t}, "
+                             "which a torch op schema cannot take")
+    grid = "SymInt[]? grid=None" if kernel.grid else "SymInt[] grid"
+    return f"{name}({', '.join(args + ['*', grid])}) -> ()"
+
+
+def caching_allocator_scratch(nbytes: int, align: int, stream: int):
+    """A ``scratch=`` allocator (see ``kpack.Kernel``): ``nbytes`` from torch's CUDA caching
+    allocator on ``stream``, returned as an object whose ``data_ptr()`` is aligned to
+    ``align`` and whose release frees the block back to the allocator -- stream-ordered, so
+    that only work ordered after the launch on ``stream`` reuses it. Inside a capture on
+    ``stream`` the block comes from the capture's memory pool, as torch's own
+    allocations do."""
+    return _CachingBlock(nbytes, align, stream)
+
+
+class _CachingBlock:
+    __slots__ = ("base", "ptr", "__weakref__")
+    _alloc = _delete = None
+
+    def __init__(self, nbytes: int, align: int, stream: int):
+        if _CachingBlock._alloc is None:
+            import torch  # noqa: PLC0415
+            _CachingBlock._alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc
+            _CachingBlock._delete = torch._C._cuda_cudaCachingAllocator_raw_delete
+        # The allocator's blocks are 512-byte aligned; a larger alignment takes slack.
+        slack = align if align > 512 else 0
+        self.base = _CachingBlock._alloc(nbytes + slack, stream)
+        self.ptr = (self.base + align - 1) // align * align
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def __del__(self):
+        _CachingBlock._delete(self.base)
+
+
+class TorchOps:
+    """The ops ``register`` made: ``ops.<kernel>`` (or ``ops[kernel]``) is the op
+    (``torch.ops.<namespace>.<op name>``), ``ops.names`` maps kernel names to op names."""
+
+    def __init__(self, pack, namespace: str, names: Dict[str, str], library):
+        self.pack = pack
+        self.namespace = namespace
+        self.names = names
+        self._library = library  # the registrations live as long as it does
+        self._views: Dict[tuple, str] = {}  # (kernel, variants, ignore_buckets) -> op name
+
+    def view_op(self, target):
+        """The op that launches a drop-in target (``kpack._dropin._Target``): the kernel's
+        own when the target is the whole kernel, else one defined for that set of variants
+        (``<op>__v<N>``, same schema), once."""
+        import torch  # noqa: PLC0415
+        kernel = target.kernel
+        if target.view is kernel:
+            return self[kernel.name].default
+        key = (kernel.name, tuple(target.names), target.ignore_buckets)
+        name = self._views.get(key)
+        if name is None:
+            name = f"{self.names[kernel.name]}__v{len(self._views)}"
+            _define(self._library, self.namespace, name, target.view)
+            self._views[key] = name
+        return getattr(getattr(torch.ops, self.namespace), name).default
+
+    def __getitem__(self, kernel_name: str):
+        import torch  # noqa: PLC0415
+        return getattr(getattr(torch.ops, self.namespace), self.names[kernel_name])
+
+    def __getattr__(self, kernel_name: str):
+        if kernel_name.startswith("_") or kernel_name not in self.names:
+            raise AttributeError(kernel_name)
+        return self[kernel_name]
+
+    def __repr__(self) -> str:
+        return f"<kpack.torch ops torch.ops.{self.namespace}: {', '.join(self.names.values())}>"
+
+
+_registered: Dict[str, TorchOps] = {}
+
+
+def register(pack, namespace: Optional[str] = None,
+             kernels: Optional[Iterable[str]] = None) -> TorchOps:
+    """Register the pack's kernels (or those named in ``kernels``) as
+    ``torch.ops.<namespace>.<kernel>``; see the module's documentation. ``namespace``
+    defaults to the pack directory's name. Registering the same pack under the same
+    namespace again returns the ops already registered; another pack there is a
+    ``ValueError``."""
+    import os  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    namespace = namespace or op_name(os.path.basename(os.path.normpath(pack.dir)))
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", namespace):
+        raise ValueError(f"namespace {namespace!r} is not an identifier")
+    names = list(kernels) if kernels is not None else list(pack.kernel_names)
+    existing = _registered.get(namespace)
+    if existing is not None:
+        if existing.pack is pack and set(names) <= set(existing.names):
+            return existing
+        raise ValueError(f"torch op namespace '{namespace}' already holds the kernels of "
+                         f"{existing.pack.dir} ({', '.join(existing.names)})")
+    op_names: Dict[str, str] = {}
+    for kernel_name in names:
+        name = op_name(kernel_name)
+        if name in op_names.values():
+            raise ValueError(f"kernels '{kernel_name}' and another both make op '{name}'")
+        op_names[kernel_name] = name
+    library = torch.library.Library(namespace, "DEF")
+    for kernel_name, name in op_names.items():
+        _define(library, namespace, name, pack[kernel_name])
+    pack._runtime.preload_on_first_use = True
+    ops = TorchOps(pack, namespace, op_names, library)
+    _registered[namespace] = ops
+    return ops
+
+
+def _define(library, namespace: str, name: str, kernel) -> None:
+    """Defines op ``namespace::name`` launching ``kernel`` (see the module's documentation)."""
+    import torch  # noqa: PLC0415
+    library.define(op_schema(kernel, name))
+    impl = kernel.with_scratch(caching_allocator_scratch) if kernel.has_scratch else kernel
+    library.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
+
+
+def _fake(*args, grid=None):
+    """The fake implementation of every kpack op: it only writes into its arguments."""
+    return None
+
+
+def install(pack, namespace: Optional[str] = None, strict: bool = False):
+    """``kpack.install(pack, strict)``, with the pack's kernels registered as torch ops
+    (``register(pack, namespace)``) through which installed Triton calls go inside
+    ``torch.compile``: Dynamo traces a ``@triton.jit`` call itself, into its
+    ``triton_kernel_wrapper_mutation`` for Inductor to compile, and this routes the calls
+    the pack serves to the kpack op instead (see ``_route_dynamo``). Returns the
+    installation (``kpack.install``)."""
+    register(pack, namespace)
+    installation = _dropin.install(pack, strict=strict)
+    _patch_dynamo()
+    return installation
+
+
+def uninstall() -> None:
+    """``kpack.uninstall()``, and Dynamo traces Triton calls as before."""
+    _dropin.uninstall()
+    _unpatch_dynamo()
+
+
+# ---------------------------------------------------------------- torch.compile
+
+_DLPACK = None  # torch dtype -> the drop-in's dtype code (DLPack code << 8 | bits)
+_dynamo_original = None
+_dynamo_warned: set = set()
+
+
+def _dtype_code(dtype) -> int:
+    global _DLPACK
+    if _DLPACK is None:
+        import torch  # noqa: PLC0415
+        pairs = {torch.int8: (0, 8), torch.int16: (0, 16), torch.int32: (0, 32),
+                 torch.int64: (0, 64), torch.uint8: (1, 8), torch.float16: (2, 16),
+                 torch.float32: (2, 32), torch.float64: (2, 64), torch.bfloat16: (4, 16),
+                 torch.bool: (6, 8), torch.float8_e4m3fn: (10, 8),
+                 torch.float8_e4m3fnuz: (11, 8), torch.float8_e5m2: (12, 8),
+                 torch.float8_e5m2fnuz: (13, 8)}
+        for name, bits in (("uint16", 16), ("uint32", 32), ("uint64", 64)):
+            if hasattr(torch, name):
+                pairs[getattr(torch, name)] = (1, bits)
+        _DLPACK = {d: code << 8 | b for d, (code, b) in pairs.items()}
+    return _DLPACK.get(dtype, 0)
+
+
+def _route_dynamo(variable, grids, combined_args, tx):
+    """For Dynamo's DynamoTritonHOPifier.call_HOP: a traced call of an installed Triton
+    kernel becomes a call of the kpack op that launches what the drop-in would launch
+    eagerly (the same resolver: source, constexprs, launch options, dtypes). None when the
+    pack cannot serve the call, or for an autotuner with several configs (Inductor tunes
+    those itself): Dynamo then records its own Triton call, as without kpack."""
+    import torch  # noqa: PLC0415
+    from torch._dynamo import variables  # noqa: PLC0415
+    from triton.runtime.autotuner import Autotuner  # noqa: PLC0415
+
+    installation = _dropin.installed()
+    if installation is None:
+        return None
+    kernel = variable.kernel
+    config = None
+    if isinstance(kernel, Autotuner):
+        if len(kernel.configs) != 1:
+            _not_routed(installation, kernel.fn, "an autotuned kernel inside torch.compile is "
+                        "tuned and compiled by Inductor, not launched by kpack")
+            return None
+        config, kernel = kernel.configs[0], kernel.fn
+    resolver = installation._resolver
+    found = resolver.function(kernel)
+    if found is None or found[1] is not None or found[2]:
+        return None
+    info = found[0]
+
+    def value(name):
+        v = combined_args[name]
+        return v.as_python_constant() if v.is_python_constant() else v
+
+    key, values = [], []
+    for p in info.base.params:
+        if p.is_constexpr:
+            given = config.kwargs[p.name] if config is not None and p.name in config.kwargs \
+                else value(p.name) if p.name in combined_args else p.default
+            key.append(("c", p.name))
+            values.append(given)
+    if config is not None:
+        for option in ("num_warps", "num_stages", "num_ctas", "maxnreg"):
+            if getattr(config, option, None) is not None:
+                key.append(("o", option))
+                values.append(getattr(config, option))
+    pointers = [p.name for p in info.candidates[0][1].params if p.type.startswith("*")]
+    dtypes = []
+    for name in pointers:
+        example = value(name).as_proxy().node.meta.get("example_value") \
+            if name in combined_args and not combined_args[name].is_python_constant() else None
+        dtypes.append(_dtype_code(example.dtype) if isinstance(example, torch.Tensor) else 0)
+    shape = _dropin._Shape(key, {}, pointers)
+    target = resolver.resolve(info, shape, tuple(values), tuple(dtypes))
+    if isinstance(target, str):
+        _not_routed(installation, info.base, f"inside torch.compile, Inductor compiles it: "
+                    f"{target}")
+        return None
+    ops = next((o for o in _registered.values()
+                if o.pack is target.pack and target.kernel.name in o.names), None)
+    if ops is None:
+        return None  # not registered as an op (register(..., kernels=...) left it out)
+    op = ops.view_op(target)
+    args = []
+    for p in info.base.params:
+        if p.is_constexpr:
+            continue
+        v = value(p.name) if p.name in combined_args else p.default
+        args.append(v.as_proxy() if isinstance(v, variables.VariableTracker) else v)
+    grid = list(grids[0])
+    tx.output.create_proxy("call_function", op, tuple(args), {"grid": grid})
+    return variables.ConstantVariable.create(None)
+
+
+def _not_routed(installation, fn, reason: str) -> None:
+    """A traced call kpack leaves to Dynamo: warned once (strict: DropInError)."""
+    import warnings  # noqa: PLC0415
+    name = _dropin._Resolver._name(fn)
+    message = f"kpack: {name}: {reason}"
+    if installation.strict:
+        raise _dropin.DropInError(message)
+    if (name, reason) not in _dynamo_warned:
+        _dynamo_warned.add((name, reason))
+        warnings.warn(message, _dropin.DropInWarning, stacklevel=2)
+
+
+def _patch_dynamo() -> None:
+    """Routes Dynamo's traced Triton calls through ``_route_dynamo`` (once)."""
+    global _dynamo_original
+    if _dynamo_original is not None:
+        return
+    try:
+        from torch._dynamo.variables.functions import DynamoTritonHOPifier  # noqa: PLC0415
+    except ImportError:
+        return  # a torch without Dynamo's Triton support: nothing to route
+    original = DynamoTritonHOPifier.call_HOP
+
+    def call_HOP(self, variable, grids, combined_args, tx):  # noqa: N802
+        routed = _route_dynamo(variable, grids, combined_args, tx)
+        return routed if routed is not None else original(self, variable, grids, combined_args, tx)
+
+    DynamoTritonHOPifier.call_HOP = call_HOP
+    _dynamo_original = (DynamoTritonHOPifier, original)
+
+
+def _unpatch_dynamo() -> None:
+    global _dynamo_original
+    if _dynamo_original is not None:
+        cls, original = _dynamo_original
+        cls.call_HOP = original
+        _dynamo_original = None

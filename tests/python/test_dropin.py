@@ -1,0 +1,300 @@
+"""kpack.install, the drop-in for Triton's ``kernel[grid](...)``, against the fake driver.
+
+The Triton functions are the real ``@triton.jit`` functions the committed example pack was
+built from (kernels/examples, imported as top-level modules, as a program imports its
+kernel module); the tensors are C stand-ins with a DLPack exchange table and a dtype.
+Triton's own launch cannot run without a GPU, so the fallback path is observed through a
+recording ``JITFunction.run`` (what Triton's ``__getitem__`` calls).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import textwrap
+import warnings
+
+import pytest
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction, KernelInterface
+
+import kpack
+from kpack._kpack import _testing
+
+from conftest import KERNELS
+
+sys.path.insert(0, str(KERNELS / "examples"))
+from layer_norm_train import layer_norm_fwd_kernel  # noqa: E402
+from matmul import matmul_kernel  # noqa: E402
+from matmul_autotuned import matmul_autotuned_kernel  # noqa: E402
+from vector_add import vector_add_kernel  # noqa: E402
+
+BASE = 0x7F00_0000_0000
+FP16, BF16 = dict(code=2, bits=16), dict(code=4, bits=16)
+ORIGINAL_GETITEM = KernelInterface.__dict__["__getitem__"]
+
+
+def tensor(i: int, **kw):
+    return _testing.FakeTensor(BASE + 0x10_0000 * (i + 1), **kw)
+
+
+@pytest.fixture
+def jit_runs(monkeypatch):
+    """What reached Triton's launcher: (function, args, grid, kwargs) per call."""
+    runs = []
+
+    def run(self, *args, grid, warmup, **kwargs):
+        runs.append((self, args, grid, kwargs))
+    monkeypatch.setattr(JITFunction, "run", run)
+    return runs
+
+
+@pytest.fixture
+def pack(open_pack):
+    yield open_pack("examplepack")
+    kpack.uninstall()
+
+
+def test_a_jit_call_launches_the_pack_variant_of_its_constexprs(fake, pack, layouts, jit_runs):
+    inst = kpack.install(pack)
+    assert KernelInterface.__dict__["__getitem__"] is not ORIGINAL_GETITEM
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    mark = fake.launch_count()
+    assert vector_add_kernel[(5,)](x, y, out, 5000, BLOCK=1024) is None
+    launch = fake.last_launch(mark)
+    off = layouts("examplepack", "vector_add", "generic")
+    assert launch.entry == "vector_add_kernel" and launch.grid == (5, 1, 1)
+    assert launch.block == (128, 1, 1), "the pack's num_warps, Triton's default 4"
+    assert [launch.u64(off[p]) for p in ("x_ptr", "y_ptr", "out_ptr")] == \
+        [BASE + 0x10_0000 * i for i in (1, 2, 3)]
+    assert launch.i32(off["n"]) == 5000
+    # Positional constexprs, a callable grid (it sees the call's arguments and constexprs)
+    # and keyword parameters bind as in Triton.
+    metas = []
+    mark = fake.launch_count()
+    vector_add_kernel[lambda meta: metas.append(meta) or (triton.cdiv(meta["n"],
+                                                                      meta["BLOCK"]),)](
+        x, y, n=4096, out_ptr=out, BLOCK=1024)
+    launch = fake.last_launch(mark)
+    assert launch.grid == (4, 1, 1) and metas[0]["BLOCK"] == 1024 and metas[0]["out_ptr"] is out
+    mark = fake.launch_count()
+    vector_add_kernel[(1,)](x, y, out, 4096, 1024)
+    assert fake.launch_count() == mark + 1
+    assert pack.vector_add.stats()["div16"].launches >= 2, "aligned and n % 16 == 0"
+    assert jit_runs == [], "nothing reached Triton"
+    assert inst.stats()["vector_add.vector_add_kernel"] == {"kpack": 3, "triton": 0,
+                                                            "reasons": []}
+
+
+def test_repeated_calls_ask_the_resolver_nothing(fake, pack, jit_runs):
+    inst = kpack.install(pack)
+    asked = []
+    resolver = inst._resolver
+    for name in ("function", "shape", "target"):
+        method = getattr(resolver, name)
+        setattr(resolver, name, lambda *a, _m=method, _n=name: asked.append(_n) or _m(*a))
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    for n in (5000, 6000, 7000):
+        vector_add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+    assert asked == ["function", "shape", "target"]
+    block = 1024
+    vector_add_kernel[(1,)](x, y, out, 16, BLOCK=block + 0)  # another int object, same value
+    assert asked == ["function", "shape", "target"]
+    vector_add_kernel[(1,)](x, y, out, 16, block)  # another call shape
+    assert asked == ["function", "shape", "target", "shape", "target"]
+
+
+def test_calls_the_pack_cannot_serve_run_on_triton_once_warned(fake, pack, jit_runs):
+    inst = kpack.install(pack)
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    mark = fake.launch_count()
+    with pytest.warns(kpack.DropInWarning, match=r"vector_add\.vector_add_kernel runs on "
+                      r"Triton's JIT.*no variant with BLOCK=2048, num_warps=4.*it has "
+                      r"BLOCK=1024, num_warps=4") as record:
+        vector_add_kernel[(3,)](x, y, out, 5000, BLOCK=2048)
+    assert record[0].filename == __file__, "the warning points at the caller's line"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per function and reason
+        vector_add_kernel[(3,)](x, y, out, 5000, BLOCK=2048)
+    assert fake.launch_count() == mark
+    assert [(fn, args[3], grid, kw) for fn, args, grid, kw in jit_runs] == \
+        [(vector_add_kernel, 5000, (3,), {"BLOCK": 2048})] * 2
+    with pytest.warns(kpack.DropInWarning, match="num_warps=8"):
+        vector_add_kernel[(3,)](x, y, out, 5000, BLOCK=1024, num_warps=8)
+    with pytest.warns(kpack.DropInWarning, match=r"launch option maxnreg=128 is not recorded"):
+        vector_add_kernel[(3,)](x, y, out, 5000, BLOCK=1024, maxnreg=128)
+    with pytest.warns(kpack.DropInWarning, match=r"takes x_ptr: \*fp32, y_ptr: \*fp32, out_ptr"):
+        vector_add_kernel[(3,)](tensor(0, **FP16), tensor(1, **FP16), tensor(2, **FP16), 64,
+                                BLOCK=1024)
+    row = inst.stats()["vector_add.vector_add_kernel"]
+    assert row["kpack"] == 0 and row["triton"] == 5 and len(row["reasons"]) == 4
+
+
+def test_strict_raises_instead(fake, pack, jit_runs):
+    kpack.install(pack, strict=True)
+    mark = fake.launch_count()
+    with pytest.raises(kpack.DropInError, match="no variant with BLOCK=2048"):
+        vector_add_kernel[(3,)](tensor(0), tensor(1), tensor(2), 5000, BLOCK=2048)
+    assert fake.launch_count() == mark and jit_runs == []
+
+
+def test_options_and_dtypes_select_the_variant_and_the_kernel(fake, pack, jit_runs):
+    inst = kpack.install(pack)
+    m, n, k = 1000, 64, 64  # bucket 3 of M, whose own config is 128 x 128
+    a, b, c = tensor(0, **FP16), tensor(1, **FP16), tensor(2, **FP16)
+    args = (a, b, c, m, n, k, k, 1, n, 1, n, 1)
+    mark = fake.launch_count()
+    matmul_kernel[(16, 1)](*args, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    launch = fake.last_launch(mark)
+    assert launch.block == (128, 1, 1) and launch.grid == (16, 1, 1)
+    assert pack.matmul_fp16.stats()["b1_contig"].launches == 1, \
+        "the 64 x 64 configuration, whichever bucket M is in"
+    # num_stages selects too: b0's 16 x 64 tile was compiled with 4 stages.
+    matmul_kernel[(63, 1)](*args, BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_stages=4)
+    assert pack.matmul_fp16.stats()["b0_contig"].launches == 1
+    with pytest.warns(kpack.DropInWarning, match="num_stages=3"):
+        matmul_kernel[(63, 1)](*args, BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
+    # bf16 tensors: the bf16 kernel compiled from the same function.
+    bf = (tensor(0, **BF16), tensor(1, **BF16), tensor(2, **BF16))
+    matmul_kernel[(16, 1)](*bf, *args[3:], BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    assert pack.matmul_bf16.stats()["b1_contig"].launches == 1
+    with pytest.warns(kpack.DropInWarning, match=r"'matmul_fp16' takes a_ptr: \*fp16.*"
+                      r"'matmul_bf16' takes a_ptr: \*bf16"):
+        matmul_kernel[(16, 1)](tensor(0), tensor(1), tensor(2), *args[3:], BLOCK_M=64,
+                               BLOCK_N=64, BLOCK_K=32)
+    assert inst.stats()["matmul.matmul_kernel"]["kpack"] == 3
+
+
+def test_a_kernel_without_grid_expressions_takes_the_callers_grid(fake, pack, jit_runs):
+    kpack.install(pack)
+    t = [tensor(i, **FP16) for i in range(4)] + [tensor(4), tensor(5)]
+    mark = fake.launch_count()
+    layer_norm_fwd_kernel[(7,)](*t, 1024, 1024, 1000, 1e-5, BLOCK_N=1024)
+    assert fake.last_launch(mark).grid == (7, 1, 1)
+
+
+def test_functions_the_pack_does_not_have(fake, pack, jit_runs, tmp_path):
+    kpack.install(pack)
+
+    @triton.jit
+    def other_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    with pytest.warns(kpack.DropInWarning, match="no kernel of the installed packs was "
+                      "compiled from it"):
+        other_kernel[(1,)](tensor(0), 4, BLOCK=4)
+    # The example's vector_add, edited after the pack was built, in a package.
+    source = (KERNELS / "examples" / "vector_add.py").read_text()
+    edited = source.replace("x + y, mask=mask", "x - y, mask=mask")
+    assert edited != source
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "__init__.py").write_text("")
+    (tmp_path / "edited" / "vector_add.py").write_text(edited)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from edited.vector_add import vector_add_kernel as changed  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(tmp_path))
+    with pytest.warns(kpack.DropInWarning, match=r"edited\.vector_add\.vector_add_kernel runs "
+                      r"on Triton's JIT.*source changed since the pack was built"):
+        changed[(1,)](tensor(0), tensor(1), tensor(2), 64, BLOCK=1024)
+    assert len(jit_runs) == 2
+
+
+def test_pre_run_hooks_and_heuristics_fall_back(fake, pack, jit_runs, monkeypatch):
+    kpack.install(pack)
+    monkeypatch.setattr(vector_add_kernel, "pre_run_hooks", [])
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    vector_add_kernel[(1,)](x, y, out, 64, BLOCK=1024)
+    vector_add_kernel.pre_run_hooks.append(lambda *a, **k: None)
+    with pytest.warns(kpack.DropInWarning, match="pre-run hooks"):
+        vector_add_kernel[(1,)](x, y, out, 64, BLOCK=1024)
+    assert len(jit_runs) == 1
+    wrapped = triton.heuristics({"BLOCK": lambda args: 1024})(vector_add_kernel)
+    with pytest.warns(kpack.DropInWarning, match="triton.heuristics"):
+        wrapped[(1,)](x, y, out, 64)
+    assert len(jit_runs) == 2
+
+
+def test_uninstall_gives_triton_its_getitem_back(fake, pack, jit_runs):
+    kpack.install(pack)
+    kpack.uninstall()
+    assert KernelInterface.__dict__["__getitem__"] is ORIGINAL_GETITEM
+    assert kpack.installed() is None
+    mark = fake.launch_count()
+    vector_add_kernel[(5,)](tensor(0), tensor(1), tensor(2), 5000, BLOCK=1024)
+    assert fake.launch_count() == mark and len(jit_runs) == 1
+
+
+@pytest.fixture
+def autotuned_pack(tmp_path, driver):
+    """The example pack's fp16 matmul relabelled as the recording of the autotuned example
+    (same call parameters, plus its GROUP_M constexpr): buckets over M, a config each. The
+    fake driver runs no cubin, so only the dispatch matters."""
+    shutil.copytree(KERNELS / "examplepack", tmp_path / "pack")
+    manifest_path = tmp_path / "pack" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    kernel = next(k for k in manifest["kernels"] if k["name"] == "matmul_fp16")
+    kernel["name"] = "matmul_autotuned"
+    kernel["params"].append({"name": "GROUP_M", "type": "constexpr"})
+    for v in kernel["variants"]:
+        v["constexprs"]["GROUP_M"] = 8
+    sha = hashlib.sha256(matmul_autotuned_kernel.fn.src.encode()).hexdigest()
+    kernel["source"] = {"qualname": "matmul_autotuned.matmul_autotuned_kernel", "sha256": sha}
+    kernel["autotune_key"] = ["M", "N", "K"]
+    manifest["kernels"] = [kernel]
+    manifest_path.write_text(json.dumps(manifest))
+    yield kpack.open(tmp_path / "pack", driver=driver)
+    kpack.uninstall()
+
+
+def test_an_autotuned_function_dispatches_through_the_buckets(fake, autotuned_pack, jit_runs):
+    assert autotuned_pack.matmul_autotuned.autotune_key == ("M", "N", "K")
+    kpack.install(autotuned_pack)
+    a, b, c = tensor(0, **FP16), tensor(1, **FP16), tensor(2, **FP16)
+    metas = []
+
+    def grid(meta):
+        metas.append(meta)
+        return (triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"]),)
+
+    for m, variant, block_m, block_n, warps in [(10, "b0_contig", 16, 64, 4),
+                                                (1000, "b3_contig", 128, 128, 8)]:
+        mark = fake.launch_count()
+        matmul_autotuned_kernel[grid](a, b, c, m, 256, 64, 64, 1, 256, 1, 256, 1)
+        launch = fake.last_launch(mark)
+        assert metas[-1]["BLOCK_M"] == block_m and metas[-1]["GROUP_M"] == 8
+        assert launch.grid[0] == triton.cdiv(m, block_m) * triton.cdiv(256, block_n)
+        assert launch.block == (32 * warps, 1, 1)
+        assert autotuned_pack.matmul_autotuned.stats()[variant].launches == 1
+    assert jit_runs == [], "no autotuning, no JIT: the pack's buckets chose"
+    # What Triton refuses goes to Triton, which says so.
+    with pytest.warns(kpack.DropInWarning, match="BLOCK_M, which the autotuner's configs set"), \
+            pytest.raises(ValueError, match="Conflicting meta-parameters: BLOCK_M"):
+        matmul_autotuned_kernel[grid](a, b, c, 10, 256, 64, 64, 1, 256, 1, 256, 1, BLOCK_M=16)
+
+
+def test_installing_a_second_pack_adds_it(fake, pack, autotuned_pack, jit_runs):
+    kpack.install(pack)
+    inst = kpack.install(autotuned_pack)
+    assert inst.packs == [pack, autotuned_pack]
+    vector_add_kernel[(1,)](tensor(0), tensor(1), tensor(2), 64, BLOCK=1024)
+    assert jit_runs == []
+
+
+def test_the_resolver_binds_like_triton(pack):
+    # Pure-Python pieces, without a call.
+    from kpack import _dropin  # noqa: PLC0415
+    assert _dropin.qualname_matches("vector_add.vector_add_kernel",
+                                    "examples.vector_add.vector_add_kernel")
+    assert not _dropin.qualname_matches("vector_add.vector_add_kernel",
+                                        "examples.my_vector_add.vector_add_kernel")
+    assert _dropin.constexpr_value(tl.constexpr(64)) == 64
+    assert _dropin.constexpr_value(tl.float16) == "fp16"
+    assert _dropin.source_sha256(vector_add_kernel) == pack.vector_add.source[1], \
+        "the drop-in hashes JITFunction.src as the pack builder did"
+    src = textwrap.dedent(vector_add_kernel.src)
+    assert src.startswith("def vector_add_kernel(")
