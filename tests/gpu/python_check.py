@@ -47,7 +47,8 @@ def main():
     sys.path[:0] = [str(repo / "tools"), str(repo / "tests" / "gpu")]
     import examples_check as ec
     from kpack_tools import build as builder
-    from kpack_tools.autotune import jit_launcher
+    from kpack_tools.autotune import jit_launcher, tensor_descriptor
+    from kpack_tools.pack import parse_tensordesc
     from kpack_tools.spec import load_specs
 
     print(f"kpack {kpack.__file__}, triton {triton.__version__}, torch {torch.__version__}, "
@@ -55,7 +56,8 @@ def main():
     pack_dir = repo / "kernels" / "examplepack"
     pack = kpack.open(pack_dir)
     spec_files = [repo / "kernels" / "examples" / f"{n}.py"
-                  for n in ("vector_add", "softmax", "layer_norm", "matmul")]
+                  for n in ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train",
+                            "matmul_tma", "attention_tma")]
     specs = {s.name: s for f in spec_files for s in load_specs(f)}
     import json
     tuning = json.loads((pack_dir / "tuning.json").read_text())
@@ -67,15 +69,20 @@ def main():
         spec, kernel = specs[name], pack[name]
         for shape, _ in cases:
             args = spec.make_inputs(shape, "cuda")
-            call = [args[p] for p in spec.call_params]
             index = spec.bucket_of(args)
+            config = spec.config(chosen[(name, index)])
+            # A tensordesc parameter takes Triton's TensorDescriptor over the tensor (its
+            # block shape is the config's here, as Triton needs; kpack does not read it).
+            types = dict(spec.params_for(config))
+            objs = {p: tensor_descriptor(args[p], parse_tensordesc(types[p])[1])
+                    if p in spec.tensordesc_params else args[p] for p in spec.call_params}
+            call = [objs[p] for p in spec.call_params]
             special = ec.expected_variant(spec, args)
             want = builder.variant_name(spec, index, special)
             variant = kernel.select_variant(*call)
             if variant != want:
                 failures.append(f"{name} {shape}: kpack selects {variant}, expected {want}")
             # Triton's JIT, specialized exactly like the variant, into the outputs.
-            config = spec.config(chosen[(name, index)])
             assumed = set(special.div16) | set(special.eq1)
             jit_fn = triton.JITFunction(spec.fn.fn, do_not_specialize=[
                 p for p in spec.call_params if p not in assumed])
@@ -111,7 +118,7 @@ def main():
             meta = metas[-1]
             if {k: meta[k] for k in constexprs} != constexprs or \
                     meta["num_warps"] != config.num_warps or \
-                    any(meta[p] is not args[p] for p in spec.call_params):
+                    any(meta[p] is not objs[p] for p in spec.call_params):
                 failures.append(f"{name} {shape}: callable grid got meta {meta}, expected the "
                                 f"arguments and {constexprs}, num_warps {config.num_warps}")
             seen.add((name, variant))
