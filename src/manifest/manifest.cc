@@ -349,6 +349,22 @@ absl::Status RetypeDesc(const KernelSpec& kernel, int arg, const std::string& te
   return absl::OkStatus();
 }
 
+// `key` of a tensordesc_meta entry: `rank` integers in [1, `max`], one per dimension.
+absl::Status ParseDims(const json& m, absl::string_view key, const Where& w, size_t rank,
+                       int64_t max, absl::string_view type, std::vector<uint32_t>* out) {
+  auto list = m.find(key);
+  auto in_range = [max](const json& x) {
+    return x.is_number_integer() && x.get<int64_t>() >= 1 && x.get<int64_t>() <= max;
+  };
+  if (list == m.end() || !list->is_array() || list->size() != rank ||
+      !absl::c_all_of(*list, in_range)) {
+    return w.Error(key, absl::StrCat("expected ", rank, " integers in [1, ", max,
+                                     "] (one per dimension of ", type, ")"));
+  }
+  for (const json& x : *list) out->push_back(static_cast<uint32_t>(x.get<int64_t>()));
+  return absl::OkStatus();
+}
+
 // kpack/2 `tensordesc_meta`: Triton's compiled metadata of the same name, one entry per
 // tensordesc parameter in declaration order; null for a descriptor the variant did not
 // lower to TMA. Absent: none was (Triton's metadata is then empty).
@@ -396,22 +412,12 @@ absl::Status ParseTensorDescMeta(const json& v, const Where& where, VariantSpec&
                                                " bytes of the element type of ", d.type_name));
     }
     const size_t rank = d.block.size();
-    for (auto [key, out, lo, hi] :
-         {std::tuple{"block_size", &d.box, 1, 256}, std::tuple{"element_strides",
-                                                                &d.element_strides, 1, 8}}) {
-      auto list = m.find(key);
-      if (list == m.end() && std::string_view(key) == "element_strides") {
-        out->assign(rank, 1);
-        continue;
-      }
-      if (list == m.end() || !list->is_array() || list->size() != rank ||
-          !absl::c_all_of(*list, [&](const json& x) {
-            return x.is_number_integer() && x.get<int64_t>() >= lo && x.get<int64_t>() <= hi;
-          })) {
-        return w.Error(key, absl::StrCat("expected ", rank, " integers in [", lo, ", ", hi,
-                                         "] (one per dimension of ", d.type_name, ")"));
-      }
-      for (const json& x : *list) out->push_back(static_cast<uint32_t>(x.get<int64_t>()));
+    KPACK_RETURN_IF_ERROR(ParseDims(m, "block_size", w, rank, 256, d.type_name, &d.box));
+    if (m.contains("element_strides")) {
+      KPACK_RETURN_IF_ERROR(ParseDims(m, "element_strides", w, rank, 8, d.type_name,
+                                      &d.element_strides));
+    } else {
+      d.element_strides.assign(rank, 1);  // Triton's
     }
   }
   return absl::OkStatus();
