@@ -228,6 +228,10 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
                      f"{list(arg_names)} (same names, same order, constexprs included)")
     types = dict(spec.params)
     for name, param_type in spec.params:
+        if not isinstance(param_type, str):
+            _fail(where, f"parameter '{name}': type {param_type!r} is not a Triton type "
+                         f"string; tuple parameters are not supported by build specs (record "
+                         f"mode exports them, flattened: docs/record.md)")
         try:
             if not is_tensordesc(param_type):
                 slot_size(param_type)
@@ -268,9 +272,9 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
                 _fail(cwhere, f"{option} = {value!r} must be a power of two in 1..{limit}")
         if not isinstance(config.num_stages, int) or config.num_stages < 1:
             _fail(cwhere, f"num_stages = {config.num_stages!r} must be a positive integer")
-        for name, param_type in spec.params_for(config) if not missing else ():
+        for name, param_type in spec.params if not missing else ():
             try:
-                slot_size(param_type)
+                slot_size(resolve_type(param_type, spec.constexprs(config)))
             except ValueError as err:
                 _fail(cwhere, f"parameter '{name}': {err}")
 

@@ -272,6 +272,16 @@ def test_bad_specs_are_refused_with_clear_errors(specs):
     assert "no config named 'nope'" in msg
     msg = _bad(add, grid=["cdiv(n, BLOCKS)"])
     assert "unknown name 'BLOCKS'" in msg
+    mm = specs["matmul_tma"]
+    msg = _bad(mm, params=[("a_desc", "tensordesc<fp16[BLOCK_Q, BLOCK_K]>")] + list(mm.params[1:]))
+    assert "parameter 'a_desc': 'tensordesc<fp16[BLOCK_Q, BLOCK_K]>': block dimension " \
+        "'BLOCK_Q' is not an integer constexpr of the config (got None)" in msg
+    msg = _bad(mm, params=[("a_desc", "tensordesc<fp16[BLOCK_M]x>")] + list(mm.params[1:]))
+    assert "is not a tensordesc<DTYPE[B0, ...]> type" in msg
+    msg = _bad(mm, params=[("a_desc", ("*fp16", "*fp16"))] + list(mm.params[1:]))
+    assert "tuple parameters are not supported by build specs" in msg
+    msg = _bad(mm, readonly=["a_desc"])
+    assert "readonly: 'a_desc' is not a pointer parameter" in msg
 
 
 def test_unknown_triton_version_is_refused(monkeypatch, tmp_path):
