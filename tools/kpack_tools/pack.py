@@ -345,7 +345,11 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         variants.append(entry)
         dispatch.append(spec)
         files[relpath] = bytes(variant.cubin)
-    _check_dispatch_table(dispatch, buckets, where)
+    # A descriptor's block shape (its `types` override) is no dispatch property: the
+    # runtime never chooses by it.
+    _check_dispatch_table([(name, bucket, assumptions,
+                            {p: t for p, t in effective.items() if not is_tensordesc(t)})
+                           for name, bucket, assumptions, effective in dispatch], buckets, where)
 
     readonly = _check_readonly(kernel, where)
     result = {"name": kernel.name}

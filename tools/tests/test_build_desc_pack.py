@@ -97,3 +97,14 @@ def test_writer_refuses_descriptor_mismatches(change, message):
     kernel, variant = change(kernel, kernel.variants[0])
     with pytest.raises(ValueError, match=re.escape(message)):
         build_manifest([dataclasses.replace(kernel, variants=[variant])])
+
+
+def test_block_shapes_do_not_tell_variants_apart():
+    """Two variants that differ only in a descriptor's block shape could not be told apart
+    at launch (the caller's descriptor has no block shape): the second is refused."""
+    kernel = _copy_kernel()
+    other = dataclasses.replace(kernel.variants[0], name="w",
+                                types={"in_desc": "tensordesc<fp16[128, 128]>"})
+    with pytest.raises(ValueError, match="variant 'w' has the same bucket, assumptions and "
+                                         "types as variant 'v'"):
+        build_manifest([dataclasses.replace(kernel, variants=[kernel.variants[0], other])])
