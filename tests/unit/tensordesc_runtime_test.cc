@@ -101,6 +101,31 @@ TEST_F(TensorDescRuntimeTest, EncodesWhatTritonEncodesIntoTheParameterBuffer) {
   EXPECT_THAT(r.grid, ElementsAre(2u, 2u, 1u)) << "cdiv(100, 64), cdiv(200, 128)";
 }
 
+// fp4 padding (Triton's packed fp4 layout): the last dimension doubled, in the encode and
+// in the i32 shape slot, as Triton's make_tensordesc_arg does.
+TEST_F(TensorDescRuntimeTest, Fp4PaddingDoublesTheLastDimension) {
+  testing::TempPack pack(KPACK_DESC_PACK_DIR);
+  pack.variant("copy_tma")["tensordesc_meta"][0]["fp4_padded"] = true;
+  pack.Save();
+  auto rt = OpenFake(pack.dir());
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  const int64_t before = fake::TensorMapEncodeCount();
+  const TensorDesc in = TensorDesc::RowMajor(kIn, {64, 104});
+  const TensorDesc out = TensorDesc::RowMajor(kOut, {64, 104});
+  KP_ASSERT_OK(rt->Launch("copy_tma", nullptr, in, out, 64, 104));
+  const std::vector<fake::TensorMapEncode> e = EncodesSince(before);
+  ASSERT_EQ(e.size(), 2u);
+  EXPECT_EQ(e[0].dims[0], 208u) << "in_desc: fp4 padded";
+  EXPECT_EQ(e[0].strides[0], 208u) << "the strides are the caller's (104 elements of 2 bytes)";
+  EXPECT_EQ(e[1].dims[0], 104u) << "out_desc: not";
+  EXPECT_EQ(At<int32_t>(LastLaunch(), 180), 208);
+  EXPECT_EQ(At<int32_t>(LastLaunch(), 372), 104);
+  // Doubled past i32: refused, naming why.
+  const TensorDesc wide = TensorDesc::RowMajor(kIn, {64, int64_t{1} << 30});
+  const absl::Status s = rt->Launch("copy_tma", nullptr, wide, out, 64, 104);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("doubled for fp4 padding"));
+}
+
 // Without TMA (an sm_80 build): base pointer, shape and strides as i64, the padding flag,
 // then shape as i32 and strides as i64; nothing encoded.
 TEST_F(TensorDescRuntimeTest, AVariantWithoutTmaGetsThePointerForm) {
