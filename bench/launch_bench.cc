@@ -13,6 +13,11 @@
 //   {raw_params,kpack_by_kernel,kpack_bound}/args4/mt/threads:T
 //                               T = 1, 2, 4, 8 threads, each on its own stream
 //   dispatch_only               Kernel::SelectVariant alone, ns per call
+//   paired/tma_matmul_3desc/{kpack_by_kernel,kpack_bound}
+//                               the example pack's persistent TMA matmul (three tensor
+//                               descriptors, 64x64x64: one tile) against a raw
+//                               cuLaunchKernelEx of the same prepared buffer: by kernel,
+//                               kpack encodes the three CUtensorMaps every launch
 //
 // N = 4, 14, 32 call arguments. Each iteration enqueues a batch of kBatch launches and is
 // timed by hand; the stream is synchronized outside the timed region, so the GPU queue
@@ -34,6 +39,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,7 +98,7 @@ double Median(std::vector<double> v) {
 template <typename Raw, typename Kpack>
 void RunPaired(benchmark::State& state, CUstream stream, Raw raw, Kpack kpack) {
   g->driver().CtxSetCurrent(g->context());
-  std::vector<double> ratios;
+  std::vector<double> ratios, over;
   bool kpack_first = false;
   for (auto _ : state) {
     double t_raw, t_kpack;
@@ -109,10 +115,14 @@ void RunPaired(benchmark::State& state, CUstream stream, Raw raw, Kpack kpack) {
       return;
     }
     ratios.push_back(t_kpack / t_raw);
+    over.push_back((t_kpack - t_raw) / kBatch * 1e6);
     state.SetIterationTime(t_kpack);
   }
   g->driver().StreamSynchronize(stream);
   state.counters["x_raw"] = benchmark::Counter(Median(ratios), benchmark::Counter::kAvgThreads);
+  // Microseconds per launch above raw: the absolute cost (the TMA target is stated so).
+  state.counters["us_over_raw"] =
+      benchmark::Counter(Median(over), benchmark::Counter::kAvgThreads);
 }
 
 CUstream ThreadStream(const benchmark::State& state) { return g->stream(state.thread_index()); }
@@ -190,6 +200,63 @@ void BM_PairedDynamic(benchmark::State& state) {
       state, s, [&] { return g->RawDynamic(i++, s); }, [&] { return g->KpackDynamic(j++, s); });
 }
 
+// Tensor descriptors: the example pack's matmul_tma (a_desc, b_desc, c_desc) on 64x64
+// fp16 operands (one tile: the GPU work is negligible), opened once. The raw reference is
+// cuLaunchKernelEx of the very buffer a BoundLaunch prepared (maps encoded once).
+struct TmaBench {
+  std::optional<kpack::Runtime> runtime;
+  kpack::Kernel mm;
+  CUdeviceptr a = 0, b = 0, c = 0;
+  std::string error;
+};
+TmaBench& Tma() {
+  static TmaBench* t = [] {
+    auto* t = new TmaBench;
+    kpack::Options options;
+    options.preload = true;  // in the bench context, current on this thread
+    auto rt = kpack::Runtime::Open(KPACK_EXAMPLE_PACK_DIR, options);
+    if (!rt.ok()) {
+      t->error = std::string(rt.status().message());
+      return t;
+    }
+    t->runtime.emplace(*std::move(rt));
+    t->mm = *t->runtime->Find("matmul_tma");
+    for (CUdeviceptr* p : {&t->a, &t->b, &t->c}) {
+      if (g->driver().MemAlloc(p, 64 * 64 * 2) != CUDA_SUCCESS ||
+          g->driver().MemsetD8(*p, 0, 64 * 64 * 2) != CUDA_SUCCESS) {
+        t->error = "cuMemAlloc/cuMemsetD8 failed";
+      }
+    }
+    return t;
+  }();
+  return *t;
+}
+void BM_PairedTma(benchmark::State& state, bool bound) {
+  g->driver().CtxSetCurrent(g->context());
+  TmaBench& t = Tma();
+  if (!t.error.empty()) {
+    state.SkipWithError(t.error.c_str());
+    return;
+  }
+  CUstream s = g->stream(0);
+  const kpack::TensorDesc a = kpack::TensorDesc::RowMajor(t.a, {64, 64});
+  const kpack::TensorDesc b = kpack::TensorDesc::RowMajor(t.b, {64, 64});
+  const kpack::TensorDesc c = kpack::TensorDesc::RowMajor(t.c, {64, 64});
+  auto bl = t.mm.BindArgs(s, a, b, c, 64, 64, 64, 132);
+  absl::StatusOr<kpack::PreparedLaunch> p =
+      bl.ok() ? bl->Prepare() : absl::StatusOr<kpack::PreparedLaunch>(bl.status());
+  if (!p.ok()) {
+    state.SkipWithError(std::string(p.status().message()).c_str());
+    return;
+  }
+  auto raw = [&] {
+    return g->driver().LaunchKernelEx(&p->config, p->function, nullptr, p->extra) ==
+           CUDA_SUCCESS;
+  };
+  if (bound) return RunPaired(state, s, raw, [&] { return bl->Launch().ok(); });
+  RunPaired(state, s, raw, [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
+}
+
 // The dispatch step alone (argument count, bucket, property mask, table lookup): no
 // packing, no driver call. Timed per call, not per batch.
 void BM_DispatchOnly(benchmark::State& state) {
@@ -228,6 +295,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
       if (absl::StartsWith(name, "paired/")) {
         auto ratio = r.counters.find("x_raw");
         if (ratio != r.counters.end()) paired_[name].push_back(ratio->second.value);
+        auto over = r.counters.find("us_over_raw");
+        if (over != r.counters.end()) over_raw_[name].push_back(over->second.value);
         continue;
       }
       if (name == "dispatch_only") {
@@ -254,15 +323,18 @@ class RatioReporter : public benchmark::ConsoleReporter {
         "(x raw: each row over raw_params with the same kernel and thread count; the dynamic "
         "rows over raw_dynamic_shapes. Thread rows: aggregate time per launch.)\n");
     if (!paired_.empty()) {
-      std::printf("\n%-40s %10s %10s %10s\n", "paired with raw (kpack / raw)", "median", "min",
-                  "max");
+      std::printf("\n%-40s %10s %10s %10s %12s\n", "paired with raw (kpack / raw)", "median",
+                  "min", "max", "us over raw");
       for (const auto& [name, v] : paired_) {
-        std::printf("%-40s %10.3f %10.3f %10.3f\n", name.c_str(), Median(v),
-                    *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+        auto over = over_raw_.find(name);
+        std::printf("%-40s %10.3f %10.3f %10.3f %12.3f\n", name.c_str(), Median(v),
+                    *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
+                    over == over_raw_.end() ? 0.0 : Median(over->second));
       }
       std::printf(
-          "(each repetition's median ratio of alternating kpack and raw batches; statistics "
-          "over repetitions. Thread rows: every thread alternates on its own stream.)\n");
+          "(each repetition's median ratio of alternating kpack and raw batches, and median "
+          "host microseconds per launch above raw; statistics over repetitions. Thread rows: "
+          "every thread alternates on its own stream.)\n");
     }
     if (!dispatch_ns_.empty()) {
       std::printf("dispatch_only: %.1f ns per SelectVariant (median)\n", Median(dispatch_ns_));
@@ -273,6 +345,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
  private:
   std::map<std::string, std::vector<double>> times_;
   std::map<std::string, std::vector<double>> paired_;
+  std::map<std::string, std::vector<double>> over_raw_;
   bool failed_ = false;
   std::vector<double> dispatch_ns_;
 };
@@ -340,6 +413,13 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("paired/kpack_dynamic_shapes", BM_PairedDynamic)
       ->UseManualTime()
       ->Unit(benchmark::kNanosecond);
+  for (bool bound : {false, true}) {
+    benchmark::RegisterBenchmark(
+        bound ? "paired/tma_matmul_3desc/kpack_bound" : "paired/tma_matmul_3desc/kpack_by_kernel",
+        BM_PairedTma, bound)
+        ->UseManualTime()
+        ->Unit(benchmark::kNanosecond);
+  }
   using Fn = void (*)(benchmark::State&);
   const std::pair<const char*, Fn> dynamic[] = {{"raw_dynamic_shapes", BM_RawDynamic},
                                                 {"kpack_dynamic_shapes", BM_KpackDynamic}};

@@ -1,5 +1,5 @@
 // The README's and headers' examples, one function each (add_vectors.cc, matmul.cc,
-// describe_pack.cc).
+// tma.cc, describe_pack.cc).
 
 #ifndef KPACK_EXAMPLES_EXAMPLES_H_
 #define KPACK_EXAMPLES_EXAMPLES_H_
@@ -13,6 +13,8 @@ absl::Status AddVectors(std::string_view dir, CUstream stream, CUdeviceptr x, CU
 absl::Status Matmul(const kpack::Kernel& mm, CUstream stream, CUdeviceptr a, CUdeviceptr b,
                     CUdeviceptr c, int M, int N, int K);
 void PrintVariantStats(const kpack::Kernel& mm);
+absl::Status MatmulTma(const kpack::Kernel& mm, CUstream stream, CUdeviceptr a,
+                       CUdeviceptr b, CUdeviceptr c, int M, int N, int K, int num_sms);
 absl::Status DescribePack(std::string_view dir);
 
 #endif  // KPACK_EXAMPLES_EXAMPLES_H_

@@ -23,12 +23,26 @@
 //   bool                                            -> i1/u1 params
 //   float, double                                   -> fp16/bf16/fp32/fp64 params
 //   kpack::Half, kpack::BFloat16 (raw bit patterns) -> fp16 / bf16 params only
+//   const kpack::TensorDesc&                        -> tensordesc<...> params only
 //
 // `CUdeviceptr` is `unsigned long long`, so a value of that type is a device pointer; it
 // is also accepted by 64-bit integer parameters (u64/i64, range-checked), because the same
 // C++ type is often used for both. Use int64_t/uint64_t for plain integers.
 //
 // Arg is a trivially copyable 16-byte value; building one allocates nothing.
+//
+// Tensor descriptors. A `tensordesc<DTYPE[B0, ...]>` parameter (a Triton kernel taking a
+// host TensorDescriptor, e.g. for Hopper's TMA) takes a kpack::TensorDesc: the tensor's
+// device address, shape and strides (in elements, outer dimension first, as torch and
+// Triton give them) and the padding for out-of-bounds loads. The block shape is the
+// chosen variant's (its compiled type), so one TensorDesc serves every variant of an
+// autotuned kernel. The Arg made from it points at it, so the TensorDesc must stay alive
+// for the call that takes the Arg (a launch, Bind, BoundLaunch::Set, SelectVariant,
+// GridFor); Launch(grid, stream, desc, ...) and BindArgs(...) take care of that. A
+// BoundLaunch keeps its own copy. At launch kpack checks it as Triton's TensorDescriptor
+// and launcher do (rank, last stride 1, 16-byte aligned base and strides, shape within
+// i32, NaN padding only for floating-point elements) and, for a variant that lowered it to
+// TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer.
 
 #ifndef KPACK_ARG_H_
 #define KPACK_ARG_H_
@@ -37,6 +51,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 namespace kpack {
@@ -49,6 +64,44 @@ struct Half {
 // The raw 16-bit pattern of a bfloat16. Passed unchanged to `bf16` parameters.
 struct BFloat16 {
   uint16_t bits;
+};
+
+// Out-of-bounds fill of a tensor descriptor's loads (Triton's `padding`).
+enum class TensorDescPadding : uint8_t {
+  kZero,  // "zero" (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros)
+  kNan,   // "nan" (CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA; floating point only)
+};
+
+// A tensor as a tensordesc parameter sees it (see "Tensor descriptors" above).
+struct TensorDesc {
+  static constexpr int kMaxRank = 5;
+  CUdeviceptr base = 0;           // 16-byte aligned
+  int rank = 0;                   // 1..5: the parameter's block rank
+  int64_t shape[kMaxRank] = {};   // elements per dimension, outer first; each in [1, 2^31)
+  int64_t strides[kMaxRank] = {};  // in elements; strides[rank - 1] must be 1, the others
+                                   // multiples of 16 bytes
+  TensorDescPadding padding = TensorDescPadding::kZero;
+
+  // A contiguous (row-major) tensor of `shape` at `base`.
+  static TensorDesc RowMajor(CUdeviceptr base, std::initializer_list<int64_t> shape,
+                             TensorDescPadding padding = TensorDescPadding::kZero) {
+    TensorDesc d;
+    d.base = base;
+    d.padding = padding;
+    for (int64_t n : shape) {
+      if (d.rank == kMaxRank) {
+        d.rank = kMaxRank + 1;  // refused at launch, naming the parameter
+        break;
+      }
+      d.shape[d.rank++] = n;
+    }
+    int64_t stride = 1;
+    for (int i = d.rank < kMaxRank ? d.rank : kMaxRank; i-- > 0;) {
+      d.strides[i] = stride;
+      stride *= d.shape[i];
+    }
+    return d;
+  }
 };
 
 // Launch grid in programs (Triton's grid), before kpack multiplies x by num_ctas.
@@ -70,6 +123,7 @@ class Arg {
     kFloat64,
     kHalf,
     kBFloat16,
+    kTensorDesc,  // the address of a caller-owned kpack::TensorDesc
   };
 
   template <typename T>
@@ -111,7 +165,16 @@ class Arg {
     }
   }
 
+  // A tensordesc argument: points at `desc`, which must outlive the call (see above).
+  Arg(const TensorDesc& desc)  // NOLINT(google-explicit-constructor)
+      : bits_(reinterpret_cast<uint64_t>(&desc)), kind_(Kind::kTensorDesc) {}
+  // Not from a temporary: the Arg would outlive it.
+  Arg(TensorDesc&&) = delete;
+  Arg(const TensorDesc&&) = delete;
+
   Kind kind() const { return kind_; }
+  // The TensorDesc of a kTensorDesc Arg.
+  const TensorDesc& tensor_desc() const { return *reinterpret_cast<const TensorDesc*>(bits_); }
   // The payload: pointer address, integer (two's complement for kSigned), IEEE bits.
   uint64_t bits() const { return bits_; }
 

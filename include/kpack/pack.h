@@ -46,7 +46,10 @@ struct PackAccess;  // the runtime builds a Pack from the state it opened
 // One Python parameter of a kernel, in declaration order.
 struct ParamInfo {
   std::string name;
-  std::string type;  // the Triton type string as in the manifest: "*fp32", "i32", "constexpr"
+  // The Triton type string as in the manifest: "*fp32", "i32", "constexpr",
+  // "tensordesc<fp16[64, 64]>"; a flattened tuple's elements are parameters named
+  // "tuple.0", "tuple.1", ... (kpack/2).
+  std::string type;
   bool is_constexpr = false;
   // kpack/2 `readonly`: the build spec declared that the kernel never writes through this
   // pointer. False when absent (the pointer may be written), always for non-pointers.
@@ -69,6 +72,30 @@ struct AssumptionInfo {
 struct LayoutSlotInfo {
   std::string name;  // call parameter name, or "$global_scratch" / "$profile_scratch"
   uint32_t offset = 0, size = 0;
+  // For the slots of a tensordesc parameter (kpack/2), which part of it the slot holds:
+  // "tma" (the 128-byte CUtensorMap), "shape[i]", "strides[i]", or without TMA "base",
+  // "base_shape[i]", "base_strides[i]", "padding" (docs/pack-format.md). Else empty.
+  std::string part;
+};
+
+// A tensordesc parameter as one variant was compiled for it (kpack/2). The launch takes a
+// kpack::TensorDesc for it (kpack/arg.h) and encodes it with this.
+struct TensorDescInfo {
+  std::string param;                 // the call parameter
+  std::string dtype;                 // element type, e.g. "fp16"
+  std::vector<int64_t> block_shape;  // this variant's block shape, outer dimension first
+  // Lowered to TMA (the manifest's tensordesc_meta entry is not null): the launch encodes
+  // a CUtensorMap with cuTensorMapEncodeTiled from these, in the driver's enumerations.
+  // Otherwise the descriptor is passed as base pointer, shape, strides and padding flag.
+  bool tma = false;
+  int data_type = 0;  // CUtensorMapDataType
+  int elem_size = 0;  // bytes per element
+  int swizzle = 0;    // CUtensorMapSwizzle
+  bool fp4_padded = false;
+  std::vector<uint32_t> box;              // the TMA box, outer dimension first
+  std::vector<uint32_t> element_strides;  // outer dimension first
+  int interleave = 0;                     // CUtensorMapInterleave
+  int l2_promotion = 2;                   // CUtensorMapL2promotion
 };
 
 // One compiled variant of a kernel; the fields are the manifest's (docs/pack-format.md).
@@ -85,6 +112,7 @@ struct VariantInfo {
   std::vector<std::string> arg_types;  // per call parameter: its Triton type in this variant
   std::vector<LayoutSlotInfo> layout;  // ordinal order, hidden slots included
   uint32_t param_bytes = 0;            // the end of the last slot
+  std::vector<TensorDescInfo> descs;   // the tensordesc parameters, in declaration order
 };
 
 // kpack/2 `source`: the `@triton.jit` function a kernel was compiled from, as the pack

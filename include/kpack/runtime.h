@@ -20,14 +20,19 @@
 // (examples/add_vectors.cc has the whole function; CI compiles it.)
 //
 // Arguments are the kernel's non-constexpr parameters in declaration order (see
-// kpack/arg.h for the accepted C++ types). Each is checked against the parameter's Triton
-// type: a wrong count, type or out-of-range integer is an INVALID_ARGUMENT naming the
-// parameter, and nothing is launched. Triton's hidden scratch parameters are filled by
-// kpack (see `ReserveScratch`).
+// kpack/arg.h for the accepted C++ types; a tuple parameter's elements in its flattened
+// order, named `t.0`, `t.1`, ... in the manifest). Each is checked against the
+// parameter's Triton type: a wrong count, type or out-of-range integer is an
+// INVALID_ARGUMENT naming the parameter, and nothing is launched. A `tensordesc`
+// parameter takes a kpack::TensorDesc, checked as Triton checks a TensorDescriptor and
+// encoded at launch (a CUtensorMap, for a variant that uses TMA: one cuTensorMapEncodeTiled
+// per descriptor; a BoundLaunch encodes at Bind and Set only). Triton's hidden scratch
+// parameters are filled by kpack (see `ReserveScratch`).
 //
 // Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
 // formats no string and logs nothing; error messages are built only on failure. It makes
-// one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read); a kernel
+// one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read), plus one
+// cuTensorMapEncodeTiled per TMA descriptor argument through `Kernel`; a kernel
 // with Triton scratch memory from kpack's arenas one more (the stream's capture status)
 // and, on a stream of your own, a third (its id). The
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
@@ -163,7 +168,10 @@ struct Options {
 // variant's parameter buffer. `Set` rewrites one argument's bytes (type-checked like at
 // Bind); when that argument decides the bucket or an assumption, Set selects the variant
 // again and repacks if it changes, so a BoundLaunch never launches a variant whose
-// assumptions do not hold. `Launch` sends the buffer. Not thread-safe: one thread at a
+// assumptions do not hold. `Launch` sends the buffer. Tensor descriptors: the BoundLaunch
+// keeps copies of those it was bound or Set with (the caller's may go away), encodes them
+// at Bind, and re-encodes only the one a Set changes (all, when Set changes the variant);
+// a Set refused leaves the previous value bound. Not thread-safe: one thread at a
 // time per BoundLaunch. Valid while its Runtime lives. Move-only.
 class BoundLaunch {
  public:

@@ -43,6 +43,8 @@ KPACK_DRIVER_SYMBOL(ModuleLoadData, 2000)
 KPACK_DRIVER_SYMBOL(ModuleUnload, 2000)
 KPACK_DRIVER_SYMBOL(ModuleGetFunction, 2000)
 KPACK_DRIVER_SYMBOL(LaunchKernelEx, 11060)
+// Host tensor descriptors: the launch encodes each CUtensorMap (src/launch/tensordesc.h).
+KPACK_DRIVER_SYMBOL(TensorMapEncodeTiled, 12000)
 KPACK_DRIVER_SYMBOL(MemAlloc, 3020)
 KPACK_DRIVER_SYMBOL(MemFree, 3020)
 KPACK_DRIVER_SYMBOL(MemcpyHtoD, 3020)

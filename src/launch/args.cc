@@ -26,6 +26,8 @@ const char* ArgKindName(Arg::Kind kind) {
       return "a kpack::Half";
     case Arg::Kind::kBFloat16:
       return "a kpack::BFloat16";
+    case Arg::Kind::kTensorDesc:
+      return "a kpack::TensorDesc";
   }
   return "an unknown value";
 }

@@ -209,6 +209,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, s
       Store(dst, TritonBf16Bits(d));
       return true;
     case ParamType::kConstexpr:
+    case ParamType::kTensorDesc:  // PackDesc (launch/tensordesc.h)
       return false;
   }
   return false;

@@ -10,11 +10,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "util/parallel.h"
 #include "util/status_macros.h"
@@ -43,6 +48,12 @@ class Where {
   Where Variant(absl::string_view name) const {
     return Where(absl::StrCat(prefix_, ": variant '", name, "'"), version_);
   }
+  // Fields below `field` of an object: errors name "field.key".
+  Where Within(absl::string_view field) const {
+    Where w(prefix_, version_);
+    w.field_prefix_ = absl::StrCat(field_prefix_, field, ".");
+    return w;
+  }
   int version() const { return version_; }
   // INVALID_ARGUMENT unless the manifest's format is at least kpack/`version`.
   absl::Status RequireFormat(int version, absl::string_view field) const {
@@ -51,15 +62,18 @@ class Where {
                                      version_, "'"));
   }
   absl::Status Error(absl::string_view field, absl::string_view problem) const {
-    return absl::InvalidArgumentError(absl::StrCat(prefix_, ": field '", field, "': ", problem));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix_, ": field '", field_prefix_, field, "': ", problem));
   }
   absl::Status Unimplemented(absl::string_view field, absl::string_view problem) const {
-    return absl::UnimplementedError(absl::StrCat(prefix_, ": field '", field, "': ", problem));
+    return absl::UnimplementedError(
+        absl::StrCat(prefix_, ": field '", field_prefix_, field, "': ", problem));
   }
 
  private:
   std::string prefix_;
   int version_;
+  std::string field_prefix_;
 };
 
 std::string TypeOf(const json& j) { return j.type_name(); }
@@ -157,6 +171,21 @@ bool IsIdentifier(absl::string_view s, bool allow_dot) {
   return true;
 }
 
+// A parameter name: an identifier, or (kpack/2) an element of a tuple parameter that
+// Triton flattened, the tuple's name and the element's index path ("pair.0", "t.1.0").
+bool IsParamName(absl::string_view s, bool* tuple_element) {
+  const size_t dot = s.find('.');
+  *tuple_element = dot != absl::string_view::npos;
+  if (!IsIdentifier(s.substr(0, dot), false)) return false;
+  if (!*tuple_element) return true;
+  for (absl::string_view index : absl::StrSplit(s.substr(dot + 1), '.')) {
+    if (index.empty() || index.size() > 4 || !absl::c_all_of(index, absl::ascii_isdigit)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<ParamType> ParseType(absl::string_view t, const Where& where,
                                     absl::string_view field) {
   if (!t.empty() && t[0] == '*') {
@@ -171,12 +200,55 @@ absl::StatusOr<ParamType> ParseType(absl::string_view t, const Where& where,
       {"fp32", ParamType::kFp32}, {"fp64", ParamType::kFp64}, {"constexpr", ParamType::kConstexpr}};
   auto it = kTypes->find(t);
   if (it != kTypes->end()) return it->second;
-  if (t == "nvTmaDesc" || absl::StartsWith(t, "tensordesc")) {
-    return where.Unimplemented(field, absl::StrCat("type '", t,
-                                                   "' (a host TMA descriptor passed by "
-                                                   "value) is not supported by this version"));
+  if (absl::StartsWith(t, "tensordesc<")) return ParamType::kTensorDesc;  // ParseDescType
+  if (t == "nvTmaDesc") {
+    return where.Unimplemented(field, "type 'nvTmaDesc' (a CUtensorMap the caller encodes, "
+                                      "from Triton's deprecated TmaDescKernelParam) is not "
+                                      "supported; pass a host tensor descriptor "
+                                      "(tensordesc<...>) instead");
   }
   return where.Error(field, absl::StrCat("unknown Triton type '", t, "'"));
+}
+
+// `tensordesc<DTYPE[B0, B1, ...]>`, Triton's spelling of a host tensor descriptor's type
+// (its JIT's specialization key: the element type and the block shape).
+absl::StatusOr<TensorDescType> ParseDescType(absl::string_view t, const Where& where,
+                                             absl::string_view field) {
+  auto bad = [&](absl::string_view why) {
+    return where.Error(field, absl::StrCat("'", t, "' is not a tensordesc<DTYPE[B0, ...]> type: ",
+                                           why));
+  };
+  absl::string_view rest = t;
+  if (!absl::ConsumePrefix(&rest, "tensordesc<") || !absl::ConsumeSuffix(&rest, ">")) {
+    return bad("expected tensordesc<...>");
+  }
+  const size_t open = rest.find('[');
+  const size_t close = rest.find(']');
+  if (open == absl::string_view::npos || close == absl::string_view::npos || close < open) {
+    return bad("no [block shape]");
+  }
+  if (close + 1 != rest.size()) {
+    // Gluon's descriptors add their shared-memory layout after the block shape.
+    return where.Unimplemented(field, absl::StrCat("type '", t, "': a tensor descriptor with a "
+                                                   "layout (Gluon's) is not supported"));
+  }
+  TensorDescType type;
+  type.dtype = std::string(rest.substr(0, open));
+  if (ElementBytes(type.dtype) == 0) {
+    return bad(absl::StrCat("unknown element type '", type.dtype, "'"));
+  }
+  for (absl::string_view dim : absl::StrSplit(rest.substr(open + 1, close - open - 1), ',')) {
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(dim), &value) || value < 1 ||
+        value > INT32_MAX) {
+      return bad(absl::StrCat("block dimension '", dim, "' is not an integer in [1, 2^31)"));
+    }
+    type.block.push_back(value);
+  }
+  if (type.block.size() > static_cast<size_t>(kMaxDescRank)) {
+    return bad(absl::StrCat("rank ", type.block.size(), " exceeds ", kMaxDescRank));
+  }
+  return type;
 }
 
 bool IsPowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -214,9 +286,12 @@ absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) 
     KPACK_RETURN_IF_ERROR(CheckKeys(p, where, field, {"name", "type", "readonly"}));
     ParamSpec spec;
     KPACK_ASSIGN_OR_RETURN(spec.name, GetString(p, "name", where));
-    if (!IsIdentifier(spec.name, false)) {
+    bool tuple_element = false;
+    if (!IsParamName(spec.name, &tuple_element)) {
       return where.Error(absl::StrCat(field, ".name"),
-                         absl::StrCat("'", spec.name, "' is not an identifier"));
+                         absl::StrCat("'", spec.name,
+                                      "' is not an identifier (or, for an element of a "
+                                      "tuple parameter, identifier.index[.index...])"));
     }
     if (!seen.insert(spec.name).second) {
       return where.Error(absl::StrCat(field, ".name"),
@@ -225,6 +300,12 @@ absl::Status ParseParams(const json& k, const Where& where, KernelSpec& kernel) 
     KPACK_ASSIGN_OR_RETURN(spec.type_name, GetString(p, "type", where));
     KPACK_ASSIGN_OR_RETURN(spec.type,
                            ParseType(spec.type_name, where, absl::StrCat(field, ".type")));
+    if (spec.type == ParamType::kTensorDesc) {
+      KPACK_RETURN_IF_ERROR(where.RequireFormat(2, absl::StrCat(field, ".type")));
+      KPACK_ASSIGN_OR_RETURN(spec.desc,
+                             ParseDescType(spec.type_name, where, absl::StrCat(field, ".type")));
+    }
+    if (tuple_element) KPACK_RETURN_IF_ERROR(where.RequireFormat(2, absl::StrCat(field, ".name")));
     KPACK_RETURN_IF_ERROR(ParseReadonly(p, where, field, spec));
     if (spec.type != ParamType::kConstexpr) kernel.args.push_back(static_cast<int>(i));
     kernel.params.push_back(std::move(spec));
@@ -237,11 +318,127 @@ bool HasAssumption(const VariantSpec& v, int arg, Assumption::Kind kind) {
                      [&](const Assumption& a) { return a.arg == arg && a.kind == kind; });
 }
 
+TensorDescSpec* FindDesc(VariantSpec& variant, int arg) {
+  for (TensorDescSpec& d : variant.descs) {
+    if (d.arg == arg) return &d;
+  }
+  return nullptr;
+}
+
+// A `types` entry for a tensordesc parameter: another block shape of the same element type
+// and rank. Triton specializes a descriptor on its type only, so an autotuned kernel's
+// configs differ in it (the tutorials' pre_hook sets the block shape per config), but it
+// decides nothing at launch: the caller's descriptor carries no block shape, the variant's
+// is used.
+absl::Status RetypeDesc(const KernelSpec& kernel, int arg, const std::string& text,
+                        const Where& where, absl::string_view field, VariantSpec& variant) {
+  const ParamSpec& p = kernel.arg(arg);
+  KPACK_ASSIGN_OR_RETURN(ParamType t, ParseType(text, where, field));
+  if (t != ParamType::kTensorDesc) {
+    return where.Error(field, absl::StrCat("'", p.name, "' is ", p.type_name,
+                                           "; its type can only be another tensordesc type"));
+  }
+  KPACK_ASSIGN_OR_RETURN(TensorDescType type, ParseDescType(text, where, field));
+  if (type.dtype != p.desc.dtype || type.block.size() != p.desc.block.size()) {
+    return where.Error(field, absl::StrCat("'", text, "' must keep the element type and rank of ",
+                                           p.type_name, " (only the block shape may differ)"));
+  }
+  TensorDescSpec* d = FindDesc(variant, arg);
+  d->type_name = text;
+  d->block = std::move(type.block);
+  return absl::OkStatus();
+}
+
+// `key` of a tensordesc_meta entry: `rank` integers in [1, `max`], one per dimension.
+absl::Status ParseDims(const json& m, absl::string_view key, const Where& w, size_t rank,
+                       int64_t max, absl::string_view type, std::vector<uint32_t>* out) {
+  auto list = m.find(key);
+  auto in_range = [max](const json& x) {
+    return x.is_number_integer() && x.get<int64_t>() >= 1 && x.get<int64_t>() <= max;
+  };
+  if (list == m.end() || !list->is_array() || list->size() != rank ||
+      !absl::c_all_of(*list, in_range)) {
+    return w.Error(key, absl::StrCat("expected ", rank, " integers in [1, ", max,
+                                     "] (one per dimension of ", type, ")"));
+  }
+  for (const json& x : *list) out->push_back(static_cast<uint32_t>(x.get<int64_t>()));
+  return absl::OkStatus();
+}
+
+// kpack/2 `tensordesc_meta`: Triton's compiled metadata of the same name, one entry per
+// tensordesc parameter in declaration order; null for a descriptor the variant did not
+// lower to TMA. Absent: none was (Triton's metadata is then empty).
+absl::Status ParseTensorDescMeta(const json& v, const Where& where, VariantSpec& variant) {
+  auto it = v.find("tensordesc_meta");
+  if (it == v.end()) return absl::OkStatus();
+  KPACK_RETURN_IF_ERROR(where.RequireFormat(2, "tensordesc_meta"));
+  if (!it->is_array() || it->size() != variant.descs.size()) {
+    return where.Error("tensordesc_meta",
+                       absl::StrCat("expected an array of ", variant.descs.size(),
+                                    " entries (one per tensordesc parameter, null or an "
+                                    "object), got ", it->dump().substr(0, 80)));
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    TensorDescSpec& d = variant.descs[i];
+    const std::string field = absl::StrCat("tensordesc_meta[", i, "]");
+    if (m.is_null()) continue;
+    if (!m.is_object()) {
+      return where.Error(field, absl::StrCat("expected null or an object, got ", TypeOf(m)));
+    }
+    KPACK_RETURN_IF_ERROR(CheckKeys(m, where, field,
+                                    {"data_type", "elem_size", "swizzle", "block_size",
+                                     "fp4_padded", "element_strides", "interleave",
+                                     "l2_promotion"}));
+    const Where w = where.Within(field);
+    d.tma = true;
+    KPACK_ASSIGN_OR_RETURN(int64_t data_type, GetInt(m, "data_type", w, 0, 15));
+    KPACK_ASSIGN_OR_RETURN(int64_t elem_size, GetInt(m, "elem_size", w, 1, 8));
+    KPACK_ASSIGN_OR_RETURN(int64_t swizzle, GetInt(m, "swizzle", w, 0, 3));
+    KPACK_ASSIGN_OR_RETURN(d.fp4_padded, GetBool(m, "fp4_padded", w));
+    KPACK_ASSIGN_OR_RETURN(int64_t interleave, GetInt(m, "interleave", w, 0, 2, false, 0));
+    KPACK_ASSIGN_OR_RETURN(int64_t l2, GetInt(m, "l2_promotion", w, 0, 3, false, 2));
+    d.data_type = static_cast<int>(data_type);
+    d.elem_size = static_cast<int>(elem_size);
+    d.swizzle = static_cast<int>(swizzle);
+    d.interleave = static_cast<int>(interleave);
+    d.l2_promotion = static_cast<int>(l2);
+    if (!IsPowerOfTwo(elem_size)) {
+      return w.Error("elem_size", absl::StrCat(elem_size, " is not 1, 2, 4 or 8"));
+    }
+    const int declared = ElementBytes(d.dtype);
+    if (!d.fp4_padded && declared != d.elem_size) {
+      return w.Error("elem_size", absl::StrCat(d.elem_size, " differs from the ", declared,
+                                               " bytes of the element type of ", d.type_name));
+    }
+    const size_t rank = d.block.size();
+    KPACK_RETURN_IF_ERROR(ParseDims(m, "block_size", w, rank, 256, d.type_name, &d.box));
+    if (m.contains("element_strides")) {
+      KPACK_RETURN_IF_ERROR(ParseDims(m, "element_strides", w, rank, 8, d.type_name,
+                                      &d.element_strides));
+    } else {
+      d.element_strides.assign(rank, 1);  // Triton's
+    }
+  }
+  return absl::OkStatus();
+}
+
 // `bucket`, `assumptions` and `types`: what the variant is chosen by.
 absl::Status ParseVariantDispatch(const json& v, const Where& where, const KernelSpec& kernel,
                                   VariantSpec& variant) {
   variant.arg_types.clear();
   for (int a : kernel.args) variant.arg_types.push_back(kernel.params[a].type);
+  variant.descs.clear();
+  for (size_t a = 0; a < kernel.args.size(); ++a) {
+    const ParamSpec& p = kernel.arg(static_cast<int>(a));
+    if (p.type != ParamType::kTensorDesc) continue;
+    TensorDescSpec d;
+    d.arg = static_cast<int>(a);
+    d.type_name = p.type_name;
+    d.dtype = p.desc.dtype;
+    d.block = p.desc.block;
+    variant.descs.push_back(std::move(d));
+  }
 
   if (auto it = v.find("bucket"); it != v.end()) {
     if (!it->is_array() || it->size() != kernel.buckets.size()) {
@@ -301,11 +498,17 @@ absl::Status ParseVariantDispatch(const json& v, const Where& where, const Kerne
       std::string field = absl::StrCat("types.", name);
       int arg = FindArg(kernel, name);
       if (arg < 0) return where.Error(field, "not a call parameter of the kernel");
-      if (!IsInteger(kernel.arg(arg).type)) {
-        return where.Error(field, "only integer parameters can change type between variants");
-      }
       if (!type.is_string()) {
         return where.Error(field, absl::StrCat("expected a type string, got ", TypeOf(type)));
+      }
+      if (kernel.arg(arg).type == ParamType::kTensorDesc) {
+        KPACK_RETURN_IF_ERROR(RetypeDesc(kernel, arg, type.get<std::string>(), where, field,
+                                         variant));
+        continue;
+      }
+      if (!IsInteger(kernel.arg(arg).type)) {
+        return where.Error(field, "only integer and tensordesc parameters can change type "
+                                  "between variants");
       }
       KPACK_ASSIGN_OR_RETURN(ParamType t, ParseType(type.get<std::string>(), where, field));
       if (!IsInteger(t)) return where.Error(field, "must be an integer type (i8..i64, u8..u64)");
@@ -313,6 +516,23 @@ absl::Status ParseVariantDispatch(const json& v, const Where& where, const Kerne
     }
   }
   return absl::OkStatus();
+}
+
+// The parts a descriptor expands into, in order (DescPart).
+std::vector<std::pair<DescPart, int>> DescParts(const TensorDescSpec& d) {
+  const int rank = static_cast<int>(d.block.size());
+  std::vector<std::pair<DescPart, int>> parts;
+  if (d.tma) {
+    parts.push_back({DescPart::kTma, 0});
+  } else {
+    parts.push_back({DescPart::kBase, 0});
+    for (int i = 0; i < rank; ++i) parts.push_back({DescPart::kBaseShape, i});
+    for (int i = 0; i < rank; ++i) parts.push_back({DescPart::kBaseStrides, i});
+    parts.push_back({DescPart::kPadding, 0});
+  }
+  for (int i = 0; i < rank; ++i) parts.push_back({DescPart::kShape, i});
+  for (int i = 0; i < rank; ++i) parts.push_back({DescPart::kStrides, i});
+  return parts;
 }
 
 absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& kernel,
@@ -333,6 +553,19 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
   // swap would pass every other check and launch with the arguments exchanged.
   int last_arg_slot = -1;      // layout index of the latest call parameter's slot
   int first_hidden_slot = -1;  // layout index of the first hidden pointer's slot
+  // A tensor descriptor's slots come together, its parts in DescParts order: the one being
+  // read, and how many of its parts are read.
+  const TensorDescSpec* desc = nullptr;
+  std::vector<std::pair<DescPart, int>> desc_parts;
+  size_t desc_read = 0;
+  int first_tma_slot = -1;
+  auto unfinished = [&](absl::string_view field) {
+    const auto [part, index] = desc_parts[desc_read];
+    return where.Error(field, absl::StrCat("tensordesc parameter '", kernel.arg(desc->arg).name,
+                                           "' lacks its part '", DescPartName(part, index),
+                                           "' (its slots are ", desc_parts.size(),
+                                           " consecutive parts; docs/pack-format.md)"));
+  };
   int64_t end = 0;
   for (size_t i = 0; i < layout->size(); ++i) {
     const json& s = (*layout)[i];
@@ -340,14 +573,24 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
     if (!s.is_object()) {
       return where.Error(field, absl::StrCat("expected an object, got ", TypeOf(s)));
     }
-    KPACK_RETURN_IF_ERROR(CheckKeys(s, where, field, {"param", "offset", "size"}));
+    KPACK_RETURN_IF_ERROR(CheckKeys(s, where, field, {"param", "offset", "size", "part"}));
     SlotSpec slot;
     KPACK_ASSIGN_OR_RETURN(std::string param, GetString(s, "param", where));
     KPACK_ASSIGN_OR_RETURN(int64_t offset, GetInt(s, "offset", where, 0, kMaxParamBytes));
     KPACK_ASSIGN_OR_RETURN(int64_t size, GetInt(s, "size", where, 1, kMaxParamBytes));
+    KPACK_ASSIGN_OR_RETURN(std::string part, GetString(s, "part", where, /*required=*/false));
+    const bool continues = desc != nullptr && desc_read < desc_parts.size() &&
+                           param == kernel.arg(desc->arg).name;
+    if (desc != nullptr && desc_read < desc_parts.size() && !continues) {
+      return unfinished(absl::StrCat(field, ".param"));
+    }
     uint32_t expected_size = 8;
+    uint32_t align = 0;  // 0: the slot's size
     std::string what;
-    if (param == "$global_scratch" || param == "$profile_scratch") {
+    if (continues) {
+      slot.kind = SlotKind::kArg;
+      slot.arg = desc->arg;
+    } else if (param == "$global_scratch" || param == "$profile_scratch") {
       bool& seen = param == "$global_scratch" ? global_seen : profile_seen;
       if (seen) {
         return where.Error(absl::StrCat(field, ".param"), absl::StrCat(param, " appears twice"));
@@ -400,18 +643,50 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
                                         "' is assumed eq1, so Triton "
                                         "compiled it away and it can have no slot"));
       }
-      ParamType type = variant.arg_types[it->second];
-      expected_size = SlotSize(type);
-      what = absl::StrCat("parameter '", p.name, "' of type ",
-                          type == p.type ? p.type_name : std::string(TypeName(type)));
+      if (p.type == ParamType::kTensorDesc) {
+        desc = FindDesc(variant, it->second);
+        desc_parts = DescParts(*desc);
+        desc_read = 0;
+      } else {
+        ParamType type = variant.arg_types[it->second];
+        expected_size = SlotSize(type);
+        what = absl::StrCat("parameter '", p.name, "' of type ",
+                            type == p.type ? p.type_name : std::string(TypeName(type)));
+      }
+    }
+    if (slot.kind == SlotKind::kArg && kernel.arg(slot.arg).type == ParamType::kTensorDesc) {
+      const auto [want, index] = desc_parts[desc_read++];
+      const std::string want_name = DescPartName(want, index);
+      if (part != want_name) {
+        return where.Error(
+            absl::StrCat(field, ".part"),
+            absl::StrCat(part.empty() ? "missing" : absl::StrCat("'", part, "'"), ": expected '",
+                         want_name, "', part ", desc_read, " of ", desc_parts.size(),
+                         " of tensordesc parameter '", param, "' (",
+                         desc->tma ? "lowered to TMA" : "no TMA metadata", ")"));
+      }
+      slot.part = want;
+      slot.part_index = index;
+      expected_size = DescPartSize(want);
+      what = absl::StrCat("part '", want_name, "' of tensordesc parameter '", param, "'");
+      // A CUtensorMap wants a 64-byte aligned constant-bank address; the buffer offset
+      // that gives depends on where the bank's parameters start (ptxas puts the first one
+      // at 48 on sm_90), so only a multiple of 16 is checked here, and the common offset
+      // modulo 64 below.
+      if (want == DescPart::kTma) align = 16;
+    } else if (!part.empty()) {
+      return where.Error(absl::StrCat(field, ".part"),
+                         absl::StrCat("only the slots of a tensordesc parameter have a part; '",
+                                      param, "' is not one"));
     }
     if (size != expected_size) {
       return where.Error(absl::StrCat(field, ".size"),
                          absl::StrCat("expected ", expected_size, " for ", what, ", got ", size));
     }
-    if (offset % size != 0) {
+    if (align == 0) align = static_cast<uint32_t>(size);
+    if (offset % align != 0) {
       return where.Error(absl::StrCat(field, ".offset"),
-                         absl::StrCat(offset, " is not aligned to the slot size ", size));
+                         absl::StrCat(offset, " is not aligned to ", align == size ? "the slot size " : "", align));
     }
     if (offset < end) {
       return where.Error(absl::StrCat(field, ".offset"),
@@ -428,8 +703,24 @@ absl::Status ParseLayout(const json& v, const Where& where, const KernelSpec& ke
     }
     slot.offset = static_cast<uint32_t>(offset);
     slot.size = static_cast<uint32_t>(size);
+    if (slot.part == DescPart::kTma) {
+      if (first_tma_slot < 0) {
+        first_tma_slot = static_cast<int>(i);
+        variant.tma_offset_mod64 = slot.offset % 64;
+      } else if (slot.offset % 64 != variant.tma_offset_mod64) {
+        const SlotSpec& first = variant.layout[first_tma_slot];
+        return where.Error(
+            absl::StrCat(field, ".offset"),
+            absl::StrCat(offset, " is ", offset % 64, " modulo 64, but the CUtensorMap slot of '",
+                         kernel.arg(first.arg).name, "' (layout[", first_tma_slot, "]) is at ",
+                         first.offset, ", ", variant.tma_offset_mod64,
+                         " modulo 64: kpack encodes every CUtensorMap in place, 64-byte aligned, "
+                         "so a variant's must share their offset modulo 64"));
+      }
+    }
     variant.layout.push_back(slot);
   }
+  if (desc != nullptr && desc_read < desc_parts.size()) return unfinished("layout");
   for (size_t a = 0; a < arg_seen.size(); ++a) {
     if (!arg_seen[a] && !HasAssumption(variant, static_cast<int>(a), Assumption::kEq1)) {
       return where.Error("layout",
@@ -475,7 +766,8 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
                                    "triton_version",
                                    "bucket",
                                    "assumptions",
-                                   "types"}));
+                                   "types",
+                                   "tensordesc_meta"}));
 
   KPACK_ASSIGN_OR_RETURN(variant.cubin, GetString(v, "cubin", where));
   if (variant.cubin.empty()) return where.Error("cubin", "empty path");
@@ -539,6 +831,7 @@ absl::Status ParseVariant(const json& v, const Where& kernel_where, const Kernel
   KPACK_ASSIGN_OR_RETURN(variant.triton_version,
                          GetString(v, "triton_version", where, /*required=*/false));
   KPACK_RETURN_IF_ERROR(ParseVariantDispatch(v, where, kernel, variant));
+  KPACK_RETURN_IF_ERROR(ParseTensorDescMeta(v, where, variant));
   KPACK_RETURN_IF_ERROR(ParseLayout(v, where, kernel, variant));
   bool has_global =
       std::any_of(variant.layout.begin(), variant.layout.end(),
@@ -696,6 +989,9 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
 std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot) {
   switch (slot.kind) {
     case SlotKind::kArg:
+      if (slot.part != DescPart::kNone) {
+        return absl::StrCat(kernel.arg(slot.arg).name, ".", DescPartName(slot.part, slot.part_index));
+      }
       return kernel.arg(slot.arg).name;
     case SlotKind::kGlobalScratch:
       return "$global_scratch";
@@ -703,6 +999,60 @@ std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot) {
       return "$profile_scratch";
   }
   return "?";
+}
+
+uint32_t DescPartSize(DescPart part) {
+  switch (part) {
+    case DescPart::kTma:
+      return 128;  // sizeof(CUtensorMap)
+    case DescPart::kPadding:
+      return 1;
+    case DescPart::kShape:
+      return 4;
+    case DescPart::kNone:
+    case DescPart::kBase:
+    case DescPart::kBaseShape:
+    case DescPart::kBaseStrides:
+    case DescPart::kStrides:
+      return 8;
+  }
+  return 0;
+}
+
+std::string DescPartName(DescPart part, int index) {
+  switch (part) {
+    case DescPart::kNone:
+      return "";
+    case DescPart::kTma:
+      return "tma";
+    case DescPart::kBase:
+      return "base";
+    case DescPart::kBaseShape:
+      return absl::StrCat("base_shape[", index, "]");
+    case DescPart::kBaseStrides:
+      return absl::StrCat("base_strides[", index, "]");
+    case DescPart::kPadding:
+      return "padding";
+    case DescPart::kShape:
+      return absl::StrCat("shape[", index, "]");
+    case DescPart::kStrides:
+      return absl::StrCat("strides[", index, "]");
+  }
+  return "?";
+}
+
+int ElementBytes(absl::string_view dtype) {
+  static const auto* const kBytes = new absl::flat_hash_map<absl::string_view, int>{
+      {"i1", 1},       {"u1", 1},       {"i8", 1},       {"u8", 1},         {"fp8e4nv", 1},
+      {"fp8e5", 1},    {"fp8e4b15", 1}, {"fp8e4b8", 1},  {"fp8e5b16", 1},   {"i16", 2},
+      {"u16", 2},      {"fp16", 2},     {"bf16", 2},     {"i32", 4},        {"u32", 4},
+      {"fp32", 4},     {"i64", 8},      {"u64", 8},      {"fp64", 8}};
+  auto it = kBytes->find(dtype);
+  return it == kBytes->end() ? 0 : it->second;
+}
+
+bool IsFloatElement(absl::string_view dtype) {
+  return absl::StartsWith(dtype, "fp") || dtype == "bf16";
 }
 
 bool IsInteger(ParamType type) {
@@ -755,6 +1105,8 @@ const char* TypeName(ParamType type) {
       return "fp64";
     case ParamType::kConstexpr:
       return "constexpr";
+    case ParamType::kTensorDesc:
+      return "tensordesc";
   }
   return "?";
 }
@@ -781,6 +1133,7 @@ uint32_t SlotSize(ParamType type) {
     case ParamType::kU8:
       return 1;
     case ParamType::kConstexpr:
+    case ParamType::kTensorDesc:
       return 0;
   }
   return 0;

@@ -73,7 +73,16 @@ VariantInfo DescribeVariant(const KernelSpec& k, const VariantSpec& v) {
     const ParamSpec& p = k.arg(static_cast<int>(a));
     info.arg_types.push_back(v.arg_types[a] == p.type ? p.type_name : TypeName(v.arg_types[a]));
   }
-  for (const SlotSpec& s : v.layout) info.layout.push_back({SlotName(k, s), s.offset, s.size});
+  for (const TensorDescSpec& d : v.descs) {
+    info.arg_types[d.arg] = d.type_name;  // `types` may give the variant another block shape
+    info.descs.push_back({k.arg(d.arg).name, d.dtype, d.block, d.tma, d.data_type, d.elem_size,
+                          d.swizzle, d.fp4_padded, d.box, d.element_strides, d.interleave,
+                          d.l2_promotion});
+  }
+  for (const SlotSpec& s : v.layout) {
+    info.layout.push_back({s.kind == SlotKind::kArg ? k.arg(s.arg).name : SlotName(k, s),
+                           s.offset, s.size, DescPartName(s.part, s.part_index)});
+  }
   info.param_bytes = v.param_bytes;
   return info;
 }

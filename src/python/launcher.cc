@@ -5,10 +5,12 @@
 #include <cuda.h>
 #include <structmember.h>  // PyMemberDef (Python.h has it only from 3.12)
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -21,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "dlpack.h"
 #include "meta.h"
+#include "tensordesc.h"
 
 namespace kpack::python {
 namespace {
@@ -141,12 +144,14 @@ bool InternStrings() {
 
 // ---------------------------------------------------------------- the per-kernel plan
 
-enum class ParamKind : uint8_t { kPointer, kInt, kFloat, kBool };
+enum class ParamKind : uint8_t { kPointer, kInt, kFloat, kBool, kTensorDesc };
 
 struct ParamPlan {
   ParamKind kind = ParamKind::kPointer;
-  bool check_dtype = false;  // pointers: the element type has a DLPack equivalent
-  DLDataType dtype{};        // ... which is this
+  bool check_dtype = false;  // pointers, descriptors' bases: the element type has a DLPack
+  DLDataType dtype{};        // equivalent, which is this
+  int desc_index = -1;       // tensordesc: its number among the kernel's descriptors
+  int desc_rank = 0;         // tensordesc: the block's rank
   std::string name;
   std::string type;  // Triton type, as in the manifest
   PyObject* py_name = nullptr;  // interned, for keyword matching
@@ -207,6 +212,7 @@ struct KernelPlan {
   Kernel kernel;
   std::string name;
   std::vector<ParamPlan> params;  // call parameters, in launch order
+  size_t num_descs = 0;           // tensordesc parameters among them
   KernelMeta meta;                // introspection (meta.h)
 };
 
@@ -517,6 +523,7 @@ const TypeEntry* LookupType(PyTypeObject* type) {
 // What one call accumulates while converting its arguments.
 struct CallState {
   const RuntimeState* rt;
+  DescStorage* descs = nullptr;  // the call's TensorDescs (tensordesc arguments)
   CUstream explicit_stream = nullptr;
   bool has_explicit_stream = false;
   PyObject* scratch = nullptr;  // borrowed: the call's scratch= (None: the kernel's default)
@@ -840,9 +847,28 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool ConvertFloat(const KernelPlan& p, size_
   return ConvertFloatSlow(p, i, o, out);
 }
 
+// A tensordesc argument: a TensorDescriptor read into the call's storage (tensordesc.h),
+// its base converted like a pointer argument (device and element type checked).
+ABSL_ATTRIBUTE_NOINLINE bool ConvertDesc(const KernelPlan& p, size_t i, PyObject* o,
+                                         CallState* st, Arg* out) {
+  const ParamPlan& param = p.params[i];
+  auto* desc = new (st->descs->slot(param.desc_index)) TensorDesc();
+  PyObject* base = ReadTensorDescriptor(o, param.desc_rank, ArgLabel(p, i), desc);
+  if (base == nullptr) return false;
+  Arg pointer(0);
+  const bool ok = ConvertPointer(p, i, base, st, &pointer);
+  Py_DECREF(base);
+  if (!ok) return false;
+  desc->base = pointer.bits();
+  *out = Arg(*desc);
+  return true;
+}
+
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool ConvertArg(const KernelPlan& p, size_t i, PyObject* o,
                                                     CallState* st, Arg* out) {
   switch (p.params[i].kind) {
+    case ParamKind::kTensorDesc:
+      return ConvertDesc(p, i, o, st, out);
     case ParamKind::kPointer:
       return ConvertPointer(p, i, o, st, out);
     case ParamKind::kInt:
@@ -870,7 +896,7 @@ PyObject* BoundVectorcall(PyObject* self, PyObject* const* args, size_t nargsf, 
 constexpr size_t kInlineArgs = 40;
 class CallArgs {
  public:
-  explicit CallArgs(size_t n) : n_(n) {
+  CallArgs(size_t n, size_t descs) : n_(n), descs_(descs) {
     if (ABSL_PREDICT_FALSE(n > kInlineArgs)) {
       heap_.reset(new Slot[n]);
       args_ = reinterpret_cast<Arg*>(heap_.get());
@@ -882,6 +908,7 @@ class CallArgs {
 
   Arg* args() { return args_; }
   PyObject** objects() { return objects_; }
+  DescStorage* descs() { return &descs_; }
   std::span<const Arg> span() { return std::span<const Arg>(args_, n_); }
 
  private:
@@ -896,6 +923,7 @@ class CallArgs {
   Arg* args_ = reinterpret_cast<Arg*>(inline_args_);
   PyObject** objects_ = inline_objects_;
   std::unique_ptr<Slot[]> heap_;  // 2n slots: n Args, then n object pointers
+  DescStorage descs_;             // what descriptor Args point at
 };
 
 // Orders positional and keyword arguments by parameter into `a.objects()`; `stream=`
@@ -965,6 +993,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PrepareCall(const KernelPlan& p, PyObje
                                                      CallArgs* a) {
   const size_t n = p.params.size();
   PyObject* const* objects = args;
+  st->descs = a->descs();
   if (ABSL_PREDICT_FALSE(kwnames != nullptr || nargs != n)) {
     if (!CollectArgs(p, args, nargs, kwnames, st, a)) return false;
     objects = a->objects();
@@ -1161,7 +1190,7 @@ PyObject* ScratchFn(const KernelObject* k, const CallState& st) {
 PyObject* LaunchCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObject* const* args,
                      size_t nargs, PyObject* kwnames) {
   const KernelPlan& p = *k->plan;
-  CallArgs a(p.params.size());
+  CallArgs a(p.params.size(), p.num_descs);
   CallState st{k->rt};
   if (!PrepareCall(p, args, nargs, kwnames, grid_fn != nullptr, &st, &a)) return nullptr;
   CUstream stream;
@@ -1205,7 +1234,7 @@ PyObject* BindCall(KernelObject* k, const Grid* grid, PyObject* grid_fn, PyObjec
                    size_t nargs, PyObject* kwnames) {
   const KernelPlan& p = *k->plan;
   const size_t n = p.params.size();
-  CallArgs a(n);
+  CallArgs a(n, p.num_descs);
   CallState st{k->rt};
   if (!PrepareCall(p, args, nargs, kwnames, true, &st, &a)) return nullptr;
   CUstream stream;
@@ -1316,6 +1345,8 @@ PyObject* BoundSet(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
   CallState st{b->kernel->rt};
   st.device = b->device;
+  DescStorage descs(p.num_descs);  // a descriptor lives until Set has copied it
+  st.descs = &descs;
   Arg a(0);
   if (!ConvertArg(p, index, args[1], &st, &a)) return nullptr;
   absl::Status s = b->bound->Set(index, a);
@@ -1495,7 +1526,7 @@ PyObject* KernelStats(PyObject* self, PyObject*) {
 PyObject* KernelSelectVariant(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                               PyObject* kwnames) {
   auto* k = reinterpret_cast<KernelObject*>(self);
-  CallArgs a(k->plan->params.size());
+  CallArgs a(k->plan->params.size(), k->plan->num_descs);
   CallState st{k->rt};
   if (!PrepareCall(*k->plan, args, static_cast<size_t>(nargs), kwnames, false, &st, &a)) {
     return nullptr;
@@ -1846,6 +1877,16 @@ PyObject* NewKernelObject(PyObject* owner, RuntimeState* state, Kernel kernel) {
       p.kind = ParamKind::kBool;
     } else if (t == "fp16" || t == "bf16" || t == "fp32" || t == "fp64") {
       p.kind = ParamKind::kFloat;
+    } else if (t.starts_with("tensordesc<")) {
+      // tensordesc<fp16[64, 128]>: its base tensor is checked like a `*fp16`'s.
+      p.kind = ParamKind::kTensorDesc;
+      const size_t open = t.find('[');
+      if (std::optional<DLDataType> d = PointeeDType(std::string("*").append(t.substr(11, open - 11)))) {
+        p.check_dtype = true;
+        p.dtype = *d;
+      }
+      p.desc_rank = static_cast<int>(std::count(t.begin(), t.end(), ',')) + 1;
+      p.desc_index = static_cast<int>(plan->num_descs++);
     } else {
       p.kind = ParamKind::kInt;
     }

@@ -17,7 +17,10 @@
 //   integer  int (or an object with __index__ that is not a tensor), range-checked by the
 //            chosen variant's integer type;
 //   float    float or int (or an object with __float__ that is not a tensor);
-//   i1/u1    bool.
+//   i1/u1    bool;
+//   tensordesc  a triton.tools.tensor_descriptor.TensorDescriptor (or an object with base,
+//            shape, strides, padding): tensordesc.h.
+// A tuple parameter's elements are separate parameters (`t.0`, `t.1`), passed positionally.
 // Errors: TypeError for a wrong count or kind, ValueError (kpack.InvalidArgumentError)
 // for a wrong device, a value that does not fit, or no variant valid for the values;
 // nothing is launched.

@@ -35,6 +35,13 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, cons
   return ArgError(v.kernel->spec->name, i, p.name, p.type_name, a);
 }
 
+ABSL_ATTRIBUTE_NOINLINE absl::Status BadDesc(const Driver& d, const VariantData& v, size_t i,
+                                             const Arg& a, const DescResult& r) {
+  const KernelSpec& k = *v.kernel->spec;
+  const TensorDescSpec& spec = v.spec->descs[v.arg_slots[i].desc];
+  return DescError(d, Describe(v), i, k.arg(static_cast<int>(i)), spec, a, r);
+}
+
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid) {
   return absl::InvalidArgumentError(
       absl::StrCat(Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
@@ -170,7 +177,8 @@ absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUst
   KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
   // The sole variant, when there is one, without reading the variants vector.
   const VariantData& v = k.sole_variant != nullptr ? *k.sole_variant : *k.variants[choice.variant];
-  alignas(16) std::byte buf[kMaxParamBytes];
+  ParamStorage storage;
+  std::byte* const buf = storage.bytes + v.buffer_shift;
   KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
   if (grid != nullptr) return LaunchPacked(v, *grid, stream, scratch, buf, choice.fallback);
   KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));

@@ -38,6 +38,8 @@ namespace kpack::internal {
 // Failure halves of the launch path (launch.cc): they format the message.
 ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got);
 ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a);
+ABSL_ATTRIBUTE_NOINLINE absl::Status BadDesc(const Driver& d, const VariantData& v, size_t i,
+                                             const Arg& a, const DescResult& r);
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid);
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis);
 ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantData& v,
@@ -68,6 +70,11 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
       }
     }
     if (slot.offset == ArgSlot::kDropped) continue;  // eq1: dispatch checked it is 1
+    if (slot.type == ParamType::kTensorDesc) {
+      const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
+      if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
+      continue;
+    }
     if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) {
       return BadArg(v, i, a);
     }

@@ -148,7 +148,12 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
           case SlotKind::kArg:
-            v->arg_slots[slot.arg].offset = slot.offset;
+            // A descriptor's first part (tma or base) stands for it; its parts are in
+            // desc_slots.
+            if (slot.part == DescPart::kNone || slot.part == DescPart::kTma ||
+                slot.part == DescPart::kBase) {
+              v->arg_slots[slot.arg].offset = static_cast<uint16_t>(slot.offset);
+            }
             break;
           case SlotKind::kGlobalScratch:
             v->global_scratch_offset = static_cast<int32_t>(slot.offset);
@@ -159,7 +164,12 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
         }
       }
       for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
+      for (size_t d = 0; d < vs.descs.size(); ++d) {
+        v->arg_slots[vs.descs[d].arg].desc = static_cast<uint8_t>(d);
+        v->desc_slots.push_back(MakeDescSlot(vs, vs.descs[d]));
+      }
       v->param_bytes = vs.param_bytes;
+      v->buffer_shift = (64 - vs.tma_offset_mod64) % 64;
       v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);
       v->num_ctas = static_cast<uint32_t>(vs.num_ctas);
       v->shared = vs.shared;

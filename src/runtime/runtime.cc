@@ -127,8 +127,18 @@ absl::StatusOr<BoundLaunch> Kernel::BindImpl(const Grid* grid, CUstream stream,
   KPACK_RETURN_IF_ERROR(rt.Select(*data_, args, &choice));
   state->variant = data_->variants[choice.variant];
   state->fallback = choice.fallback;
+  state->buf = state->storage.bytes + state->variant->buffer_shift;
   KPACK_RETURN_IF_ERROR(rt.PackArgs(*state->variant, args, state->buf));
   state->args.assign(args.begin(), args.end());
+  // The caller's descriptors need to live only for this call: keep copies, and point the
+  // kept arguments at them.
+  state->descs.resize(state->variant->desc_slots.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const internal::ArgSlot& slot = state->variant->arg_slots[i];
+    if (slot.type != internal::ParamType::kTensorDesc) continue;
+    state->descs[slot.desc] = args[i].tensor_desc();
+    state->args[i] = Arg(state->descs[slot.desc]);
+  }
   if (grid != nullptr) {
     state->grid = *grid;
   } else {
@@ -154,6 +164,27 @@ BoundLaunch::BoundLaunch(BoundLaunch&&) noexcept = default;
 BoundLaunch& BoundLaunch::operator=(BoundLaunch&&) noexcept = default;
 BoundLaunch::~BoundLaunch() = default;
 
+namespace {
+
+// Set for a tensor descriptor: only its slots are written (the CUtensorMap re-encoded), and
+// the BoundLaunch keeps a copy. A refused descriptor leaves the bound one in place.
+absl::Status SetDesc(internal::BoundState& st, size_t index, const Arg& value) {
+  const internal::VariantData& v = *st.variant;
+  const internal::Driver& driver = st.kernel->runtime->driver();
+  const internal::ArgSlot& slot = v.arg_slots[index];
+  const internal::DescSlot& desc = v.desc_slots[slot.desc];
+  internal::DescResult r = internal::PackDesc(driver, desc, value, st.buf);
+  if (ABSL_PREDICT_FALSE(r.problem != internal::DescProblem::kOk)) {
+    // The slots may be half written: the bound descriptor, which packed before, again.
+    internal::PackDesc(driver, desc, st.args[index], st.buf);
+    return internal::BadDesc(driver, v, index, value, r);
+  }
+  st.descs[slot.desc] = value.tensor_desc();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status BoundLaunch::Set(size_t index, Arg value) {
   internal::BoundState& st = *state_;
   const internal::KernelData& k = *st.kernel;
@@ -174,13 +205,16 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
     }
     const internal::VariantData* variant = k.variants[choice.variant];
     if (variant != st.variant) {
-      alignas(16) std::byte packed[internal::kMaxParamBytes];
-      absl::Status s = k.runtime->PackArgs(*variant, st.args, packed);
+      internal::ParamStorage packed;
+      std::byte* const buf = packed.bytes + variant->buffer_shift;
+      absl::Status s = k.runtime->PackArgs(*variant, st.args, buf);
       if (!s.ok()) {
         st.args[index] = old;
         return s;
       }
-      std::memcpy(st.buf, packed, variant->param_bytes);
+      // A CUtensorMap is a plain value: it may move to another address.
+      st.buf = st.storage.bytes + variant->buffer_shift;
+      std::memcpy(st.buf, buf, variant->param_bytes);
       st.variant = variant;
       st.fallback = choice.fallback;
       return absl::OkStatus();
@@ -189,6 +223,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
     st.fallback = choice.fallback;
   }
   const internal::ArgSlot& slot = st.variant->arg_slots[index];
+  if (slot.type == internal::ParamType::kTensorDesc) return SetDesc(st, index, value);
   if (slot.offset != internal::ArgSlot::kDropped &&
       ABSL_PREDICT_FALSE(!internal::PackArg(slot.type, value, st.buf + slot.offset))) {
     return internal::BadArg(*st.variant, index, value);

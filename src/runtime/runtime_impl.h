@@ -24,6 +24,7 @@
 #include "driver/driver.h"
 #include "kpack/runtime.h"
 #include "launch/scratch.h"
+#include "launch/tensordesc.h"
 #include "manifest/manifest.h"
 #include "pack/pack_state.h"
 
@@ -34,8 +35,8 @@ struct KernelData;
 
 // Where call argument i goes in a variant's parameter buffer.
 struct ArgSlot {
-  static constexpr uint32_t kDropped = UINT32_MAX;  // eq1: compiled away, not passed
-  uint32_t offset;
+  static constexpr uint16_t kDropped = UINT16_MAX;  // eq1: compiled away, not passed
+  uint16_t offset;  // a tensor descriptor's: its first part's (its parts: desc_slots)
   ParamType type;
   // The common case packed without PackArg's conversions: an Arg of kind `fast_kind`
   // goes as its low `fast_size` bytes (0: no fast path), a 4-byte signed slot only when
@@ -43,6 +44,17 @@ struct ArgSlot {
   Arg::Kind fast_kind = Arg::Kind::kUnsigned;
   uint8_t fast_size = 0;
   bool fast_check_i32 = false;
+  // kTensorDesc: the index of its DescSlot in VariantData::desc_slots, the same in every
+  // variant (the kernel's tensordesc parameters in declaration order).
+  uint8_t desc = 0;
+};
+static_assert(sizeof(ArgSlot) == 8);
+
+// Storage for one parameter buffer. A variant whose layout has CUtensorMap slots starts
+// its buffer `buffer_shift` bytes in, so that those slots lie at 64-byte aligned addresses
+// (cuTensorMapEncodeTiled writes only there, and kpack encodes in place).
+struct ParamStorage {
+  alignas(64) std::byte bytes[kMaxParamBytes + 64];
 };
 
 // Launch counters, sharded so that threads launching the same variant do not contend
@@ -84,6 +96,7 @@ struct alignas(64) VariantData {
   mutable uint64_t home_context = 0;
   std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
   uint32_t param_bytes = 0;
+  uint32_t buffer_shift = 0;  // where in a ParamStorage this variant's buffer starts
   uint32_t block_x = 0;
   uint32_t num_ctas = 1;
   uint32_t shared = 0;
@@ -101,6 +114,9 @@ struct alignas(64) VariantData {
   // The kernel's grid expressions compiled with this variant's constexprs (x, y, z).
   std::array<GridExpr, 3> grid;
   mutable std::array<CounterShard, kCounterShards> counters;
+
+  // ---- read by launches with tensor descriptors
+  std::vector<DescSlot> desc_slots;  // indexed by ArgSlot::desc
 
   // ---- load time and errors
   // Other contexts' CUfunctions (published with release order, read with acquire).
@@ -269,8 +285,12 @@ struct BoundState {
   CUstream stream = nullptr;
   ScratchAllocator scratch;
   std::vector<Arg> args;
+  // Copies of the tensor descriptors the arguments were bound with (indexed by
+  // ArgSlot::desc); `args` points at them, so that a repack after Set can read them.
+  std::vector<TensorDesc> descs;
   RuntimeImpl::DriverLaunch prepared{};
-  alignas(16) std::byte buf[kMaxParamBytes];
+  std::byte* buf = nullptr;  // the variant's buffer in `storage`
+  ParamStorage storage;
 };
 
 }  // namespace kpack::internal

@@ -198,6 +198,192 @@ void Fill(const EmulatedLaunch& l) {
   std::fill_n(d, n, l.Arg<uint64_t>(8));
 }
 
+// ---- Tensor descriptors: kernels/descpack and the example pack's TMA kernels ----
+//
+// A descriptor argument is read the way the kernel reads it: from the CUtensorMap the
+// fake's cuTensorMapEncodeTiled wrote into the parameter buffer (fake::DecodeTensorMap),
+// or from Triton's pointer form. Either way the trailing i32 shape and i64 strides must
+// agree with it (a fault otherwise). TMA loads give zeros outside the shape, TMA stores
+// drop what falls outside it, as the hardware does.
+
+struct DescView {
+  int rank = 0;
+  int64_t dims[5] = {};     // outer first
+  int64_t strides[5] = {};  // elements, outer first
+  CUdeviceptr base = 0;
+  unsigned next = 0;  // the ordinal of the parameter after the descriptor's parts
+  size_t Extent() const {
+    size_t n = 1;
+    for (int i = 0; i < rank; ++i) n += static_cast<size_t>((dims[i] - 1) * strides[i]);
+    return n;
+  }
+};
+
+bool ReadDesc(const EmulatedLaunch& l, unsigned ordinal, int rank, int elem_size,
+              DescView* v) {
+  v->rank = rank;
+  unsigned tail = 0;
+  if (l.param_layout[ordinal][1] == 128) {
+    fake::TensorMapEncode e;
+    if (!fake::DecodeTensorMap(l.params + l.param_layout[ordinal][0], &e) ||
+        static_cast<int>(e.rank) != rank) {
+      DeviceArray<char>(0, 1, "descriptor parameter holds no CUtensorMap of that rank");
+      return false;
+    }
+    v->base = e.address;
+    for (int i = 0; i < rank; ++i) v->dims[i] = static_cast<int64_t>(e.dims[rank - 1 - i]);
+    for (int i = 0; i + 1 < rank; ++i) {
+      v->strides[i] = static_cast<int64_t>(e.strides[rank - 2 - i]) / elem_size;
+    }
+    v->strides[rank - 1] = 1;
+    tail = ordinal + 1;
+  } else {
+    v->base = l.Arg<CUdeviceptr>(ordinal);
+    for (int i = 0; i < rank; ++i) {
+      v->dims[i] = l.Arg<int64_t>(ordinal + 1 + i);
+      v->strides[i] = l.Arg<int64_t>(ordinal + 1 + rank + i);
+    }
+    tail = ordinal + 2 + 2 * rank;  // after the padding flag
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (l.Arg<int32_t>(tail + i) != v->dims[i] || l.Arg<int64_t>(tail + rank + i) != v->strides[i]) {
+      DeviceArray<char>(0, 1, "descriptor's shape/stride parameters disagree with it");
+      return false;
+    }
+  }
+  v->next = tail + 2 * rank;
+  return true;
+}
+
+// The element at `index` (rank coordinates) of a descriptor, 0 outside its shape.
+template <typename T>
+T DescLoad(const T* data, const DescView& v, const int64_t* index) {
+  int64_t offset = 0;
+  for (int i = 0; i < v.rank; ++i) {
+    if (index[i] < 0 || index[i] >= v.dims[i]) return T{};
+    offset += index[i] * v.strides[i];
+  }
+  return data[offset];
+}
+
+template <typename T>
+void DescStore(T* data, const DescView& v, const int64_t* index, T value) {
+  int64_t offset = 0;
+  for (int i = 0; i < v.rank; ++i) {
+    if (index[i] < 0 || index[i] >= v.dims[i]) return;
+    offset += index[i] * v.strides[i];
+  }
+  data[offset] = value;
+}
+
+// descpack copy_kernel (TMA or pointer form): each program copies its 64x128 tile.
+void CopyDesc(const EmulatedLaunch& l) {
+  DescView in, out;
+  if (!ReadDesc(l, 0, 2, 2, &in) || !ReadDesc(l, in.next, 2, 2, &out)) return;
+  const auto* src = DeviceArray<uint16_t>(in.base, in.Extent(), "copy in_desc");
+  auto* dst = DeviceArray<uint16_t>(out.base, out.Extent(), "copy out_desc");
+  if (src == nullptr || dst == nullptr) return;
+  for (int64_t pm = 0; pm < l.grid[0]; ++pm) {
+    for (int64_t pn = 0; pn < l.grid[1]; ++pn) {
+      for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 128; ++j) {
+          const int64_t at[2] = {pm * 64 + i, pn * 128 + j};
+          DescStore(dst, out, at, DescLoad(src, in, at));
+        }
+      }
+    }
+  }
+}
+
+// descpack axpy_pair: y = coefs.0 * x + coefs.1 * y through the flattened tuples.
+void AxpyPair(const EmulatedLaunch& l) {
+  const int64_t n = std::min<int64_t>(l.Arg<int32_t>(2), Programs(l) * 1024);
+  if (n <= 0) return;
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "axpy_pair ptrs.0");
+  float* y = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "axpy_pair ptrs.1");
+  if (x == nullptr || y == nullptr) return;
+  const float a = l.Arg<float>(3), b = l.Arg<float>(4);
+  for (int64_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
+}
+
+// The example pack's matmul_tma (persistent): C = fp16(A @ B), fp32 accumulation, over
+// the tiles its min(NUM_SMS, tiles) programs cover between them (all of them).
+void MatmulTma(const EmulatedLaunch& l) {
+  DescView a, b, c;
+  if (!ReadDesc(l, 0, 2, 2, &a) || !ReadDesc(l, a.next, 2, 2, &b) ||
+      !ReadDesc(l, b.next, 2, 2, &c)) {
+    return;
+  }
+  const int64_t M = l.Arg<int32_t>(c.next), N = l.Arg<int32_t>(c.next + 1),
+                K = l.Arg<int32_t>(c.next + 2);
+  const auto* pa = DeviceArray<uint16_t>(a.base, a.Extent(), "matmul_tma a_desc");
+  const auto* pb = DeviceArray<uint16_t>(b.base, b.Extent(), "matmul_tma b_desc");
+  auto* pc = DeviceArray<uint16_t>(c.base, c.Extent(), "matmul_tma c_desc");
+  if (pa == nullptr || pb == nullptr || pc == nullptr) return;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t ai[2] = {m, k}, bi[2] = {k, n};
+        acc += HalfToFloat(DescLoad(pa, a, ai)) * HalfToFloat(DescLoad(pb, b, bi));
+      }
+      const int64_t ci[2] = {m, n};
+      DescStore(pc, c, ci, FloatToHalf(acc));
+    }
+  }
+}
+
+// The example pack's attention_fwd(_causal): per (z, h), O = softmax(scale Q K^T) V and
+// L = log2(sum exp(scale q.k)), over rank-4 [Z, H, N_CTX, 64] descriptors.
+template <bool kCausal>
+void Attention(const EmulatedLaunch& l) {
+  const float sm_scale = l.Arg<float>(0);
+  const CUdeviceptr L_ptr = l.Arg<CUdeviceptr>(1);
+  const int64_t Z = l.Arg<int32_t>(2), H = l.Arg<int32_t>(3);
+  DescView q, k, v, o;
+  if (!ReadDesc(l, 4, 4, 2, &q) || !ReadDesc(l, q.next, 4, 2, &k) ||
+      !ReadDesc(l, k.next, 4, 2, &v) || !ReadDesc(l, v.next, 4, 2, &o)) {
+    return;
+  }
+  const int64_t n_ctx = l.Arg<int32_t>(o.next);
+  const auto* pq = DeviceArray<uint16_t>(q.base, q.Extent(), "attention q_desc");
+  const auto* pk = DeviceArray<uint16_t>(k.base, k.Extent(), "attention k_desc");
+  const auto* pv = DeviceArray<uint16_t>(v.base, v.Extent(), "attention v_desc");
+  auto* po = DeviceArray<uint16_t>(o.base, o.Extent(), "attention o_desc");
+  float* lse = DeviceArray<float>(L_ptr, Z * H * n_ctx, "attention L_ptr");
+  if (pq == nullptr || pk == nullptr || pv == nullptr || po == nullptr || lse == nullptr) return;
+  std::vector<double> s(n_ctx);
+  for (int64_t z = 0; z < Z; ++z) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < n_ctx; ++i) {
+        const int64_t end = kCausal ? i + 1 : n_ctx;
+        double top = -INFINITY;
+        for (int64_t j = 0; j < end; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < 64; ++d) {
+            const int64_t qi[4] = {z, h, i, d}, ki[4] = {z, h, j, d};
+            dot += double{HalfToFloat(DescLoad(pq, q, qi))} * HalfToFloat(DescLoad(pk, k, ki));
+          }
+          s[j] = dot * sm_scale;
+          top = std::max(top, s[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < end; ++j) sum += std::exp(s[j] - top);
+        lse[(z * H + h) * n_ctx + i] = static_cast<float>((top + std::log(sum)) / std::log(2.0));
+        for (int64_t d = 0; d < 64; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < end; ++j) {
+            const int64_t vi[4] = {z, h, j, d};
+            acc += std::exp(s[j] - top) * HalfToFloat(DescLoad(pv, v, vi));
+          }
+          const int64_t oi[4] = {z, h, i, d};
+          DescStore(po, o, oi, FloatToHalf(static_cast<float>(acc / sum)));
+        }
+      }
+    }
+  }
+}
+
 class FakeBackend : public Backend {
  public:
   const char* name() const override { return "Fake"; }
@@ -209,7 +395,10 @@ class FakeBackend : public Backend {
     for (auto [entry, emulator] :
          {std::pair{"add_kernel", &Add}, {"scalars_kernel", &Scalars}, {"matmul_kernel", &Matmul},
           {"cluster_kernel", &Cluster}, {"pdl_kernel", &Pdl}, {"scratch_kernel", &Scratch},
-          {"softmax_kernel", &Softmax}, {"axpy_kernel", &Axpy}, {"fill_kernel", &Fill}}) {
+          {"softmax_kernel", &Softmax}, {"axpy_kernel", &Axpy}, {"fill_kernel", &Fill},
+          {"copy_kernel", &CopyDesc}, {"axpy_pair", &AxpyPair},
+          {"matmul_tma_persistent", &MatmulTma}, {"attention_fwd", &Attention<false>},
+          {"attention_fwd_causal", &Attention<true>}}) {
       fake::SetKernelEmulator(entry, emulator);
     }
     testing::UsePrimaryContext(0);

@@ -1789,6 +1789,147 @@ CUresult FakeGraphExecDestroy(CUgraphExec exec) {
   return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------------------------------
+// Tensor maps (cuTensorMapEncodeTiled). Kept apart from State: the encode touches nothing
+// else of the driver. Each call is validated against the requirements the CUDA driver API
+// documents for cuTensorMapEncodeTiled (so that kpack's own checks and alignment are
+// tested against the real rules), recorded in a ring (no allocation), and on success the
+// 128-byte map is a recognizable blob that DecodeTensorMap reads back: emulators and tests
+// can see what a kernel's CUtensorMap parameter describes.
+
+constexpr char kTensorMapMagic[4] = {'k', 'p', 'T', 'M'};
+constexpr int64_t kTensorMapRing = 256;
+
+struct TensorMaps {
+  Mutex mu;
+  std::array<TensorMapEncode, kTensorMapRing> ring ABSL_GUARDED_BY(mu){};
+  int64_t count ABSL_GUARDED_BY(mu) = 0;
+};
+
+TensorMaps& Maps() {
+  static TensorMaps* const maps = new TensorMaps();
+  return *maps;
+}
+
+// Bytes per element of a CUtensorMapDataType (0: not one the fake knows).
+int TensorMapElementBytes(CUtensorMapDataType type) {
+  switch (static_cast<int>(type)) {
+    case CU_TENSOR_MAP_DATA_TYPE_UINT8:
+      return 1;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT16:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT16:
+    case CU_TENSOR_MAP_DATA_TYPE_BFLOAT16:
+      return 2;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT32:
+    case CU_TENSOR_MAP_DATA_TYPE_INT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ:
+    case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32:
+    case CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ:
+      return 4;
+    case CU_TENSOR_MAP_DATA_TYPE_UINT64:
+    case CU_TENSOR_MAP_DATA_TYPE_INT64:
+    case CU_TENSOR_MAP_DATA_TYPE_FLOAT64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+bool IsFloatTensorMapType(CUtensorMapDataType type) {
+  return type >= CU_TENSOR_MAP_DATA_TYPE_FLOAT16 && type <= CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ;
+}
+
+// The documented requirements; CUDA_ERROR_INVALID_VALUE for any that fails.
+bool ValidTensorMap(const TensorMapEncode& e) {
+  const int elem = TensorMapElementBytes(e.data_type);
+  if (e.tensor_map == 0 || e.tensor_map % 64 != 0 || elem == 0) return false;
+  if (e.rank < 1 || e.rank > 5) return false;
+  if (e.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE && e.rank < 3) return false;
+  const uint64_t address_align = e.interleave == CU_TENSOR_MAP_INTERLEAVE_32B ? 32 : 16;
+  if (e.address % address_align != 0) return false;
+  for (uint32_t i = 0; i < e.rank; ++i) {
+    if (e.dims[i] == 0 || e.dims[i] > (uint64_t{1} << 32)) return false;
+    if (e.box[i] == 0 || e.box[i] > 256) return false;
+    if (e.element_strides[i] == 0 || e.element_strides[i] > 8) return false;
+  }
+  for (uint32_t i = 0; i + 1 < e.rank; ++i) {
+    if (e.strides[i] % 16 != 0 || e.strides[i] >= (uint64_t{1} << 40)) return false;
+  }
+  if (e.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE) {
+    const uint64_t inner_bytes = uint64_t{e.box[0]} * elem;
+    if (inner_bytes % 16 != 0) return false;
+    const uint64_t span = e.swizzle == CU_TENSOR_MAP_SWIZZLE_32B    ? 32
+                          : e.swizzle == CU_TENSOR_MAP_SWIZZLE_64B  ? 64
+                          : e.swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? 128
+                                                                    : 0;
+    if (span != 0 && inner_bytes > span) return false;
+  }
+  if (e.oob_fill == CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA &&
+      !IsFloatTensorMapType(e.data_type)) {
+    return false;
+  }
+  return true;
+}
+
+// The blob: magic, six small fields, the address, the dimensions, strides, box and
+// element strides; 117 of the 128 bytes.
+void WriteTensorMapBlob(const TensorMapEncode& e, std::byte* map) {
+  std::memset(map, 0, 128);
+  std::memcpy(map, kTensorMapMagic, 4);
+  const uint8_t small[6] = {static_cast<uint8_t>(e.data_type),  static_cast<uint8_t>(e.rank),
+                            static_cast<uint8_t>(e.interleave), static_cast<uint8_t>(e.swizzle),
+                            static_cast<uint8_t>(e.l2_promotion),
+                            static_cast<uint8_t>(e.oob_fill)};
+  std::memcpy(map + 4, small, 6);
+  std::memcpy(map + 12, &e.address, 8);
+  std::memcpy(map + 20, e.dims.data(), 40);
+  std::memcpy(map + 60, e.strides.data(), 32);
+  std::memcpy(map + 92, e.box.data(), 20);
+  for (int i = 0; i < 5; ++i) map[112 + i] = static_cast<std::byte>(e.element_strides[i]);
+}
+
+CUresult FakeTensorMapEncodeTiled(CUtensorMap* tensor_map, CUtensorMapDataType data_type,
+                                  cuuint32_t rank, void* address, const cuuint64_t* dims,
+                                  const cuuint64_t* strides, const cuuint32_t* box,
+                                  const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                  CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
+                                  CUtensorMapFloatOOBfill oob_fill) {
+  if (CUresult r = Enter(Fn::kTensorMapEncodeTiled); r != CUDA_SUCCESS) return r;
+  if (dims == nullptr || box == nullptr || element_strides == nullptr ||
+      (rank > 1 && strides == nullptr) || rank > 5) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  TensorMapEncode e{};
+  e.tensor_map = reinterpret_cast<uintptr_t>(tensor_map);
+  e.data_type = data_type;
+  e.rank = rank;
+  e.address = reinterpret_cast<CUdeviceptr>(address);
+  for (uint32_t i = 0; i < rank; ++i) {
+    e.dims[i] = dims[i];
+    e.box[i] = box[i];
+    e.element_strides[i] = element_strides[i];
+    if (i + 1 < rank) e.strides[i] = strides[i];
+  }
+  e.interleave = interleave;
+  e.swizzle = swizzle;
+  e.l2_promotion = l2_promotion;
+  e.oob_fill = oob_fill;
+  e.ok = ValidTensorMap(e);
+  TensorMaps& maps = Maps();
+  MutexLock lock(&maps.mu);
+  maps.ring[maps.count++ % kTensorMapRing] = e;
+  if (!e.ok) return CUDA_ERROR_INVALID_VALUE;
+  WriteTensorMapBlob(e, reinterpret_cast<std::byte*>(tensor_map));
+  return CUDA_SUCCESS;
+}
+
+void ResetTensorMaps() {
+  TensorMaps& maps = Maps();
+  MutexLock lock(&maps.mu);
+  maps.count = 0;
+}
+
 // The table cuGetProcAddress serves. The static_cast to the list's PFN type is what keeps
 // each Fake<name> in step with the ABI driver_symbols.h names: a mismatch does not compile.
 void* const kFnPointers[] = {
@@ -1836,9 +1977,12 @@ CUresult GetProcAddress(const char* symbol, void** function, int cuda_version, c
 // The control API.
 
 void Reset() {
-  State& s = S();
-  MutexLock lock(&s.mu);
-  ResetLocked(s);
+  {
+    State& s = S();
+    MutexLock lock(&s.mu);
+    ResetLocked(s);
+  }
+  ResetTensorMaps();
 }
 
 void SetDevices(const std::vector<DeviceConfig>& devices) {
@@ -2002,6 +2146,48 @@ int LiveUserObjects() {
   State& s = S();
   MutexLock lock(&s.mu);
   return static_cast<int>(s.user_objects.size());
+}
+
+// ---- tensor maps
+
+int64_t TensorMapEncodeCount() {
+  TensorMaps& maps = Maps();
+  MutexLock lock(&maps.mu);
+  return maps.count;
+}
+
+TensorMapEncode GetTensorMapEncode(int64_t i) {
+  TensorMaps& maps = Maps();
+  MutexLock lock(&maps.mu);
+  if (i < 0 || i >= maps.count || i < maps.count - kTensorMapRing) {
+    Die("GetTensorMapEncode(" + std::to_string(i) + "): not among the retained encodes (" +
+        std::to_string(maps.count) + " recorded, the last " + std::to_string(kTensorMapRing) +
+        " kept)");
+  }
+  return maps.ring[i % kTensorMapRing];
+}
+
+bool DecodeTensorMap(const void* map, TensorMapEncode* out) {
+  const auto* b = static_cast<const std::byte*>(map);
+  if (std::memcmp(b, kTensorMapMagic, 4) != 0) return false;
+  TensorMapEncode e{};
+  e.tensor_map = reinterpret_cast<uintptr_t>(map);
+  uint8_t small[6];
+  std::memcpy(small, b + 4, 6);
+  e.data_type = static_cast<CUtensorMapDataType>(small[0]);
+  e.rank = small[1];
+  e.interleave = static_cast<CUtensorMapInterleave>(small[2]);
+  e.swizzle = static_cast<CUtensorMapSwizzle>(small[3]);
+  e.l2_promotion = static_cast<CUtensorMapL2promotion>(small[4]);
+  e.oob_fill = static_cast<CUtensorMapFloatOOBfill>(small[5]);
+  std::memcpy(&e.address, b + 12, 8);
+  std::memcpy(e.dims.data(), b + 20, 40);
+  std::memcpy(e.strides.data(), b + 60, 32);
+  std::memcpy(e.box.data(), b + 92, 20);
+  for (int i = 0; i < 5; ++i) e.element_strides[i] = static_cast<uint32_t>(b[112 + i]);
+  e.ok = true;
+  *out = e;
+  return true;
 }
 
 uint64_t ContextId(CUcontext context) {

@@ -242,6 +242,42 @@ KPACK_FAKE_EXPORT int LiveUserObjects();
 // The id cuCtxGetId reports for `context` (0 if it is not a live context).
 KPACK_FAKE_EXPORT uint64_t ContextId(CUcontext context);
 
+// ---- Tensor maps: cuTensorMapEncodeTiled.
+//
+// Each call is checked against the requirements the driver API documents (the map
+// 64-byte aligned; rank 1..5, at least 3 when interleaved; the address 16-byte aligned (32
+// for 32B interleave); dimensions in [1, 2^32]; strides multiples of 16 below 2^40; box
+// dimensions in [1, 256], the innermost a multiple of 16 bytes and within the swizzle
+// span; element strides in [1, 8]; NaN fill only for floating-point types): a call that
+// fails one returns CUDA_ERROR_INVALID_VALUE and writes nothing. Every call is recorded
+// (the last 256). A successful one fills the 128-byte map with a blob that
+// DecodeTensorMap reads back.
+
+// One cuTensorMapEncodeTiled call, its arrays innermost dimension first, as passed.
+struct TensorMapEncode {
+  uintptr_t tensor_map;  // the address the map was (to be) written to
+  CUtensorMapDataType data_type;
+  uint32_t rank;
+  CUdeviceptr address;
+  std::array<uint64_t, 5> dims;
+  std::array<uint64_t, 4> strides;  // bytes; rank - 1 of them
+  std::array<uint32_t, 5> box;
+  std::array<uint32_t, 5> element_strides;
+  CUtensorMapInterleave interleave;
+  CUtensorMapSwizzle swizzle;
+  CUtensorMapL2promotion l2_promotion;
+  CUtensorMapFloatOOBfill oob_fill;
+  bool ok;  // passed the checks (and the map was written)
+};
+
+// Calls since Reset(), failed ones included.
+KPACK_FAKE_EXPORT int64_t TensorMapEncodeCount();
+// The i-th call, 0-based; aborts unless it is among the last 256.
+KPACK_FAKE_EXPORT TensorMapEncode GetTensorMapEncode(int64_t i);
+// The encode a map written by the fake describes (its arguments; tensor_map is `map`);
+// false when `map` holds no such blob.
+KPACK_FAKE_EXPORT bool DecodeTensorMap(const void* map, TensorMapEncode* out);
+
 }  // namespace kpack::fake
 
 #endif  // KPACK_TESTS_FAKE_DRIVER_FAKE_DRIVER_H_

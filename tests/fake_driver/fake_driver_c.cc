@@ -68,4 +68,43 @@ KPACK_FAKE_EXPORT void kpack_fake_set_device_handle_offset(int offset) {
 
 KPACK_FAKE_EXPORT void kpack_fake_set_handle_reuse(int on) { kpack::fake::SetHandleReuse(on != 0); }
 
+// ---- tensor maps (cuTensorMapEncodeTiled)
+
+// One recorded encode, flattened (see kpack::fake::TensorMapEncode); arrays innermost
+// dimension first, as the driver takes them.
+struct KpackFakeTensorMapEncode {
+  uint64_t tensor_map;
+  uint64_t address;
+  uint64_t dims[5];
+  uint64_t strides[4];
+  uint32_t box[5];
+  uint32_t element_strides[5];
+  uint32_t data_type, rank, interleave, swizzle, l2_promotion, oob_fill, ok;
+};
+
+KPACK_FAKE_EXPORT int64_t kpack_fake_tensor_map_encode_count() {
+  return kpack::fake::TensorMapEncodeCount();
+}
+
+// 0 and the i-th recorded encode; -1 when it is not among the retained ones.
+KPACK_FAKE_EXPORT int kpack_fake_get_tensor_map_encode(int64_t i, KpackFakeTensorMapEncode* out) {
+  const int64_t count = kpack::fake::TensorMapEncodeCount();
+  if (i < 0 || i >= count || i < count - 256) return -1;
+  const kpack::fake::TensorMapEncode e = kpack::fake::GetTensorMapEncode(i);
+  out->tensor_map = e.tensor_map;
+  out->address = e.address;
+  std::copy(e.dims.begin(), e.dims.end(), out->dims);
+  std::copy(e.strides.begin(), e.strides.end(), out->strides);
+  std::copy(e.box.begin(), e.box.end(), out->box);
+  std::copy(e.element_strides.begin(), e.element_strides.end(), out->element_strides);
+  out->data_type = e.data_type;
+  out->rank = e.rank;
+  out->interleave = e.interleave;
+  out->swizzle = e.swizzle;
+  out->l2_promotion = e.l2_promotion;
+  out->oob_fill = e.oob_fill;
+  out->ok = e.ok ? 1 : 0;
+  return 0;
+}
+
 }  // extern "C"

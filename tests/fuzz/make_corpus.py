@@ -35,6 +35,10 @@ def manifests():
     shutil.copyfile(ROOT / "kernels/testpack/manifest.json", CORPUS / "manifest/testpack.json")
     shutil.copyfile(ROOT / "kernels/dispatchpack/manifest.json",
                     CORPUS / "manifest/dispatchpack.json")
+    # kpack/2 tensor descriptors (TMA and pointer forms) and flattened tuple parameters.
+    shutil.copyfile(ROOT / "kernels/descpack/manifest.json", CORPUS / "manifest/descpack.json")
+    shutil.copyfile(ROOT / "kernels/descpack_sm80/manifest.json",
+                    CORPUS / "manifest/descpack_sm80.json")
     sha = "0" * 64
 
     def variant(name, layout, **extra):
@@ -196,7 +200,8 @@ def cubins():
     for src, name in [("kernels/dispatchpack/cubins/axpy/b0_div16_unit.cubin", "axpy_b0_div16_unit.cubin"),
                       ("kernels/testpack/cubins/cluster/default.cubin", "cluster.cubin"),
                       ("kernels/testpack/cubins/scalars/default.cubin", "scalars.cubin"),
-                      ("kernels/testpack/cubins/add/default.cubin", "add.cubin")]:
+                      ("kernels/testpack/cubins/add/default.cubin", "add.cubin"),
+                      ("kernels/descpack/cubins/copy_tma/default.cubin", "copy_tma.cubin")]:
         shutil.copyfile(ROOT / src, CORPUS / "cubin" / name)
 
 

@@ -43,13 +43,24 @@ void CheckKernel(const KernelSpec& k) {
     KPACK_FUZZ_CHECK(v.param_bytes <= kpack::internal::kMaxParamBytes);
     uint32_t end = 0;
     for (const auto& s : v.layout) {
-      KPACK_FUZZ_CHECK(s.offset >= end && s.size > 0 && s.offset % s.size == 0);
+      // A CUtensorMap part (128 bytes) is 16-aligned, at the variant's offset modulo 64.
+      const bool tma = s.part == kpack::internal::DescPart::kTma;
+      KPACK_FUZZ_CHECK(s.offset >= end && s.size > 0 && s.offset % (tma ? 16 : s.size) == 0);
+      KPACK_FUZZ_CHECK(!tma || (s.size == 128 && s.offset % 64 == v.tma_offset_mod64));
       end = s.offset + s.size;
       if (s.kind == kpack::internal::SlotKind::kArg) {
         KPACK_FUZZ_CHECK(s.arg >= 0 && static_cast<size_t>(s.arg) < k.args.size());
+        KPACK_FUZZ_CHECK((s.part != kpack::internal::DescPart::kNone) ==
+                         (k.arg(s.arg).type == kpack::internal::ParamType::kTensorDesc));
       }
     }
     KPACK_FUZZ_CHECK(end == v.param_bytes);
+    for (const auto& d : v.descs) {
+      KPACK_FUZZ_CHECK(d.arg >= 0 && static_cast<size_t>(d.arg) < k.args.size());
+      KPACK_FUZZ_CHECK(!d.block.empty() && d.block.size() <= 5);
+      KPACK_FUZZ_CHECK(!d.tma || (d.box.size() == d.block.size() &&
+                                  d.element_strides.size() == d.block.size()));
+    }
   }
 }
 

@@ -50,6 +50,14 @@ SHAPES = {
     "layer_norm": [({"M": 512, "N": 4096}, True), ({"M": 500, "N": 1001}, False),
                    ({"M": 3, "N": 10000}, True)],
 }
+# The TMA kernels at shapes that are and are not multiples of their tiles (TMA clips the
+# tiles; rows must stay 16-byte aligned: N, K multiples of 8).
+SHAPES["matmul_tma"] = [({"M": 64, "N": 512, "K": 512}, True), ({"M": 40, "N": 520, "K": 264}, False),
+                        ({"M": 1024, "N": 1024, "K": 512}, True),
+                        ({"M": 1000, "N": 520, "K": 264}, False), ({"M": 4096, "N": 4096, "K": 4096}, True)]
+for _name in ("attention_fwd", "attention_fwd_causal"):
+    SHAPES[_name] = [({"Z": 2, "H": 4, "N_CTX": 1024}, True), ({"Z": 1, "H": 3, "N_CTX": 1000}, False),
+                     ({"Z": 1, "H": 2, "N_CTX": 77}, False)]
 for _dtype in ("fp16", "bf16"):
     SHAPES[f"matmul_{_dtype}"] = [
         ({"M": m, "N": n, "K": k}, aligned)
@@ -103,16 +111,25 @@ def bits(t):
     return t.contiguous().view({4: torch.int32, 2: torch.int16}[t.element_size()])
 
 
-def run_kpack(binary, pack, kernel, args, outputs, tmp, grid=None):
+def run_kpack(binary, pack, kernel, args, outputs, tmp, grid=None, descs=()):
     """Launch through `kpack run` (with ``grid`` when the manifest has none); return
-    (variant name, {output: tensor})."""
+    (variant name, {output: tensor}). ``descs``: the tensordesc parameters, whose tensors go
+    as `tdesc:` arguments of their shape."""
     import numpy as np
     import torch
     cmd = [binary, "run", str(pack), kernel]
     if grid is not None:
         cmd += ["--grid", ",".join(str(g) for g in grid)]
     for name, value in args.items():
-        if isinstance(value, torch.Tensor):
+        if name in descs:
+            if name in outputs:
+                shape = "x".join(str(d) for d in value.shape)
+                cmd += ["--arg", f"{name}=tdesc:zeros:{NPY_DTYPES[str(value.dtype)]}:{shape}"]
+            else:
+                path = os.path.join(tmp, f"{name}.npy")
+                np.save(path, to_numpy(value))
+                cmd += ["--arg", f"{name}=tdesc:@{path}"]
+        elif isinstance(value, torch.Tensor):
             if name in outputs:
                 cmd += ["--arg", f"{name}=zeros:{NPY_DTYPES[str(value.dtype)]}:{value.numel()}"]
             else:
@@ -155,7 +172,8 @@ def main():
     from kpack_tools.spec import load_specs
 
     spec_files = [repo / "kernels" / "examples" / f"{n}.py"
-                  for n in ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train")]
+                  for n in ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train",
+                            "matmul_tma", "attention_tma")]
     specs = {s.name: s for f in spec_files for s in load_specs(f)}
     print(f"triton {triton.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
@@ -196,7 +214,7 @@ def main():
                 grid = None if spec.manifest_grid else spec.grid_for(args, config)
                 variant, line, got = run_kpack(opts.binary, pack, name,
                                                {p: args[p] for p in spec.call_params},
-                                               spec.outputs, tmp, grid)
+                                               spec.outputs, tmp, grid, spec.tensordesc_params)
                 # Triton's JIT, specialized exactly like the variant.
                 assumed = set(special.div16) | set(special.eq1)
                 jit_fn = triton.JITFunction(

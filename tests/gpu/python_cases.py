@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-EXAMPLE_MODULES = ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train")
+EXAMPLE_MODULES = ("vector_add", "softmax", "layer_norm", "matmul", "layer_norm_train",
+                   "matmul_tma", "attention_tma")
 SKIP = 77
 
 
@@ -89,7 +90,8 @@ def cases(pack, specs, chosen, names=None):
     import triton
     import examples_check as ec
     from kpack_tools import build as builder
-    from kpack_tools.autotune import jit_launcher
+    from kpack_tools.autotune import jit_launcher, tensor_descriptor
+    from kpack_tools.pack import parse_tensordesc
 
     for name, shapes in ec.SHAPES.items():
         if names is not None and name not in names:
@@ -97,10 +99,14 @@ def cases(pack, specs, chosen, names=None):
         spec = specs[name]
         for shape, _ in shapes:
             args = spec.make_inputs(shape, "cuda")
-            call = [args[p] for p in spec.call_params]
             index = spec.bucket_of(args)
             special = ec.expected_variant(spec, args)
             config = spec.config(chosen[(name, index)])
+            # A tensordesc parameter takes Triton's TensorDescriptor over the tensor (its
+            # block shape is the config's, as Triton needs; kpack does not read it).
+            types = dict(spec.params_for(config))
+            call = [tensor_descriptor(args[p], parse_tensordesc(types[p])[1])
+                    if p in spec.tensordesc_params else args[p] for p in spec.call_params]
             # Triton's JIT, specialized exactly like the variant.
             assumed = set(special.div16) | set(special.eq1)
             jit_fn = triton.JITFunction(spec.fn.fn, do_not_specialize=[

@@ -147,9 +147,12 @@ def main():
                 if param["type"] == "constexpr":
                     continue
                 arg = launch["args"][name]
-                if param["type"].startswith("*"):
-                    aligned = aligned and arg["align16"]
-                    command += ["--arg", f"{name}=@{data / call['buffers'][name]['before']}"]
+                if param["type"].startswith("*") or param["type"].startswith("tensordesc"):
+                    # A tensor descriptor: its whole (contiguous) base tensor, `tdesc:`.
+                    desc = param["type"].startswith("tensordesc")
+                    aligned = aligned and (arg["tensordesc"] if desc else arg)["align16"]
+                    before = data / call["buffers"][name]["before"]
+                    command += ["--arg", f"{name}={'tdesc:' if desc else ''}@{before}"]
                     outputs[name] = tmp / f"{index:02d}_{name}_kpack.npy"
                     command += ["--out", f"{name}=@{outputs[name]}"]
                 else:

@@ -15,7 +15,9 @@ It knows nothing about kpack: record_check.py runs it under
   64 x 4096 and for 48 x 1000 (other specializations);
 - the autotuned matmul of ``kernels/examples/matmul_autotuned.py`` (key M, N, K) for
   four shapes, one of them twice: record mode must export one kernel whose buckets
-  select the config the autotuner chose for each.
+  select the config the autotuner chose for each;
+- the persistent TMA matmul of ``kernels/examples/matmul_tma.py`` with host
+  ``TensorDescriptor`` arguments, at a shape that is no multiple of its tiles.
 
 For every launch it saves each pointer argument's buffer before and after the
 call (``.npy``) and appends an entry to ``calls.json`` in OUT_DIR (with the config an
@@ -39,6 +41,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels" / "examples"))
 import layer_norm_train  # noqa: E402  (the example kernels, used as a program would)
 import matmul_autotuned  # noqa: E402
+import matmul_tma  # noqa: E402
 
 
 @triton.jit
@@ -172,7 +175,30 @@ def main():
 
     layer_norm_training(calls, dev)
     autotuned_matmuls(calls, dev)
+    tma_matmul(calls, dev)
     calls.save()
+
+
+def tma_matmul(calls, dev):
+    """The persistent TMA matmul through host tensor descriptors, as Triton's tutorial
+    09 calls its descriptor kernel (the buffers saved are the descriptors' bases)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    m, n, k = 200, 264, 136
+    a = torch.randn(m, k, device=dev).half()
+    b = torch.randn(k, n, device=dev).half()
+    c = torch.zeros(m, n, device=dev).half()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    da = TensorDescriptor.from_tensor(a, [128, 64])
+    db = TensorDescriptor.from_tensor(b, [64, 128])
+    dc = TensorDescriptor.from_tensor(c, [128, 128])
+    grid = [min(sms, triton.cdiv(m, 128) * triton.cdiv(n, 128)), 1, 1]
+    calls.launch("matmul_tma_persistent", grid, {"a_desc": a, "b_desc": b, "c_desc": c},
+                 {"M": m, "N": n, "K": k, "NUM_SMS": sms},
+                 lambda: matmul_tma.matmul_tma_persistent[tuple(grid)](
+                     da, db, dc, m, n, k, sms, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+                     num_warps=8, num_stages=3))
+    err = (c.double() - a.double() @ b.double()).abs().max().item()
+    print(f"program: matmul_tma {m}x{n}x{k} max abs error vs torch float64 {err:.3e}")
 
 
 def layer_norm_training(calls, dev):

@@ -68,6 +68,29 @@ class Launch:
         return self.params[offset]
 
 
+class _TensorMapEncode(ctypes.Structure):
+    _fields_ = [("tensor_map", ctypes.c_uint64), ("address", ctypes.c_uint64),
+                ("dims", ctypes.c_uint64 * 5), ("strides", ctypes.c_uint64 * 4),
+                ("box", ctypes.c_uint32 * 5), ("element_strides", ctypes.c_uint32 * 5),
+                ("data_type", ctypes.c_uint32), ("rank", ctypes.c_uint32),
+                ("interleave", ctypes.c_uint32), ("swizzle", ctypes.c_uint32),
+                ("l2_promotion", ctypes.c_uint32), ("oob_fill", ctypes.c_uint32),
+                ("ok", ctypes.c_uint32)]
+
+
+@dataclass
+class TensorMapEncode:
+    """One cuTensorMapEncodeTiled the fake driver received (arrays innermost first)."""
+    address: int
+    dims: tuple
+    strides: tuple
+    box: tuple
+    data_type: int
+    swizzle: int
+    oob_fill: int
+    ok: bool
+
+
 class Fake:
     CUDA_ERROR_LAUNCH_FAILED = 719
     CUDA_ERROR_OUT_OF_MEMORY = 2
@@ -99,6 +122,24 @@ class Fake:
         launches = self.launches_since(mark)
         assert len(launches) == 1, f"expected one launch, got {len(launches)}"
         return launches[0]
+
+    def tensor_map_encodes_since(self, mark: int) -> list:
+        lib = self.lib
+        lib.kpack_fake_tensor_map_encode_count.restype = ctypes.c_int64
+        lib.kpack_fake_get_tensor_map_encode.argtypes = [ctypes.c_int64,
+                                                         ctypes.POINTER(_TensorMapEncode)]
+        out = []
+        for i in range(mark, lib.kpack_fake_tensor_map_encode_count()):
+            e = _TensorMapEncode()
+            assert lib.kpack_fake_get_tensor_map_encode(i, ctypes.byref(e)) == 0
+            out.append(TensorMapEncode(e.address, tuple(e.dims[:e.rank]),
+                                       tuple(e.strides[:e.rank - 1]), tuple(e.box[:e.rank]),
+                                       e.data_type, e.swizzle, e.oob_fill, bool(e.ok)))
+        return out
+
+    def tensor_map_encode_count(self) -> int:
+        self.lib.kpack_fake_tensor_map_encode_count.restype = ctypes.c_int64
+        return self.lib.kpack_fake_tensor_map_encode_count()
 
     def call_count(self, fn: str) -> int:
         return self.lib.kpack_fake_call_count(fn.encode())

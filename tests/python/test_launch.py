@@ -41,8 +41,9 @@ def addr(t) -> int:
 def test_open_lists_kernels_and_caches_them(open_pack):
     pack = open_pack("examplepack")
     assert pack.kernel_names == ["vector_add", "softmax", "layer_norm", "matmul_fp16",
-                                 "matmul_bf16", "layer_norm_fwd", "layer_norm_bwd"]
-    assert list(pack) == pack.kernel_names and len(pack) == 7 and "softmax" in pack
+                                 "matmul_bf16", "layer_norm_fwd", "layer_norm_bwd",
+                                 "matmul_tma", "attention_fwd", "attention_fwd_causal"]
+    assert list(pack) == pack.kernel_names and len(pack) == 10 and "softmax" in pack
     k = pack["vector_add"]
     assert pack.vector_add is k and pack["vector_add"] is k
     assert isinstance(k, kpack.Kernel) and k.name == "vector_add"

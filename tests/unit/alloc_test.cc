@@ -208,5 +208,38 @@ TEST_F(LaunchPathTest, DispatchAndGridExpressionsAllocateNothing) {
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
 }
 
+// Tensor descriptors: encoding (in place, by the fake's cuTensorMapEncodeTiled), a
+// BoundLaunch's Set of a descriptor and of the bucket parameter (re-encoding from its
+// copies) take nothing either.
+TEST_F(LaunchPathTest, TensorDescriptorsAllocateNothing) {
+  auto rt = kpack::testing::OpenFake(KPACK_EXAMPLES_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rt->Find("matmul_tma")->Preload().ok());
+  AttachSink();
+  Kernel mm = *rt->Find("matmul_tma");
+  const TensorDesc a = TensorDesc::RowMajor(kX, {256, 512});
+  const TensorDesc b = TensorDesc::RowMajor(kY, {512, 512});
+  const TensorDesc c = TensorDesc::RowMajor(kOut, {256, 512});
+  const TensorDesc c2 = TensorDesc::RowMajor(kOut + 4096, {256, 512});
+  auto bound = mm.BindArgs(nullptr, a, b, c, 256, 512, 512, 132);
+  ASSERT_TRUE(bound.ok());
+  fake::SetLaunchNoop(true);
+  const int64_t encodes_before = fake::TensorMapEncodeCount();
+  Counts before = Snapshot();
+  bool ok = true;
+  for (int i = 0; i < 1000; ++i) {
+    ok &= mm.Launch(nullptr, a, b, c, 64 + i % 300, 512, 512, 132).ok();
+    ok &= bound->Set(2, i % 2 ? c : c2).ok();
+    ok &= bound->Set(3, 64 + i % 300).ok();  // crosses the bucket edge: a repack
+    ok &= bound->Launch().ok();
+  }
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_GE(fake::TensorMapEncodeCount() - encodes_before, 4000);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
+}
+
 }  // namespace
 }  // namespace kpack

@@ -269,6 +269,99 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
   EXPECT_EQ(fake::LiveAllocations(), 0) << "buffers are freed on every path";
 }
 
+TEST_F(CliTest, InspectAndVerifyShowDescriptorSlots) {
+  Result r = Cli({"inspect", KPACK_DESC_PACK_DIR, "copy_tma"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("in_desc: tensordesc<fp16[64, 128]>"),
+                           HasSubstr("tensordesc in_desc: fp16, block [64, 128]; TMA: CUtensorMap "
+                                     "data type 6 (2 B), box [64, 64], swizzle 128B"),
+                           HasSubstr("in_desc.tma@48:128 in_desc.shape[0]@176:4"),
+                           HasSubstr("out_desc.strides[1]@384:8 M@392:4")));
+  r = Cli({"inspect", KPACK_DESC_PACK_DIR, "axpy_pair", "--json"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  const nlohmann::json pair = nlohmann::json::parse(r.out)["kernels"][0];
+  EXPECT_EQ(pair["params"][1]["name"], "ptrs.1");
+  r = Cli({"inspect", KPACK_DESC_PACK_DIR, "copy_tma", "--json"});
+  const nlohmann::json v = nlohmann::json::parse(r.out)["kernels"][0]["variants"][0];
+  EXPECT_EQ(v["layout"][0]["part"], "tma");
+  EXPECT_EQ(v["tensordescs"][0]["block_size"], nlohmann::json({64, 64}));
+  // Offline, every descriptor slot against the cubin's KPARAM_INFO; then through the
+  // (fake) driver's cuKernelGetParamInfo.
+  r = Cli({"verify", KPACK_DESC_PACK_DIR, "--driver", kFake});
+  EXPECT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("driver: all 3 variants loaded and checked"));
+  TempPack lying(KPACK_DESC_PACK_DIR);
+  lying.variant("copy_tma")["layout"][1]["offset"] = 180;  // in_desc.shape[0]
+  lying.variant("copy_tma")["layout"][2]["offset"] = 184;
+  lying.variant("copy_tma")["layout"][3]["offset"] = 192;
+  lying.variant("copy_tma")["layout"][4]["offset"] = 200;
+  lying.Save();
+  r = Cli({"verify", lying.dir()});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, HasSubstr("parameter 'in_desc.shape[0]' (#1): expected offset 180 size 4 "
+                               "(manifest), found offset 176 size 4 (cubin)"));
+}
+
+// A tensordesc argument from a .npy file and one of zeros: each a device buffer of the
+// array's shape, contiguous, encoded at launch with the variant's block shape; --out
+// writes a descriptor's buffer back like a pointer's.
+TEST_F(CliTest, RunTakesTensorDescriptors) {
+  NpyArray in;
+  in.dtype = "<f2";
+  in.shape = {100, 200};
+  in.data.resize(100 * 200 * 2, std::byte{0x3c});
+  const std::string in_path = (dir_ / "in.npy").string();
+  ASSERT_TRUE(WriteNpy(in_path, in).ok());
+  const std::string out_path = (dir_ / "out.npy").string();
+  const int64_t encodes = fake::TensorMapEncodeCount();
+  Result r = Cli({"run", KPACK_DESC_PACK_DIR, "copy_tma", "--arg", "in_desc=tdesc:@" + in_path,
+                  "--arg", "out_desc=tdesc:zeros:float16:100x200:nan", "--arg", "M=100", "--arg",
+                  "N=200", "--out", "out_desc=@" + out_path, "--driver", kFake});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("variant default, grid (2, 2, 1) (from the grid expressions)"));
+  ASSERT_EQ(fake::TensorMapEncodeCount() - encodes, 2);
+  const fake::TensorMapEncode a = fake::GetTensorMapEncode(encodes);
+  const fake::TensorMapEncode b = fake::GetTensorMapEncode(encodes + 1);
+  EXPECT_EQ(a.dims[0], 200u);
+  EXPECT_EQ(a.dims[1], 100u);
+  EXPECT_EQ(a.strides[0], 400u);
+  EXPECT_EQ(a.oob_fill, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  EXPECT_EQ(b.oob_fill, CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA);
+  EXPECT_EQ(At<uint64_t>(LastLaunch(), 0), 0u) << "slots before the map stay zero";
+  auto written = ReadNpy(out_path);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->dtype, "<f2");
+  EXPECT_THAT(written->shape, ::testing::ElementsAre(100, 200));
+}
+
+TEST_F(CliTest, RunTensorDescriptorErrors) {
+  NpyArray flat;
+  flat.dtype = "<f4";
+  flat.shape = {64};
+  flat.data.resize(64 * 4);
+  const std::string flat_path = (dir_ / "flat.npy").string();
+  ASSERT_TRUE(WriteNpy(flat_path, flat).ok());
+  auto run = [&](const std::string& in) {
+    fake::Reset();
+    return Cli({"run", KPACK_DESC_PACK_DIR, "copy_tma", "--arg", "in_desc=" + in, "--arg",
+                "out_desc=tdesc:zeros:float16:64x128", "--arg", "M=64", "--arg", "N=128",
+                "--driver", kFake});
+  };
+  Result r = run("@" + flat_path);
+  EXPECT_THAT(r.err, HasSubstr("a tensordesc takes tdesc:@file.npy or tdesc:zeros:DTYPE:D0xD1"));
+  r = run("tdesc:@" + flat_path);
+  EXPECT_THAT(r.err, HasSubstr("the array has 1 dimensions, the descriptor 2"));
+  r = run("tdesc:zeros:float32:64x128");
+  EXPECT_THAT(r.err, HasSubstr("the array's elements (<f4) are 4 bytes, the descriptor's fp16 2"));
+  r = run("tdesc:zeros:float16:64x0");
+  EXPECT_THAT(r.err, HasSubstr("'0' is not a dimension"));
+  r = run("tdesc:zeros:float16:64x100");  // 200-byte rows: TMA needs multiples of 16
+  EXPECT_THAT(r.err, AllOf(HasSubstr("argument 0 ('in_desc'"),
+                           HasSubstr("strides[0] = 100 elements of 2 bytes")));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+  EXPECT_EQ(fake::LiveAllocations(), 0);
+}
+
 TEST_F(CliTest, BenchReportsKpackAndRawSideBySide) {
   std::string x = Npy("x.npy", std::vector<float>(4096, 1.0f));
   Result r = Cli({"bench",

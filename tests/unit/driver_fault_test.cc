@@ -75,6 +75,7 @@ constexpr Classified kClassified[] = {
     {"ModuleUnload", Use::kToolsOrTests},
     {"ModuleGetFunction", Use::kToolsOrTests},
     {"LaunchKernelEx", Use::kLibrary},
+    {"TensorMapEncodeTiled", Use::kLibrary},
     {"MemAlloc", Use::kLibrary},
     {"MemFree", Use::kCleanup},
     {"MemcpyHtoD", Use::kToolsOrTests},
@@ -139,6 +140,12 @@ absl::Status LaunchAdd(Runtime& rt, CUstream s) {
 absl::Status LaunchScratch(Runtime& rt, CUstream s) {
   return rt.Launch("scratch", Grid{2, 2}, s, kX, kOut, 64, 64, 64);
 }
+// kernels/descpack's copy_tma: two CUtensorMaps encoded per launch.
+absl::Status LaunchDescriptors(Runtime& rt, CUstream s) {
+  const TensorDesc in = TensorDesc::RowMajor(kX, {64, 128});
+  const TensorDesc out = TensorDesc::RowMajor(kOut, {64, 128});
+  return rt.Launch("copy_tma", s, in, out, 64, 128);
+}
 
 struct Operation {
   const char* name;
@@ -162,6 +169,13 @@ const Operation kOperations[] = {
                            1);
      }},
     {"preload", Open, [](World& w) { return w.rt->Preload(); }},
+    {"launch with tensor descriptors",
+     [](World& w) {
+       auto rt = OpenFake(KPACK_DESC_PACK_DIR);
+       ASSERT_TRUE(rt.ok()) << rt.status();
+       w.rt.emplace(*std::move(rt));
+     },
+     [](World& w) { return LaunchDescriptors(*w.rt, nullptr); }},
     {"launch in a second context",
      [](World& w) {
        Open(w);
@@ -312,8 +326,8 @@ TEST_F(DriverFaultTest, EachCallFailingGivesACleanStatusAndLeaksNothing) {
 TEST_F(DriverFaultTest, AGraphThatCannotTakeItsArenaGivesItBack) {
   testing::ResetFake();
   World w;
-  kOperations[8].setup(w);  // a reserved arena, a capture begun
-  ASSERT_STREQ(kOperations[8].name, "scratch launch in a capture");
+  kOperations[9].setup(w);  // a reserved arena, a capture begun
+  ASSERT_STREQ(kOperations[9].name, "scratch launch in a capture");
   fake::FailNext("GraphRetainUserObject", CUDA_ERROR_INVALID_VALUE);
   absl::Status s = LaunchScratch(*w.rt, w.stream);
   EXPECT_THAT(std::string(s.message()), HasSubstr("cuGraphRetainUserObject"));
@@ -322,7 +336,7 @@ TEST_F(DriverFaultTest, AGraphThatCannotTakeItsArenaGivesItBack) {
   EXPECT_EQ(w.rt->stats().scratch_in_graphs, 0u);
   EXPECT_TRUE(LaunchScratch(*w.rt, w.stream).ok()) << "and the capture can take it again";
   EXPECT_EQ(w.rt->stats().scratch_in_graphs, 1u);
-  kOperations[8].teardown(w);
+  kOperations[9].teardown(w);
   EXPECT_EQ(w.rt->stats().scratch_idle, 1u) << "the destroyed graph returned it";
   w.rt.reset();
   EXPECT_EQ(fake::LiveAllocations(), 0);

@@ -54,14 +54,7 @@ TEST(ManifestTest, SlotSizesFollowTriton) {
 
 // Each case breaks one thing; the error must be INVALID_ARGUMENT (or UNIMPLEMENTED) and
 // name the file, kernel, variant where there is one, and the field.
-struct BadCase {
-  const char* name;
-  void (*mutate)(json&);
-  absl::StatusCode code;
-  std::vector<std::string> mentions;
-};
-
-void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+using ::kpack::testing::BadCase;
 
 class ManifestErrorTest : public ::testing::TestWithParam<BadCase> {};
 
@@ -208,7 +201,7 @@ INSTANTIATE_TEST_SUITE_P(
                 {"'types.n'", "integer type"}},
         BadCase{"type_override_of_pointer",
                 [](json& m) { Variant(m)["types"] = {{"x_ptr", "i64"}}; }, kInvalid,
-                {"'types.x_ptr'", "only integer parameters"}},
+                {"'types.x_ptr'", "only integer and tensordesc parameters"}},
         BadCase{"type_override_slot_size",
                 [](json& m) { Variant(m)["types"] = {{"n", "i64"}}; }, kInvalid,
                 {"'layout[3].size'", "expected 8", "type i64"}},

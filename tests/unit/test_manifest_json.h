@@ -5,11 +5,24 @@
 #ifndef KPACK_TESTS_UNIT_TEST_MANIFEST_JSON_H_
 #define KPACK_TESTS_UNIT_TEST_MANIFEST_JSON_H_
 
+#include <ostream>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 
 namespace kpack::testing {
+
+// A manifest broken in one place, for the parameterized error tests: what `mutate` does to
+// a valid manifest, the status code the parse must give, and what its message must name.
+struct BadCase {
+  const char* name;
+  void (*mutate)(nlohmann::json&);
+  absl::StatusCode code;
+  std::vector<std::string> mentions;
+};
+inline void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 inline nlohmann::json AddManifest(const std::string& sha256 = std::string(64, 'a'),
                                   const std::string& entry = "add_kernel") {

@@ -42,7 +42,25 @@ json KernelJson(const KernelInfo& k) {
   for (const VariantInfo& v : k.variants) {
     json layout = json::array();
     for (const LayoutSlotInfo& s : v.layout) {
-      layout.push_back({{"param", s.name}, {"offset", s.offset}, {"size", s.size}});
+      json slot = {{"param", s.name}, {"offset", s.offset}, {"size", s.size}};
+      if (!s.part.empty()) slot["part"] = s.part;
+      layout.push_back(slot);
+    }
+    json descs = json::array();
+    for (const TensorDescInfo& d : v.descs) {
+      json desc = {{"param", d.param}, {"dtype", d.dtype}, {"block_shape", d.block_shape},
+                   {"tma", d.tma}};
+      if (d.tma) {
+        desc.update({{"data_type", d.data_type},
+                     {"elem_size", d.elem_size},
+                     {"swizzle", d.swizzle},
+                     {"block_size", d.box},
+                     {"fp4_padded", d.fp4_padded},
+                     {"element_strides", d.element_strides},
+                     {"interleave", d.interleave},
+                     {"l2_promotion", d.l2_promotion}});
+      }
+      descs.push_back(desc);
     }
     variants.push_back({{"name", v.name},
                         {"cubin", v.cubin},
@@ -64,6 +82,7 @@ json KernelJson(const KernelInfo& k) {
                         {"assumptions", Assumptions(v)},
                         {"types", Types(k, v)},
                         {"param_bytes", v.param_bytes},
+                        {"tensordescs", descs},
                         {"layout", layout}});
   }
   return {{"name", k.name},
@@ -90,6 +109,21 @@ std::string BucketText(const KernelInfo& k, const VariantInfo& v) {
     }
   }
   return absl::StrJoin(parts, ", ");
+}
+
+// "tensordesc a_desc: fp16, block [64, 128]; TMA: box [64, 64], ..." (the encode's
+// arguments from the manifest), or the pointer form.
+std::string DescText(const TensorDescInfo& d) {
+  std::string text = absl::StrCat("tensordesc ", d.param, ": ", d.dtype, ", block [",
+                                  absl::StrJoin(d.block_shape, ", "), "]");
+  if (!d.tma) return absl::StrCat(text, "; no TMA: base pointer, shape, strides, padding flag");
+  static constexpr const char* kSwizzle[] = {"none", "32B", "64B", "128B"};
+  static constexpr const char* kL2[] = {"none", "64B", "128B", "256B"};
+  return absl::StrCat(text, "; TMA: CUtensorMap data type ", d.data_type, " (", d.elem_size,
+                      " B), box [", absl::StrJoin(d.box, ", "), "], swizzle ",
+                      kSwizzle[d.swizzle & 3], d.fp4_padded ? ", fp4 padded" : "",
+                      ", element strides [", absl::StrJoin(d.element_strides, ", "),
+                      "], interleave ", d.interleave, ", L2 promotion ", kL2[d.l2_promotion & 3]);
 }
 
 void PrintKernel(const KernelInfo& k, std::ostream& out) {
@@ -123,9 +157,11 @@ void PrintKernel(const KernelInfo& k, std::ostream& out) {
     if (!assumptions.empty()) out << "    assumptions: " << assumptions.dump() << "\n";
     if (!types.empty()) out << "    types: " << types.dump() << "\n";
     out << "    constexprs: " << v.constexprs_json << "\n";
+    for (const TensorDescInfo& d : v.descs) out << "    " << DescText(d) << "\n";
     std::vector<std::string> slots;
     for (const LayoutSlotInfo& s : v.layout) {
-      slots.push_back(absl::StrCat(s.name, "@", s.offset, ":", s.size));
+      slots.push_back(absl::StrCat(s.name, s.part.empty() ? "" : ".", s.part, "@", s.offset, ":",
+                                   s.size));
     }
     out << "    layout (" << v.param_bytes << " B): " << absl::StrJoin(slots, " ") << "\n";
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -10,14 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "commands.h"
 #include "driver/driver.h"
 #include "kpack/kpack.h"
+#include "manifest/manifest.h"
 #include "npy.h"
 #include "runtime/launch.h"
 #include "runtime/runtime_impl.h"
@@ -198,6 +202,7 @@ class Session {
   absl::StatusOr<Arg> MakeArg(const std::string& name, const std::string& type,
                               const std::string& value) {
     const std::string what = absl::StrCat("--arg ", name, "=", value, " (", type, ")");
+    if (absl::StartsWith(type, "tensordesc<")) return MakeDesc(name, type, value, what);
     if (!type.empty() && type[0] == '*') {
       Buffer b;
       if (!value.empty() && value[0] == '@') {
@@ -247,6 +252,85 @@ class Session {
     return absl::InvalidArgumentError(absl::StrCat(what, ": expected an integer"));
   }
 
+  // A tensordesc argument: `tdesc:@file.npy` or `tdesc:zeros:DTYPE:D0xD1...`, optionally
+  // followed by `:nan` (NaN padding). The tensor is contiguous, its shape the array's;
+  // the block shape is the chosen variant's, from the manifest.
+  absl::StatusOr<Arg> MakeDesc(const std::string& name, const std::string& type,
+                               const std::string& value, const std::string& what) {
+    const std::string usage = absl::StrCat(
+        what, ": a tensordesc takes tdesc:@file.npy or tdesc:zeros:DTYPE:D0xD1[x...], each "
+              "optionally followed by :nan (NaN padding), e.g. tdesc:zeros:float16:128x64");
+    absl::string_view spec = value;
+    if (!absl::ConsumePrefix(&spec, "tdesc:")) return absl::InvalidArgumentError(usage);
+    TensorDesc desc;
+    if (absl::ConsumeSuffix(&spec, ":nan")) desc.padding = TensorDescPadding::kNan;
+    const size_t open = type.find('['), close = type.find(']');
+    const std::string dtype = type.substr(11, open - 11);  // after "tensordesc<"
+    const size_t rank =
+        open == std::string::npos || close == std::string::npos
+            ? 0
+            : std::vector<std::string>(absl::StrSplit(type.substr(open + 1, close - open - 1), ','))
+                  .size();
+    Buffer b;
+    if (absl::StartsWith(spec, "@")) {
+      KPACK_ASSIGN_OR_RETURN(NpyArray array, ReadNpy(std::string(spec.substr(1))));
+      b.dtype = array.dtype;
+      b.shape = array.shape;
+      b.bytes = array.data.size();
+      KPACK_RETURN_IF_ERROR(CheckDescArray(b, dtype, rank, what));
+      KPACK_RETURN_IF_ERROR(Allocate(b, what));
+      KPACK_RETURN_IF_ERROR(
+          driver_->Check(driver_->MemcpyHtoD(b.ptr, array.data.data(), b.bytes), "cuMemcpyHtoD"));
+    } else if (absl::ConsumePrefix(&spec, "zeros:")) {
+      std::vector<std::string> parts = absl::StrSplit(spec, ':');
+      if (parts.size() != 2) return absl::InvalidArgumentError(usage);
+      KPACK_ASSIGN_OR_RETURN(b.dtype, DtypeDescr(parts[0]));
+      size_t count = 1;
+      for (absl::string_view dim : absl::StrSplit(parts[1], 'x')) {
+        int64_t n = 0;
+        if (!absl::SimpleAtoi(dim, &n) || n < 1 || n > (int64_t{1} << 31) - 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(usage, " ('", dim, "' is not a dimension in [1, 2^31))"));
+        }
+        b.shape.push_back(n);
+        count *= static_cast<size_t>(n);
+      }
+      b.bytes = count * DescrItemSize(b.dtype);
+      KPACK_RETURN_IF_ERROR(CheckDescArray(b, dtype, rank, what));
+      KPACK_RETURN_IF_ERROR(Allocate(b, what));
+      KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemsetD8(b.ptr, 0, b.bytes), "cuMemsetD8"));
+    } else {
+      return absl::InvalidArgumentError(usage);
+    }
+    desc.base = b.ptr;
+    desc.rank = static_cast<int>(b.shape.size());
+    int64_t stride = 1;
+    for (int i = desc.rank; i-- > 0;) {
+      desc.shape[i] = b.shape[i];
+      desc.strides[i] = stride;
+      stride *= b.shape[i];
+    }
+    buffers_[name] = b;
+    descs_.push_back(desc);
+    return Arg(descs_.back());
+  }
+
+  // The array of a tensordesc argument: the parameter's rank, and elements of its size.
+  static absl::Status CheckDescArray(const Buffer& b, const std::string& dtype, size_t rank,
+                                     const std::string& what) {
+    if (b.shape.size() != rank || rank == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": the array has ", b.shape.size(),
+                                                     " dimensions, the descriptor ", rank));
+    }
+    const size_t want = static_cast<size_t>(internal::ElementBytes(dtype));
+    if (DescrItemSize(b.dtype) != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the array's elements (", b.dtype, ") are ", DescrItemSize(b.dtype),
+                       " bytes, the descriptor's ", dtype, " ", want));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Allocate(Buffer& b, const std::string& what) {
     // Zero-size buffers still get a valid (1-byte) allocation: kernels may take the
     // address even when they read nothing.
@@ -260,6 +344,7 @@ class Session {
   std::unique_ptr<Runtime> runtime_;
   Kernel kernel_;
   std::vector<Arg> args_;
+  std::deque<TensorDesc> descs_;  // what the tensordesc arguments point at (stable addresses)
   std::map<std::string, Buffer> buffers_;
   std::optional<Grid> grid_;
 };

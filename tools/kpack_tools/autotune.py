@@ -33,6 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from kpack_tools.pack import parse_tensordesc
 from kpack_tools.spec import Config, KernelSpec, describe_bucket
 
 # (rtol, atol) per output dtype when the spec states no tolerance: what a different
@@ -87,11 +88,28 @@ def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None) 
                           f"launch it; give `grid` (it may use `launch_values`)")
     grid = spec.grid_for(args, config)
     kwargs = {name: value for name, value in args.items() if name not in spec.launch_values}
+    # A tensordesc parameter: the tensor make_inputs gave (or its TensorDescriptor) with the
+    # config's block shape, as Triton's tutorials set it in a pre_hook.
+    for name, param_type in spec.params_for(config):
+        if name in spec.tensordesc_params:
+            kwargs[name] = tensor_descriptor(kwargs[name], parse_tensordesc(param_type)[1])
     kwargs.update(spec.constexprs(config))
     kwargs.update(spec.options)
     kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages,
                   num_ctas=config.num_ctas)
     return lambda: fn[grid](**kwargs)
+
+
+def tensor_descriptor(value, block_shape):
+    """A ``triton.tools.tensor_descriptor.TensorDescriptor`` with ``block_shape`` over
+    ``value``: a tensor (the whole of it, as ``TensorDescriptor.from_tensor``) or a
+    TensorDescriptor (its block shape replaced)."""
+    import dataclasses
+
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    if isinstance(value, TensorDescriptor):
+        return dataclasses.replace(value, block_shape=list(block_shape))
+    return TensorDescriptor.from_tensor(value, list(block_shape))
 
 
 def time_launch(launch: Callable, reps: int, warmup: int) -> float:

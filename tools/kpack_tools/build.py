@@ -72,7 +72,7 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
 
     from kpack_tools.build_test_pack import _line_info_disabled
 
-    signature = dict(spec.params)
+    signature = dict(spec.params_for(config))
     constexprs = dict(spec.constexprs(config))
     for name in special.eq1:
         signature[name] = "constexpr"
@@ -191,6 +191,7 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     kernels = []
     compiled_cache = {}
     for spec in specs:
+        params = None  # the first variant's types; later variants override what differs
         entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
         if spec.name in reused:
             old, was_tuned, was_device = reused[spec.name]
@@ -217,12 +218,18 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
                 assumptions = {name: ["div16"] for name in special.div16}
                 assumptions.update({name: ["eq1"] for name in special.eq1})
                 constexprs = {name: value for name, value in spec.constexprs(config).items()}
+                # A tensordesc's block shape follows the config: the kernel's type is the
+                # first variant's, the others' differ through `types`.
+                resolved = spec.params_for(config)
+                params = params or resolved
+                retyped = {name: t for (name, t), (_, first) in zip(resolved, params)
+                           if t != first}
                 variants.append(Variant.from_compiled(
                     variant_name(spec, index, special), compiled_cache[key], constexprs,
                     bucket=list(index) if spec.buckets else None,
-                    assumptions=assumptions or None))
+                    assumptions=assumptions or None, types=retyped or None))
         kernels.append(Kernel(
-            name=spec.name, params=list(spec.params), variants=variants,
+            name=spec.name, params=params, variants=variants,
             buckets=[{"param": b.param, "edges": list(b.edges)} for b in spec.buckets] or None,
             grid=spec.manifest_grid,
             source=source_identity(spec.fn, source_qualname(spec.fn)),

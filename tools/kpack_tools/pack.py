@@ -15,8 +15,15 @@ integer types, grid expressions parsed and constant-folded per variant, every
 bucket served by a variant, and the dispatch table's limits.
 
 A manifest is written as ``kpack/2`` when a kernel uses a field that format
-added (``source``, ``autotune_key``, a parameter's ``readonly``), else as
+added (``source``, ``autotune_key``, a parameter's ``readonly``, a
+``tensordesc`` parameter, a flattened tuple element ``name.i``), else as
 ``kpack/1``, so packs that need none of them stay readable by older runtimes.
+
+Tensor descriptors (``tensordesc<DTYPE[B0, ...]>`` parameters) expand, in the
+cubin and in the layout, into the slots Triton 3.6's launcher passes for them
+(``desc_parts``); each variant's ``tensordesc_meta`` is Triton's compiled
+metadata of that name with the TMA element type turned into the driver's
+``CUtensorMapDataType`` (``tensordesc_meta_entry``).
 """
 
 import hashlib
@@ -28,7 +35,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools.cubin import parse_cubin
 
@@ -138,7 +145,8 @@ def source_identity(fn, qualname: Optional[str] = None) -> Mapping[str, str]:
 
 
 def slot_size(param_type: str) -> Optional[int]:
-    """Bytes a parameter of this Triton type takes; None for ``constexpr``."""
+    """Bytes a parameter of this Triton type takes; None for ``constexpr``, 0 for a
+    ``tensordesc``, which expands into several slots (``desc_parts``)."""
     if param_type == "constexpr":
         return None
     if _POINTER_TYPE.fullmatch(param_type):
@@ -146,8 +154,86 @@ def slot_size(param_type: str) -> Optional[int]:
     if param_type in SCALAR_SIZES:
         return SCALAR_SIZES[param_type]
     if param_type == "nvTmaDesc":
-        raise ValueError("parameter type 'nvTmaDesc' is not supported by kpack/1")
+        raise ValueError("parameter type 'nvTmaDesc' (a caller-encoded CUtensorMap) is not "
+                         "supported; pass a host tensor descriptor (tensordesc<...>)")
+    if param_type.startswith("tensordesc"):
+        parse_tensordesc(param_type)
+        return 0
     raise ValueError(f"unknown parameter type '{param_type}'")
+
+
+# ---------------------------------------------------------------------------
+# Tensor descriptors
+# ---------------------------------------------------------------------------
+
+_TENSORDESC = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[([0-9, ]*)\]>")
+# Bytes per element of the element types a descriptor may have (the runtime's table).
+ELEMENT_BYTES = {
+    "i1": 1, "u1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "fp8e4b15": 1,
+    "fp8e4b8": 1, "fp8e5b16": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
+    "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8,
+}
+MAX_DESC_RANK = 5
+# Triton's metadata holds the TMA element type as the device code numbers it; its
+# launcher maps it to the driver's CUtensorMapDataType (driver.py,
+# TMA_DTYPE_DEVICE_TO_HOST): identical but for 8, 9 and 10. The manifest holds the
+# driver's value.
+_TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
+
+
+def is_tensordesc(param_type) -> bool:
+    return isinstance(param_type, str) and param_type.startswith("tensordesc")
+
+
+def parse_tensordesc(param_type: str) -> Tuple[str, Tuple[int, ...]]:
+    """``(element type, block shape)`` of ``tensordesc<DTYPE[B0, ...]>``; ValueError for
+    anything else (a Gluon descriptor with a layout included)."""
+    match = _TENSORDESC.fullmatch(param_type)
+    if match is None:
+        gluon = "]," in param_type
+        raise ValueError(f"'{param_type}' is not a tensordesc<DTYPE[B0, ...]> type"
+                         + (" (a Gluon descriptor with a layout is not supported)"
+                            if gluon else ""))
+    dtype = match.group(1)
+    if dtype not in ELEMENT_BYTES:
+        raise ValueError(f"'{param_type}': unknown element type '{dtype}'")
+    block = tuple(int(d) for d in match.group(2).split(",") if d.strip())
+    if not 1 <= len(block) <= MAX_DESC_RANK or any(d < 1 for d in block):
+        raise ValueError(f"'{param_type}': the block shape needs 1 to {MAX_DESC_RANK} "
+                         f"positive dimensions")
+    return dtype, block
+
+
+def tensordesc_type(dtype: str, block: Sequence[int]) -> str:
+    """Triton's spelling: ``tensordesc<fp16[64, 128]>`` (its JIT writes ``str(list)``)."""
+    return f"tensordesc<{dtype}{list(block)}>"
+
+
+def desc_parts(rank: int, tma: bool) -> List[Tuple[str, int]]:
+    """``[(part, slot size)]`` a descriptor of ``rank`` expands into, in Triton 3.6's
+    order (driver.py, make_launcher): with TMA metadata the CUtensorMap then the shape as
+    i32 and the strides as i64; without, the base pointer, shape and strides as i64, the
+    padding flag, then the shape and strides again."""
+    head = [("tma", 128)] if tma else (
+        [("base", 8)] + [(f"base_shape[{i}]", 8) for i in range(rank)]
+        + [(f"base_strides[{i}]", 8) for i in range(rank)] + [("padding", 1)])
+    return head + [(f"shape[{i}]", 4) for i in range(rank)] + \
+        [(f"strides[{i}]", 8) for i in range(rank)]
+
+
+def tensordesc_meta_entry(meta) -> Optional[Mapping[str, Any]]:
+    """The manifest's ``tensordesc_meta`` entry for one entry of Triton's metadata (None
+    for a descriptor the variant did not lower to TMA)."""
+    if meta is None:
+        return None
+    if not isinstance(meta, Mapping) or not {"swizzle", "elem_size", "elem_type",
+                                             "block_size", "fp4_padded"} <= set(meta):
+        raise ValueError(f"tensordesc_meta entry {meta!r} lacks Triton 3.6's fields")
+    elem_type = int(meta["elem_type"])
+    return {"data_type": _TMA_DTYPE_DEVICE_TO_HOST.get(elem_type, elem_type),
+            "elem_size": int(meta["elem_size"]), "swizzle": int(meta["swizzle"]),
+            "block_size": [int(b) for b in meta["block_size"]],
+            "fp4_padded": bool(meta["fp4_padded"])}
 
 
 def pack_bytes(out_dir) -> int:
@@ -206,6 +292,7 @@ def build_manifest(kernels: Sequence[Kernel], generator: Optional[str] = None):
     if not kernels:
         raise ValueError("a pack needs at least one kernel")
     version_2 = any(k.source is not None or k.readonly or k.autotune_key is not None
+                    or any(is_tensordesc(t) or "." in name for name, t in k.params)
                     for k in kernels)
     manifest = {"format": FORMAT_2 if version_2 else FORMAT}
     if generator is not None:
@@ -258,7 +345,11 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         variants.append(entry)
         dispatch.append(spec)
         files[relpath] = bytes(variant.cubin)
-    _check_dispatch_table(dispatch, buckets, where)
+    # A descriptor's block shape (its `types` override) is no dispatch property: the
+    # runtime never chooses by it.
+    _check_dispatch_table([(name, bucket, assumptions,
+                            {p: t for p, t in effective.items() if not is_tensordesc(t)})
+                           for name, bucket, assumptions, effective in dispatch], buckets, where)
 
     readonly = _check_readonly(kernel, where)
     result = {"name": kernel.name}
@@ -412,6 +503,15 @@ def _check_dispatch_fields(kernel: Kernel, variant: Variant, buckets, where):
     for param, new_type in dict(variant.types or {}).items():
         if param not in param_types or param_types[param] == "constexpr":
             raise ValueError(f"{where}: types: '{param}' is not a call parameter")
+        if is_tensordesc(param_types[param]):
+            declared = parse_tensordesc(param_types[param])
+            if not is_tensordesc(new_type) or parse_tensordesc(new_type)[0] != declared[0] \
+                    or len(parse_tensordesc(new_type)[1]) != len(declared[1]):
+                raise ValueError(f"{where}: types: '{param}' -> {new_type!r} must be a "
+                                 f"tensordesc type of the element type and rank of "
+                                 f"{param_types[param]}")
+            types[param] = new_type
+            continue
         if param_types[param] not in INTEGER_TYPES:
             raise ValueError(f"{where}: types: parameter '{param}' is "
                              f"{param_types[param]}; only integer parameters may be retyped")
@@ -513,14 +613,23 @@ def _variant_entry(kernel: Kernel, variant: Variant, relpath: str, buckets=None)
     entry_fields["launch_pdl"] = bool(meta["launch_pdl"])
     entry_fields["launch_cooperative_grid"] = bool(meta["launch_cooperative_grid"])
     eq1 = [name for name, kinds in (assumptions or {}).items() if "eq1" in kinds]
+    descs = [name for name, t in kernel.params if is_tensordesc(t)]
+    raw_meta = list(meta.get("tensordesc_meta") or [])
+    if raw_meta and len(raw_meta) != len(descs):
+        raise ValueError(f"{where}: metadata tensordesc_meta has {len(raw_meta)} entries for "
+                         f"{len(descs)} tensordesc parameters {descs}")
+    desc_meta = [tensordesc_meta_entry(m) for m in raw_meta] or [None] * len(descs)
+    if any(m is not None for m in desc_meta):
+        entry_fields["tensordesc_meta"] = desc_meta
     entry_fields["layout"] = _layout(kernel, cubin.layouts[entry], where, effective,
-                                     eq1, types or {})
+                                     eq1, types or {}, dict(zip(descs, desc_meta)))
     if "triton_version" in meta:
         entry_fields["triton_version"] = str(meta["triton_version"])
     return entry_fields, (variant.name, bucket, assumptions or {}, effective)
 
 
-def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=None):
+def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=None,
+            desc_meta=None):
     """Map the cubin's parameter slots to call parameters, then the hidden ones.
 
     Triton 3.6 passes the non-constexpr parameters in order followed by the
@@ -528,14 +637,24 @@ def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=N
     parameter list does not describe this cubin.  ``effective`` maps call
     parameters to the variant's types (``types`` overrides applied); ``eq1``
     parameters were compiled away (Triton makes an integer equal to 1 a
-    constexpr) and must have no slot.
+    constexpr) and must have no slot; a tensordesc parameter has the slots of
+    its parts (``desc_parts``), the TMA form where ``desc_meta`` has an entry.
     """
     if effective is None:
         effective = {name: t for name, t in kernel.params if t != "constexpr"}
     retyped = retyped or {}
-    expected = [(name, slot_size(effective[name])) for name, t in kernel.params
-                if t != "constexpr" and name not in eq1]
-    expected += [(name, POINTER_SIZE) for name in HIDDEN_PARAMS]
+    desc_meta = desc_meta or {}
+    expected = []  # (name, size, part)
+    for name, t in kernel.params:
+        if t == "constexpr" or name in eq1:
+            continue
+        if is_tensordesc(t):
+            rank = len(parse_tensordesc(effective[name])[1])
+            expected += [(name, size, part) for part, size
+                         in desc_parts(rank, desc_meta.get(name) is not None)]
+        else:
+            expected.append((name, slot_size(effective[name]), None))
+    expected += [(name, POINTER_SIZE, None) for name in HIDDEN_PARAMS]
     if len(slots) != len(expected):
         if eq1 and len(slots) == len(expected) + len(eq1):
             raise ValueError(
@@ -543,17 +662,21 @@ def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=N
                 f"still has a slot for them ({len(slots)} parameters): compile an eq1 "
                 f"parameter as a constexpr 1 so that Triton drops it")
         dropped = f" - {len(eq1)} eq1" if eq1 else ""
+        expanded = " (tensordesc parameters counted by their parts)" \
+            if any(part for _, _, part in expected) else ""
         raise ValueError(
             f"{where}: cubin has {len(slots)} parameters, expected {len(expected) - 2} call "
-            f"parameters{dropped} + 2 hidden scratch pointers = {len(expected)}")
+            f"parameters{dropped}{expanded} + 2 hidden scratch pointers = {len(expected)}")
     layout = []
-    for slot, (name, size) in zip(slots, expected):
+    for slot, (name, size, part) in zip(slots, expected):
         if slot.size != size:
+            what = f"'{name}' part '{part}'" if part else f"'{name}'"
             how = (f"its type {effective[name]} (types override) needs" if name in retyped
                    else "its type needs")
-            raise ValueError(f"{where}: cubin parameter {slot.ordinal} ('{name}') is "
+            raise ValueError(f"{where}: cubin parameter {slot.ordinal} ({what}) is "
                              f"{slot.size} bytes, {how} {size}")
-        layout.append({"param": name, "offset": slot.offset, "size": slot.size})
+        layout.append({"param": name, "offset": slot.offset, "size": slot.size,
+                       **({"part": part} if part else {})})
     return layout
 
 

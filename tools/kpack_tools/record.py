@@ -56,7 +56,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from kpack_tools import SUPPORTED_TRITON_VERSIONS
 from kpack_tools import record_autotune
 from kpack_tools.pack import (INTEGER_TYPES, MAX_BUCKETS, Kernel, Variant, build_manifest,
-                              check_variant, source_identity, write_pack)
+                              check_variant, is_tensordesc, parse_tensordesc, source_identity,
+                              write_pack)
 
 RECORD_FILE = "record.json"
 RECORD_FORMAT = "kpack-record/1"
@@ -241,50 +242,69 @@ def _constexpr_value(value) -> Tuple[Any, Optional[str]]:
     return None, f"value of type {type(value).__name__} cannot be stored in a kpack/1 manifest"
 
 
+def flat_params(arg_names, signature) -> List[Tuple[str, Tuple[int, ...], Any]]:
+    """``[(name, path, type)]``: the parameters with tuples flattened as Triton passes them,
+    an element named ``tuple.i`` (``tuple.i.j`` nested) at Triton's path ``(p, i, ...)``."""
+    out = []
+
+    def walk(name, path, ty):
+        if isinstance(ty, tuple):
+            for i, item in enumerate(ty):
+                walk(f"{name}.{i}", path + (i,), item)
+        else:
+            out.append((name, path, ty))
+
+    for p, name in enumerate(arg_names):
+        walk(name, (p,), signature.get(name))
+    return out
+
+
 def compile_record(src, metadata: Mapping[str, Any], cubin: bytes) -> CompileRecord:
     """Turn what ``triton.compile`` saw (an ``ASTSource`` over a ``JITFunction``)
-    and produced into a record, noting what kpack/1 cannot express."""
+    and produced into a record, noting what the pack format cannot express.  Tuple
+    parameters are recorded flattened (``t.0``, ``t.1``: docs/pack-format.md)."""
     from triton.backends.nvidia.compiler import CUDAOptions
     fn = src.fn
-    arg_names = list(fn.arg_names)
-    declared = [bool(p.is_constexpr) for p in fn.params]
+    flat = flat_params(list(fn.arg_names), src.signature)
+    arg_names = [name for name, _, _ in flat]
+    by_path = {path: name for name, path, _ in flat}
+    declared = [bool(fn.params[path[0]].is_constexpr) for _, path, _ in flat]
     problems = []
     signature = {}
-    for name in arg_names:
-        ty = src.signature.get(name)
+    for name, path, ty in flat:
         if not isinstance(ty, str):
-            problems.append(f"parameter '{name}' is a tuple ({ty!r}); kpack/1 parameters "
-                            f"are flat")
+            problems.append(f"parameter '{name}' has type {ty!r}, which kpack cannot pass")
             ty = repr(ty)
-        elif ty == "nvTmaDesc" or ty.startswith("tensordesc"):
-            problems.append(f"parameter '{name}' is a host TMA descriptor ({ty}); kpack/1 "
-                            f"does not support nvTmaDesc/tensordesc parameters")
+        elif ty == "nvTmaDesc":
+            problems.append(f"parameter '{name}' is a caller-encoded CUtensorMap (nvTmaDesc); "
+                            f"kpack passes host tensor descriptors (tensordesc<...>) only")
+        elif ty.startswith("tensordesc") and len(path) > 1:
+            problems.append(f"parameter '{name}' is a tensor descriptor inside a tuple, which "
+                            f"Triton 3.6's launcher does not expand")
         signature[name] = ty
     constants = {}
     for path, value in src.constants.items():
-        if len(path) != 1:
-            problems.append(f"constant at tuple path {path}: kpack/1 parameters are flat")
+        name = by_path.get(tuple(path))
+        if name is None:  # a whole tuple passed as a constexpr, or an empty one
+            problems.append(f"constant at tuple path {path} is no single parameter")
             continue
-        name = arg_names[path[0]]
         stored, problem = _constexpr_value(value)
         if problem:
             problems.append(f"constexpr '{name}': {problem}")
         constants[name] = stored
     div16 = []
     for path, attrs in src.attrs.items():
-        name = arg_names[path[0]] if len(path) == 1 else repr(path)
+        name = by_path.get(tuple(path), repr(path))
         for attr in attrs:
-            if len(path) == 1 and list(attr) == ["tt.divisibility", 16]:
+            if name in signature and list(attr) == ["tt.divisibility", 16]:
                 div16.append(name)
             else:
                 problems.append(f"specialization attribute {list(attr)} on '{name}' has no "
-                                f"kpack/1 assumption")
+                                f"kpack assumption")
     meta = {k: _json_value(v) for k, v in dict(metadata).items()}
     target = meta.get("target") or {}
     if target.get("backend") != "cuda":
         problems.append(f"target {target!r} is not CUDA")
-    if meta.get("tensordesc_meta"):
-        problems.append("uses host TMA descriptors (metadata tensordesc_meta)")
     option_names = [f.name for f in dataclasses.fields(CUDAOptions)]
     options = {k: meta[k] for k in option_names if k in meta}
     return CompileRecord(
@@ -336,8 +356,25 @@ def _compile_options(metadata: Mapping[str, Any]) -> Dict[str, Any]:
     return options
 
 
+def _arg_summaries(name, value) -> Dict[str, Any]:
+    """``{parameter: summary}`` of one argument; a tuple's elements as ``name.i``."""
+    if isinstance(value, tuple):
+        out = {}
+        for i, item in enumerate(value):
+            out.update(_arg_summaries(f"{name}.{i}", item))
+        return out
+    return {name: _arg_summary(value)}
+
+
 def _arg_summary(value) -> Any:
     """What a launch passed for one parameter, without touching device memory."""
+    if all(hasattr(value, a) for a in ("base", "shape", "strides", "block_shape")):
+        # A triton.tools.tensor_descriptor.TensorDescriptor.
+        base = _arg_summary(value.base)
+        return {"tensordesc": {**base, "shape": [int(d) for d in value.shape],
+                               "strides": [int(d) for d in value.strides],
+                               "block_shape": [int(d) for d in value.block_shape],
+                               "padding": str(getattr(value, "padding", "zero"))}}
     if hasattr(value, "data_ptr"):
         ptr = int(value.data_ptr())
         summary = {"ptr": ptr, "align16": ptr % 16 == 0, "dtype": str(value.dtype)}
@@ -539,9 +576,12 @@ class Recorder:
                 return
             grid = list(grid) + [1] * (3 - len(grid))
             names = kernel.src.fn.arg_names
+            summaries = {}
+            for name, value in zip(names, args):
+                summaries.update(_arg_summaries(name, value))
             rec.launches.append(LaunchRecord(
                 seq=self._seq, hash=h, grid=[int(g) for g in grid[:3]],
-                args={name: _arg_summary(value) for name, value in zip(names, args)},
+                args=summaries,
                 pre_hook=pre_hook, autotune_key=key))
             self._seq += 1
 
@@ -574,10 +614,18 @@ class Recorder:
                 continue
             src, options = self._sources[h]
             record = rec.compiles[h]
-            signature = dict(record.signature)
-            signature.update(generic_types)
+            # The recorded compile's signature and constants with the generic integer types
+            # at the (flattened) parameters' paths.
+            paths = {name: path for name, path, _ in
+                     flat_params(list(src.fn.arg_names), src.signature)}
+            signature = dict(src.signature)
+            for name, ty in generic_types.items():
+                path = paths[name]
+                signature[src.fn.arg_names[path[0]]] = _with_type_at(
+                    signature[src.fn.arg_names[path[0]]], path[1:], ty)
+            generic_paths = {paths[name] for name in generic_types}
             constexprs = {path: value for path, value in src.constants.items()
-                          if len(path) != 1 or record.arg_names[path[0]] not in generic_types}
+                          if tuple(path) not in generic_paths}
             target = record.metadata.get("target") or {}
             self._local.generic_of = h
             try:
@@ -607,6 +655,15 @@ class Recorder:
             tmp = target.with_suffix(".tmp")
             tmp.write_text(json.dumps(self.recording.to_json()), encoding="utf-8")
             tmp.replace(target)
+
+
+def _with_type_at(ty, path, new):
+    """``ty`` (a type or a tuple of them) with the element at ``path`` replaced by ``new``."""
+    if not path:
+        return new
+    items = list(ty)
+    items[path[0]] = _with_type_at(items[path[0]], path[1:], new)
+    return tuple(items)
 
 
 def load_dumps(dump_dir) -> Tuple[Optional[Recording], List[str]]:
@@ -670,10 +727,15 @@ def _param_role(record: CompileRecord, i: int, name: str):
 def _config_key(record: CompileRecord, ignore: Sequence[str] = ()) -> str:
     """What makes a compile's configuration: every parameter's role (constexpr values,
     non-integer types), the compile options and the arch; without the constexprs and
-    options named in ``ignore`` (what an autotuner's configs set)."""
+    options named in ``ignore`` (what an autotuner's configs set) and then without the
+    block shapes of tensor descriptors, which follow the config (the tutorials' pre_hook
+    sets them from it)."""
     roles = []
     for i, name in enumerate(record.arg_names):
         role = _param_role(record, i, name)
+        if ignore and role[0] == "type" and is_tensordesc(role[1]):
+            dtype, block = parse_tensordesc(role[1])
+            role = ("tensordesc", dtype, len(block))
         roles.append(("int",) if role[0] in ("int", "eq1") else
                      ("tuned",) if role[0] == "constexpr" and name in ignore else role)
     options = {k: v for k, v in record.options.items() if k not in ignore}
@@ -955,6 +1017,9 @@ def _kernel_params(rep: CompileRecord, base_types) -> List[Tuple[str, str]]:
 
 def _variant_of(record, assumptions, types, base_types, params, recording, vname, bucket=None):
     retyped = {p: t for p, t in types.items() if t != base_types[p]}
+    # A descriptor whose block shape differs from the kernel's (another autotuning config).
+    retyped.update({p: record.signature[p] for p, t in params
+                    if is_tensordesc(t) and record.signature[p] != t})
     constexpr_names = [p for p, t in params if t == "constexpr"]
     return Variant(
         name=vname, cubin=recording.cubins[record.cubin_sha256], metadata=record.metadata,

@@ -13,14 +13,15 @@ traceback or a pack the runtime refuses.
 
 import importlib.util
 import itertools
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, describe_bucket_index,
-                              evaluate_grid_expression, grid_names, parse_grid_expression,
-                              slot_size)
+                              evaluate_grid_expression, grid_names, is_tensordesc,
+                              parse_grid_expression, slot_size, tensordesc_type)
 
 GENERIC = "generic"
 # Spec files are imported under a unique module name; a kernel's source qualname uses
@@ -31,6 +32,33 @@ SPEC_MODULE_STEMS = {}
 
 class SpecError(ValueError):
     """A build spec is wrong; the message names the spec, kernel and field."""
+
+
+# A spec's tensordesc type may name constexprs in its block shape:
+# ``tensordesc<fp16[BLOCK_M, BLOCK_K]>`` is resolved per config.
+_SPEC_TENSORDESC = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[([A-Za-z0-9_, ]*)\]>")
+
+
+def resolve_type(param_type: str, constexprs: Mapping[str, Any]) -> str:
+    """``param_type`` with the constexpr names of a tensordesc block shape replaced by their
+    values in ``constexprs`` (other types are returned as they are). ValueError when a
+    name is not an integer constexpr."""
+    if not is_tensordesc(param_type):
+        return param_type
+    match = _SPEC_TENSORDESC.fullmatch(param_type)
+    if match is None:
+        raise ValueError(f"'{param_type}' is not a tensordesc<DTYPE[B0, ...]> type")
+    block = []
+    for dim in (d.strip() for d in match.group(2).split(",")):
+        if dim.isdigit():
+            block.append(int(dim))
+            continue
+        value = constexprs.get(dim)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"'{param_type}': block dimension '{dim}' is not an integer "
+                             f"constexpr of the config (got {value!r})")
+        block.append(value)
+    return tensordesc_type(match.group(1), block)
 
 
 @dataclass(frozen=True)
@@ -110,6 +138,15 @@ class KernelSpec:
     config_allowed: Optional[Callable[[Mapping[str, int], Config], bool]] = None
     # Pointer parameters the kernel never writes through (manifest `readonly`).
     readonly: Sequence[str] = ()
+
+    def params_for(self, config: "Config") -> List[Tuple[str, str]]:
+        """``params`` with tensordesc block shapes resolved for ``config``."""
+        constexprs = self.constexprs(config)
+        return [(name, resolve_type(t, constexprs)) for name, t in self.params]
+
+    @property
+    def tensordesc_params(self) -> List[str]:
+        return [name for name, t in self.params if is_tensordesc(t)]
 
     @property
     def call_params(self) -> List[str]:
@@ -191,8 +228,16 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
                      f"{list(arg_names)} (same names, same order, constexprs included)")
     types = dict(spec.params)
     for name, param_type in spec.params:
+        if not isinstance(param_type, str):
+            _fail(where, f"parameter '{name}': type {param_type!r} is not a Triton type "
+                         f"string; tuple parameters are not supported by build specs (record "
+                         f"mode exports them, flattened: docs/record.md)")
         try:
-            slot_size(param_type)
+            if not is_tensordesc(param_type):
+                slot_size(param_type)
+            elif _SPEC_TENSORDESC.fullmatch(param_type) is None:
+                raise ValueError(f"'{param_type}' is not a tensordesc<DTYPE[B0, ...]> type "
+                                 f"(block dimensions: integers or constexpr names)")
         except ValueError as err:
             _fail(where, f"parameter '{name}': {err}")
 
@@ -227,6 +272,11 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
                 _fail(cwhere, f"{option} = {value!r} must be a power of two in 1..{limit}")
         if not isinstance(config.num_stages, int) or config.num_stages < 1:
             _fail(cwhere, f"num_stages = {config.num_stages!r} must be a positive integer")
+        for name, param_type in spec.params if not missing else ():
+            try:
+                slot_size(resolve_type(param_type, spec.constexprs(config)))
+            except ValueError as err:
+                _fail(cwhere, f"parameter '{name}': {err}")
 
     # Buckets and one representative shape per bucket, inside it.
     for i, bucket in enumerate(spec.buckets):
@@ -308,10 +358,12 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
                                       f"{where}: config '{config.name}': grid[{axis}]")
             except ValueError as err:
                 raise SpecError(str(err)) from None
-    for field_name, names in (("outputs", spec.outputs), ("readonly", spec.readonly)):
-        for name in names:
-            if not types.get(name, "").startswith("*"):
-                _fail(where, f"{field_name}: '{name}' is not a pointer parameter")
+    for name in spec.outputs:
+        if not types.get(name, "").startswith("*") and not is_tensordesc(types.get(name)):
+            _fail(where, f"outputs: '{name}' is not a pointer or tensordesc parameter")
+    for name in spec.readonly:
+        if not types.get(name, "").startswith("*"):
+            _fail(where, f"readonly: '{name}' is not a pointer parameter")
     both = set(spec.outputs) & set(spec.readonly)
     if both:
         _fail(where, f"{sorted(both)} are both outputs and readonly")

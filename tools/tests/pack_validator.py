@@ -37,6 +37,12 @@ VARIANT_REQUIRED = {
     "profile_scratch_align", "launch_pdl", "launch_cooperative_grid", "layout",
 }
 VARIANT_OPTIONAL = {"num_stages", "triton_version", "bucket", "assumptions", "types"}
+VARIANT_OPTIONAL_V2 = {"tensordesc_meta"}
+# kpack/2 tensor descriptors, re-derived here from Triton 3.6's launcher (driver.py).
+TENSORDESC = re.compile(r"tensordesc<(fp8e4nv|fp8e5|fp8e4b15|fp8e4b8|fp8e5b16|[iu](?:1|8|16|32|64)"
+                        r"|fp16|bf16|fp32|fp64)\[(\d+(?:, \d+){0,4})\]>")
+DESC_META_KEYS = {"data_type", "elem_size", "swizzle", "block_size", "fp4_padded"}
+DESC_META_OPTIONAL = {"element_strides", "interleave", "l2_promotion"}
 
 
 def _is_int(value):
@@ -51,6 +57,23 @@ def _type_size(param_type):
     if _is_pointer(param_type):
         return 8
     return SLOT_SIZES.get(param_type)
+
+
+def _desc(param_type):
+    """``(dtype, rank)`` of a tensordesc type, else None."""
+    match = TENSORDESC.fullmatch(param_type)
+    return (match.group(1), match.group(2).count(",") + 1) if match else None
+
+
+def _desc_slots(name, rank, tma):
+    """``[(param, part, size)]``: Triton's expansion of a descriptor argument."""
+    if tma:
+        head = [(name, "tma", 128)]
+    else:
+        head = [(name, "base", 8)] + [(name, f"base_shape[{i}]", 8) for i in range(rank)] + \
+            [(name, f"base_strides[{i}]", 8) for i in range(rank)] + [(name, "padding", 1)]
+    return head + [(name, f"shape[{i}]", 4) for i in range(rank)] + \
+        [(name, f"strides[{i}]", 8) for i in range(rank)]
 
 
 def validate_manifest(manifest, pack_dir):
@@ -89,7 +112,11 @@ def _validate_kernel(kernel, pack_dir, version_2=False):
         allowed = {"name", "type", "readonly"} if version_2 else {"name", "type"}
         if not {"name", "type"} <= set(param) or set(param) - allowed:
             errors.append(f"{where}: param fields {sorted(param)}")
-        elif param["type"] != "constexpr" and _type_size(param["type"]) is None:
+        elif "." in param["name"] and not (version_2 and re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_]*(\.\d+)+", param["name"])):
+            errors.append(f"{where}: param name {param['name']!r}")
+        elif param["type"] != "constexpr" and _type_size(param["type"]) is None \
+                and not (version_2 and _desc(param["type"])):
             errors.append(f"{where}: param {param['name']!r} has bad type {param['type']!r}")
         elif "readonly" in param and (not isinstance(param["readonly"], bool)
                                       or (param["readonly"] and not _is_pointer(param["type"]))):
@@ -134,7 +161,7 @@ def _validate_kernel(kernel, pack_dir, version_2=False):
                 errors.append(f"{where}: no variant serves bucket {list(index)}")
     for variant in variants:
         vwhere = f"{where}: variant {variant.get('name')!r}"
-        errors += _validate_variant(variant, params, pack_dir, vwhere)
+        errors += _validate_variant(variant, params, pack_dir, vwhere, version_2)
         errors += _validate_dispatch(variant, types, dims, vwhere)
         for axis, expr in enumerate(grid or ()):
             errors += _validate_grid(expr, types, variant.get("constexprs", {}),
@@ -174,6 +201,9 @@ def _validate_dispatch(variant, types, dims, where):
                     errors.append(f"{where}: bucket index {index!r} out of range")
     effective = effective_types(variant, types)
     for name, new_type in variant.get("types", {}).items():
+        declared = _desc(types.get(name, ""))
+        if declared is not None and _desc(new_type) == declared:
+            continue  # another block shape of the same element type and rank
         if types.get(name) not in INT_RANGES or new_type not in INT_RANGES:
             errors.append(f"{where}: types {name!r}: {types.get(name)} -> {new_type}")
     for name, kinds in variant.get("assumptions", {}).items():
@@ -238,9 +268,10 @@ def eq1_params(variant):
     return [name for name, kinds in variant.get("assumptions", {}).items() if "eq1" in kinds]
 
 
-def _validate_variant(variant, params, pack_dir, where):
+def _validate_variant(variant, params, pack_dir, where, version_2=False):
     fields = set(variant)
-    if not VARIANT_REQUIRED <= fields or fields - VARIANT_REQUIRED - VARIANT_OPTIONAL:
+    optional = VARIANT_OPTIONAL | (VARIANT_OPTIONAL_V2 if version_2 else set())
+    if not VARIANT_REQUIRED <= fields or fields - VARIANT_REQUIRED - optional:
         return [f"{where}: fields {sorted(fields)}"]
     errors = []
     cubin = variant["cubin"]
@@ -286,16 +317,71 @@ def _validate_variant(variant, params, pack_dir, where):
     return errors + _validate_layout(variant, params, where)
 
 
+def _desc_meta(variant, descs, where, errors):
+    """{descriptor: its tensordesc_meta entry or None}, checking the entries' fields;
+    ``descs`` maps each descriptor to the variant's type of it."""
+    meta = variant.get("tensordesc_meta")
+    if meta is None:
+        return {name: None for name in descs}
+    if not isinstance(meta, list) or len(meta) != len(descs):
+        errors.append(f"{where}: tensordesc_meta needs {len(descs)} entries")
+        return {name: None for name in descs}
+    for name, entry in zip(descs, meta):
+        if entry is None:
+            continue
+        rank = _desc(descs[name])[1]
+        if not isinstance(entry, dict) or not DESC_META_KEYS <= set(entry) \
+                or set(entry) - DESC_META_KEYS - DESC_META_OPTIONAL:
+            errors.append(f"{where}: tensordesc_meta entry of {name!r}: fields {entry!r}")
+        elif not (_is_int(entry["data_type"]) and 0 <= entry["data_type"] <= 15
+                  and entry["elem_size"] in (1, 2, 4, 8) and entry["swizzle"] in (0, 1, 2, 3)
+                  and isinstance(entry["fp4_padded"], bool)
+                  and isinstance(entry["block_size"], list) and len(entry["block_size"]) == rank
+                  and all(_is_int(b) and 1 <= b <= 256 for b in entry["block_size"])):
+            errors.append(f"{where}: tensordesc_meta entry of {name!r}: values {entry!r}")
+    return dict(zip(descs, meta))
+
+
 def _validate_layout(variant, params, where):
     types = {p["name"]: p["type"] for p in params}
     effective = effective_types(variant, types)
     dropped = set(eq1_params(variant))
+    errors = []
+    descs = {name: t for name, t in effective.items() if _desc(t)}
+    meta = _desc_meta(variant, descs, where, errors)
+    # The slots every call parameter should have, in order (a descriptor: its parts).
+    want = []
+    for name, t in effective.items():
+        if name in dropped:
+            continue
+        if name in descs:
+            want += _desc_slots(name, _desc(t)[1], meta[name] is not None)
+        else:
+            want.append((name, None, _type_size(t)))
+    want += [(name, None, 8) for name in HIDDEN]
+    got = [(s.get("param"), s.get("part"), s.get("size")) for s in variant["layout"]]
+    if got != want:
+        errors.append(f"{where}: layout (param, part, size) {got} != {want}")
+    tma = [s["offset"] for s in variant["layout"] if s.get("part") == "tma"]
+    if any(o % 16 for o in tma) or len({o % 64 for o in tma}) > 1:
+        errors.append(f"{where}: CUtensorMap slots at {tma}: not 16-aligned with one "
+                      f"offset modulo 64")
     sizes = {name: _type_size(t) for name, t in effective.items()}
     sizes.update({name: 8 for name in HIDDEN})
-    errors = []
     end = 0
     seen = []
     for i, slot in enumerate(variant["layout"]):
+        if slot.get("part") is not None:
+            if slot["offset"] < end:
+                errors.append(f"{where}: layout[{i}] overlaps or is out of order")
+            end = slot["offset"] + slot["size"]
+            if slot["part"] == "tma":
+                seen.append(slot["param"])
+            elif slot["part"] == "base" or slot["offset"] % slot["size"]:
+                seen += [slot["param"]] if slot["part"] == "base" else []
+                if slot["offset"] % slot["size"]:
+                    errors.append(f"{where}: layout[{i}] offset not aligned")
+            continue
         if set(slot) != {"param", "offset", "size"}:
             errors.append(f"{where}: layout[{i}] fields {sorted(slot)}")
             continue

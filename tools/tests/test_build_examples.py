@@ -24,10 +24,12 @@ from pack_validator import choose_variant, cuobjdump_slots, validate_manifest
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "kernels" / "examples"
 SPEC_FILES = [EXAMPLES / f"{name}.py" for name in ("vector_add", "softmax", "layer_norm",
-                                                    "matmul", "layer_norm_train")]
+                                                    "matmul", "layer_norm_train", "matmul_tma",
+                                                    "attention_tma")]
 COMMITTED_PACK = REPO / "kernels" / "examplepack"
 KERNELS = ("vector_add", "softmax", "layer_norm", "matmul_fp16", "matmul_bf16",
-           "layer_norm_fwd", "layer_norm_bwd")
+           "layer_norm_fwd", "layer_norm_bwd", "matmul_tma", "attention_fwd",
+           "attention_fwd_causal")
 
 
 @pytest.fixture(scope="module")
@@ -145,14 +147,48 @@ def test_layer_norm_backward_depends_on_more_than_12_properties(built):
         ["X", "W", "DY", "Mean", "Rstd"]
 
 
-def test_row_count_grid_is_left_to_the_caller(built):
+def test_row_count_grid_is_left_to_the_caller(built, specs):
     """layer_norm_fwd's grid is n_rows = X.shape[0], a launch value: not in the manifest."""
     _, manifest, _ = built
     assert "grid" not in kernel_of(manifest, "layer_norm_fwd")
     assert manifest["format"] == "kpack/2"
     for kernel in manifest["kernels"]:
         module, function = kernel["source"]["qualname"].rsplit(".", 1)
-        assert function.endswith("_kernel") and module in [f.stem for f in SPEC_FILES]
+        assert function == specs[kernel["name"]].fn.fn.__name__
+        assert module in [f.stem for f in SPEC_FILES]
+
+
+def test_tma_kernels_expand_their_descriptors(built):
+    """The persistent matmul's descriptors: Triton's TMA expansion in the layout, the
+    metadata in tensordesc_meta (the driver's data type), and per bucket the config's block
+    shape, the kernel's type in bucket 0 and a `types` override in bucket 1."""
+    _, manifest, _ = built
+    kernel = kernel_of(manifest, "matmul_tma")
+    assert [p["type"] for p in kernel["params"][:3]] == [
+        "tensordesc<fp16[64, 64]>", "tensordesc<fp16[64, 128]>", "tensordesc<fp16[64, 128]>"]
+    assert kernel["grid"] == ["min(NUM_SMS, cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N))"]
+    for variant in kernel["variants"]:
+        parts = [(s["param"], s.get("part"), s["size"]) for s in variant["layout"][:5]]
+        assert parts == [("a_desc", "tma", 128), ("a_desc", "shape[0]", 4),
+                         ("a_desc", "shape[1]", 4), ("a_desc", "strides[0]", 8),
+                         ("a_desc", "strides[1]", 8)]
+        meta = variant["tensordesc_meta"]
+        assert [m["data_type"] for m in meta] == [6] * 3  # CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        assert all(m["swizzle"] == 3 and m["elem_size"] == 2 for m in meta)
+        if variant["bucket"] == [0]:
+            assert "types" not in variant
+            assert meta[0]["block_size"] == [64, 64]
+        else:
+            assert variant["types"] == {"a_desc": "tensordesc<fp16[128, 64]>",
+                                        "c_desc": "tensordesc<fp16[128, 128]>"}
+            assert meta[0]["block_size"] == [128, 64]
+    base = {"M": 64, "N": 512, "K": 512, "NUM_SMS": 132}
+    assert choose_variant(kernel, base)["name"] == "b0_aligned"
+    assert choose_variant(kernel, {**base, "M": 1000})["name"] == "b1_generic"
+    attention = kernel_of(manifest, "attention_fwd_causal")
+    assert attention["params"][4]["type"] == "tensordesc<fp16[1, 1, 128, 64]>"
+    assert attention["variants"][0]["tensordesc_meta"][0]["block_size"] == [1, 1, 128, 64]
+    assert attention["variants"][0]["entry"] == "attention_fwd_causal"
 
 
 def test_layer_norm_eps_is_a_4_byte_fp32_slot(built):
@@ -180,11 +216,16 @@ def test_committed_pack_matches_its_sources(specs):
     assert sorted(k["name"] for k in manifest["kernels"]) == sorted(KERNELS)
     for kernel in manifest["kernels"]:
         spec = specs[kernel["name"]]
+        first = spec.config(chosen[(kernel["name"], tuple(kernel["variants"][0].get("bucket",
+                                                                                     [])))])
         assert [(p["name"], p["type"]) for p in kernel["params"]] == \
-            [tuple(p) for p in spec.params]
+            [tuple(p) for p in spec.params_for(first)]
         specials = {s.name: s for s in spec.all_specializations()}
         for variant in kernel["variants"]:
             config = spec.config(chosen[(kernel["name"], tuple(variant.get("bucket", [])))])
+            types = {p["name"]: p["type"] for p in kernel["params"]}
+            types.update(variant.get("types", {}))
+            assert [(name, types[name]) for name, _ in spec.params] == spec.params_for(config)
             assert variant["constexprs"] == dict(spec.constexprs(config))
             assert (variant["num_warps"], variant["num_stages"], variant["num_ctas"]) == \
                 (config.num_warps, config.num_stages, config.num_ctas)
@@ -231,6 +272,16 @@ def test_bad_specs_are_refused_with_clear_errors(specs):
     assert "no config named 'nope'" in msg
     msg = _bad(add, grid=["cdiv(n, BLOCKS)"])
     assert "unknown name 'BLOCKS'" in msg
+    mm = specs["matmul_tma"]
+    msg = _bad(mm, params=[("a_desc", "tensordesc<fp16[BLOCK_Q, BLOCK_K]>")] + list(mm.params[1:]))
+    assert "parameter 'a_desc': 'tensordesc<fp16[BLOCK_Q, BLOCK_K]>': block dimension " \
+        "'BLOCK_Q' is not an integer constexpr of the config (got None)" in msg
+    msg = _bad(mm, params=[("a_desc", "tensordesc<fp16[BLOCK_M]x>")] + list(mm.params[1:]))
+    assert "is not a tensordesc<DTYPE[B0, ...]> type" in msg
+    msg = _bad(mm, params=[("a_desc", ("*fp16", "*fp16"))] + list(mm.params[1:]))
+    assert "tuple parameters are not supported by build specs" in msg
+    msg = _bad(mm, readonly=["a_desc"])
+    assert "readonly: 'a_desc' is not a pointer parameter" in msg
 
 
 def test_unknown_triton_version_is_refused(monkeypatch, tmp_path):

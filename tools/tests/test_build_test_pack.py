@@ -191,7 +191,8 @@ def test_writer_accepts_raw_cubin_and_metadata(tmp_path, add_cubin):
     (ADD_PARAMS[:3] + [("n", "i64"), ADD_PARAMS[4]], {}, "('n') is 4 bytes, its type needs 8"),
     (ADD_PARAMS, {"name": "other_kernel"}, "entry 'other_kernel' not in cubin"),
     (ADD_PARAMS, {"target": {"arch": 80}}, "cubin is for sm_90, metadata target is 80"),
-    (ADD_PARAMS[:4] + [("BLOCK", "nvTmaDesc")], {}, "'nvTmaDesc' is not supported"),
+    (ADD_PARAMS[:4] + [("BLOCK", "nvTmaDesc")], {},
+     "'nvTmaDesc' (a caller-encoded CUtensorMap) is not supported"),
 ])
 def test_writer_refuses_mismatches(tmp_path, add_cubin, params, variant_meta, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -132,6 +132,15 @@ def tma_kernel(desc, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tile)
 
 
+@triton.jit
+def pair_kernel(ptrs, n, coefs, BLOCK: tl.constexpr):
+    x_ptr, y_ptr = ptrs
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    y = coefs[0] * tl.load(x_ptr + offs, mask=mask) + coefs[1] * tl.load(y_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
 @pytest.fixture(scope="module")
 def fake_driver():
     fake = FakeDriver()
@@ -165,6 +174,8 @@ def recorded(fake_driver, tmp_path_factory):
         tuned_kernel[lambda meta: (triton.cdiv(500, meta["BLOCK"]),)](A, C, 500)
         desc = TensorDescriptor(A, [64, 64], [64, 1], [16, 16])
         tma_kernel[(1,)](desc, C, BLOCK=16)
+        pair_kernel[grid]((A, B), 4096, (2.0, 0.5), BLOCK=1024)       # tuples, div16
+        pair_kernel[grid]((MISALIGNED, B), 1000, (2.0, 0.5), BLOCK=1024)
     out = tmp_path_factory.mktemp("record") / "pack"
     report = record.export(recorder.recording, out, log=None)
     return recorder.recording, report, out
@@ -177,8 +188,8 @@ def _kernel(manifest, name):
 
 
 def test_every_launch_reached_the_launcher(recorded):
-    # 5 axpy + 3 scale + 2 autotune benchmarks + 1 tuned + 1 tma.
-    assert len(FakeDriver.launcher_cls.launches) == 12
+    # 5 axpy + 3 scale + 2 autotune benchmarks + 1 tuned + 1 tma + 2 pair.
+    assert len(FakeDriver.launcher_cls.launches) == 14
 
 
 def test_manifest_is_valid(recorded):
@@ -230,11 +241,12 @@ def test_runtime_choice_matches_what_the_jit_compiled(recorded):
             if param["type"] == "constexpr":
                 continue
             arg = launch["args"][param["name"]]
+            arg = arg.get("tensordesc", arg)  # a descriptor dispatches on nothing
             values[param["name"]] = arg["ptr"] if "ptr" in arg else arg["value"]
         chosen = choose_variant(kernel, values)
         assert chosen is not None and chosen["name"] == launch["variant"], launch
         checked += 1
-    assert checked == 9  # 5 axpy, 3 scale, 1 tuned (the TMA kernel is not exported)
+    assert checked == 12  # 5 axpy, 3 scale, 1 tuned, 1 tma, 2 pair
 
 
 def test_launches_recorded_with_grid_and_arguments(recorded):
@@ -293,12 +305,34 @@ def test_autotuning_candidates_not_exported_and_pre_hook_warned(recorded):
     assert "autotuning candidate, not chosen" in reasons
 
 
-def test_tma_descriptor_kernel_refused_by_name(recorded):
+def test_tma_descriptor_kernel_exported(recorded):
+    """The issue's case: a kernel taking a host TensorDescriptor was refused; now it is a
+    kernel with a tensordesc parameter, its TMA expansion and metadata."""
+    _, report, out = recorded
+    kernel = _kernel(report.manifest, "tma_kernel")
+    assert kernel["params"][0] == {"name": "desc", "type": "tensordesc<fp32[16, 16]>"}
+    assert not [line for line in report.lines if line.startswith("REFUSED")]
+    for variant in kernel["variants"]:
+        assert variant["tensordesc_meta"][0]["data_type"] == 7  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+        assert [s.get("part") for s in variant["layout"][:5]] == \
+            ["tma", "shape[0]", "shape[1]", "strides[0]", "strides[1]"]
+    launch = next(x for x in report.record["launches"] if x["kernel"] == "tma_kernel")
+    assert launch["args"]["desc"]["tensordesc"] == {
+        "ptr": A.ptr, "align16": True, "dtype": str(A.dtype), "shape": [64, 64],
+        "strides": [64, 1], "block_shape": [16, 16], "padding": "zero"}
+    assert validate_manifest(report.manifest, out) == []
+
+
+def test_tuple_parameters_exported_flattened(recorded):
     _, report, _ = recorded
-    names = [k["name"] for k in report.manifest["kernels"]]
-    assert not any("tma" in n for n in names)
-    refused = [line for line in report.lines if line.startswith("REFUSED")]
-    assert any("tma_kernel" in line and "host TMA descriptor" in line for line in refused)
+    kernel = _kernel(report.manifest, "pair_kernel")
+    assert [(p["name"], p["type"]) for p in kernel["params"]] == [
+        ("ptrs.0", "*fp32"), ("ptrs.1", "*fp32"), ("n", "i32"), ("coefs.0", "fp32"),
+        ("coefs.1", "fp32"), ("BLOCK", "constexpr")]
+    names = sorted(v["name"] for v in kernel["variants"])
+    assert names == ["generic", "ptrs.0.d16-ptrs.1.d16-n.d16", "ptrs.1.d16"], names
+    launch = next(x for x in report.record["launches"] if x["kernel"] == "pair_kernel")
+    assert launch["args"]["ptrs.1"]["ptr"] == B.ptr and launch["args"]["coefs.0"]["value"] == 2.0
 
 
 def test_every_kernel_and_config_gets_its_generic_build(recorded):
@@ -454,6 +488,51 @@ def test_unseen_keys_use_the_nearest_recorded_key(autotuned, n, m, block, key):
     bucket = next(b for b in report.record["autotuned"][0]["buckets"]
                   if b["bucket"] == chosen["bucket"])
     assert bucket == {**bucket, "key": f"key{key}", "exact": False}
+
+
+def _set_desc_blocks(nargs):
+    # Triton's tutorials (09-persistent-matmul): the config's tile becomes the descriptors'
+    # block shape before each launch.
+    for name in ("in_desc", "out_desc"):
+        nargs[name].block_shape = [nargs["BM"], 32]
+
+
+@triton.autotune(configs=[triton.Config({"BM": 16}, num_warps=4, pre_hook=_set_desc_blocks),
+                          triton.Config({"BM": 64}, num_warps=4, pre_hook=_set_desc_blocks)],
+                 key=["M"])
+@triton.jit
+def tuned_tma_copy(in_desc, out_desc, M, BM: tl.constexpr):
+    row = tl.program_id(0) * BM
+    out_desc.store([row, 0], in_desc.load([row, 0]))
+
+
+def test_autotuned_tma_kernel_gets_each_configs_block_shape(fake_driver, tmp_path):
+    """Descriptors whose block shape a pre_hook sets per config: one kernel, bucketed on the
+    key, whose variants carry each config's block shape (types overrides), and no
+    per-config split (the block shape follows the config)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    fake_driver.timings = [1.0, 2.0, 2.0, 1.0]  # M=64: BM 16 wins; M=4096: BM 64
+    with record.Recorder(log=None) as recorder:
+        for m in (64, 4096):
+            src = TensorDescriptor(A, [m, 32], [32, 1], [1, 32])  # the pre_hook sets the block
+            dst = TensorDescriptor(C, [m, 32], [32, 1], [1, 32])
+            tuned_tma_copy[lambda meta: (triton.cdiv(m, meta["BM"]),)](src, dst, m)
+    report = record.export(recorder.recording, tmp_path / "pack", log=None)
+    assert [k["name"] for k in report.manifest["kernels"]] == ["tuned_tma_copy"]
+    kernel = report.manifest["kernels"][0]
+    assert kernel["params"][0]["type"] == "tensordesc<fp32[16, 32]>"
+    blocks = {}
+    for variant in kernel["variants"]:
+        bm = variant["constexprs"]["BM"]
+        assert variant.get("types", {}).get("in_desc", kernel["params"][0]["type"]) == \
+            f"tensordesc<fp32[{bm}, 32]>"
+        blocks[bm] = variant["tensordesc_meta"][0]["block_size"]
+    assert blocks == {16: [16, 32], 64: [64, 32]}
+    assert validate_manifest(report.manifest, tmp_path / "pack") == []
+    launch = report.record["launches"][1]
+    assert launch["args"]["in_desc"]["tensordesc"]["block_shape"] == [64, 32]
+    assert choose_variant(kernel, {"in_desc": 0, "out_desc": 0, "M": 4096})["constexprs"] == \
+        {"BM": 64}
 
 
 # ---------------------------------------------------------------------------

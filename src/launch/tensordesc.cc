@@ -1,0 +1,193 @@
+#include "launch/tensordesc.h"
+
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kpack::internal {
+
+DescSlot MakeDescSlot(const VariantSpec& variant, const TensorDescSpec& desc) {
+  DescSlot d;
+  const int rank = static_cast<int>(desc.block.size());
+  d.rank = static_cast<uint8_t>(rank);
+  d.tma = desc.tma;
+  d.fp4_padded = desc.fp4_padded;
+  d.float_elements = IsFloatElement(desc.dtype);
+  d.elem_size = static_cast<uint8_t>(desc.tma ? desc.elem_size : ElementBytes(desc.dtype));
+  for (const SlotSpec& s : variant.layout) {
+    if (s.kind != SlotKind::kArg || s.arg != desc.arg) continue;
+    const auto offset = static_cast<uint16_t>(s.offset);
+    switch (s.part) {
+      case DescPart::kTma:
+      case DescPart::kBase:
+        d.first = offset;
+        break;
+      case DescPart::kBaseShape:
+        d.base_shape[s.part_index] = offset;
+        break;
+      case DescPart::kBaseStrides:
+        d.base_strides[s.part_index] = offset;
+        break;
+      case DescPart::kPadding:
+        d.padding = offset;
+        break;
+      case DescPart::kShape:
+        d.shape[s.part_index] = offset;
+        break;
+      case DescPart::kStrides:
+        d.strides[s.part_index] = offset;
+        break;
+      case DescPart::kNone:
+        break;
+    }
+  }
+  if (desc.tma) {
+    d.data_type = static_cast<CUtensorMapDataType>(desc.data_type);
+    d.swizzle = static_cast<CUtensorMapSwizzle>(desc.swizzle);
+    d.interleave = static_cast<CUtensorMapInterleave>(desc.interleave);
+    d.l2_promotion = static_cast<CUtensorMapL2promotion>(desc.l2_promotion);
+    // The manifest lists dimensions outer first, as Triton's metadata does; the driver
+    // takes them innermost first.
+    for (int i = 0; i < rank; ++i) {
+      d.box[rank - 1 - i] = desc.box[i];
+      d.element_strides[rank - 1 - i] = desc.element_strides[i];
+    }
+  }
+  return d;
+}
+
+namespace {
+
+template <typename T>
+void Store(std::byte* dst, T value) {
+  std::memcpy(dst, &value, sizeof(T));
+}
+
+// The caller's shape, with the last dimension doubled for an fp4-padded descriptor as
+// Triton does (make_tensordesc_arg: the encode and the i32 shape slots both get it).
+bool EffectiveShape(const DescSlot& slot, const TensorDesc& d, int64_t* shape, int* bad) {
+  for (int i = 0; i < slot.rank; ++i) {
+    shape[i] = d.shape[i];
+    if (i == slot.rank - 1 && slot.fp4_padded) shape[i] *= 2;
+    if (d.shape[i] < 1 || shape[i] > std::numeric_limits<int32_t>::max()) {
+      *bad = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf) {
+  if (arg.kind() != Arg::Kind::kTensorDesc) return {DescProblem::kNotADesc};
+  const TensorDesc& d = arg.tensor_desc();
+  const int rank = slot.rank;
+  if (d.rank != rank) return {DescProblem::kRank};
+  int64_t shape[DescSlot::kMaxRank];
+  int bad = 0;
+  if (!EffectiveShape(slot, d, shape, &bad)) return {DescProblem::kShape, bad};
+  if (d.strides[rank - 1] != 1) return {DescProblem::kLastStride, rank - 1};
+  if (d.base % 16 != 0) return {DescProblem::kBaseAlign};
+  int64_t stride_bytes[DescSlot::kMaxRank];
+  for (int i = 0; i + 1 < rank; ++i) {
+    if (__builtin_mul_overflow(d.strides[i], int64_t{slot.elem_size}, &stride_bytes[i]) ||
+        stride_bytes[i] % 16 != 0) {
+      return {DescProblem::kStrideAlign, i};
+    }
+  }
+  const bool nan = d.padding == TensorDescPadding::kNan;
+  if ((nan && !slot.float_elements) || (!nan && d.padding != TensorDescPadding::kZero)) {
+    return {DescProblem::kNanPadding};
+  }
+  if (slot.tma) {
+    cuuint64_t dims[DescSlot::kMaxRank];
+    cuuint64_t strides[DescSlot::kMaxRank];  // the driver reads rank - 1 of them
+    for (int i = 0; i < rank; ++i) dims[rank - 1 - i] = static_cast<cuuint64_t>(shape[i]);
+    for (int i = 0; i + 1 < rank; ++i) {
+      strides[rank - 2 - i] = static_cast<cuuint64_t>(stride_bytes[i]);
+    }
+    const CUresult r = driver.TensorMapEncodeTiled(
+        reinterpret_cast<CUtensorMap*>(buf + slot.first), slot.data_type,
+        static_cast<cuuint32_t>(rank), reinterpret_cast<void*>(d.base), dims, strides, slot.box,
+        slot.element_strides, slot.interleave, slot.swizzle, slot.l2_promotion,
+        nan ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return {DescProblem::kEncode, 0, r};
+  } else {
+    Store(buf + slot.first, static_cast<uint64_t>(d.base));
+    for (int i = 0; i < rank; ++i) {
+      Store(buf + slot.base_shape[i], shape[i]);
+      Store(buf + slot.base_strides[i], d.strides[i]);
+    }
+    Store(buf + slot.padding, static_cast<uint8_t>(nan ? 1 : 0));
+  }
+  for (int i = 0; i < rank; ++i) {
+    Store(buf + slot.shape[i], static_cast<int32_t>(shape[i]));
+    Store(buf + slot.strides[i], d.strides[i]);
+  }
+  return {};
+}
+
+absl::Status DescError(const Driver& driver, absl::string_view what, size_t index,
+                       const ParamSpec& param, const TensorDescSpec& spec, const Arg& arg,
+                       const DescResult& result) {
+  const std::string head = absl::StrCat(what, ": argument ", index, " ('", param.name, "', ",
+                                        spec.type_name, ")");
+  if (result.problem == DescProblem::kNotADesc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(head, " expects a kpack::TensorDesc, got ", ArgKindName(arg.kind())));
+  }
+  const TensorDesc& d = arg.tensor_desc();
+  const int rank = d.rank < 0 ? 0 : (d.rank > TensorDesc::kMaxRank ? TensorDesc::kMaxRank : d.rank);
+  const std::string values = absl::StrCat(
+      "base 0x", absl::Hex(d.base), ", shape [", absl::StrJoin(d.shape, d.shape + rank, ", "),
+      "], strides [", absl::StrJoin(d.strides, d.strides + rank, ", "), "], padding ",
+      d.padding == TensorDescPadding::kNan ? "nan" : "zero");
+  const int i = result.dim;
+  std::string why;
+  switch (result.problem) {
+    case DescProblem::kOk:
+    case DescProblem::kNotADesc:
+      break;
+    case DescProblem::kRank:
+      why = absl::StrCat("has rank ", d.rank, ", but the parameter's block shape [",
+                         absl::StrJoin(spec.block, ", "), "] has rank ", spec.block.size());
+      break;
+    case DescProblem::kShape:
+      why = absl::StrCat("shape[", i, "] = ", d.shape[i], " is outside [1, 2^31)",
+                         spec.fp4_padded && i == rank - 1
+                             ? " (the last dimension is doubled for fp4 padding)"
+                             : " (the kernel takes the shape as i32)");
+      break;
+    case DescProblem::kLastStride:
+      why = absl::StrCat("strides[", i, "] = ", d.strides[i],
+                         ": the last dimension must be contiguous (stride 1)");
+      break;
+    case DescProblem::kBaseAlign:
+      why = absl::StrCat("base 0x", absl::Hex(d.base), " is not 16-byte aligned");
+      break;
+    case DescProblem::kStrideAlign:
+      why = absl::StrCat("strides[", i, "] = ", d.strides[i], " elements of ",
+                         spec.tma ? spec.elem_size : ElementBytes(spec.dtype),
+                         " bytes is not a multiple of 16 bytes");
+      break;
+    case DescProblem::kNanPadding:
+      why = d.padding == TensorDescPadding::kNan
+                ? absl::StrCat("NaN padding needs floating-point elements, not ", spec.dtype)
+                : absl::StrCat("padding ", static_cast<int>(d.padding),
+                               " is neither TensorDescPadding::kZero nor kNan");
+      break;
+    case DescProblem::kEncode:
+      return driver.Error(
+          result.result,
+          absl::StrCat("cuTensorMapEncodeTiled for ", head, " (", values, "; box [",
+                       absl::StrJoin(spec.box, ", "), "], swizzle ", spec.swizzle,
+                       ", data type ", spec.data_type, ")"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(head, ": the descriptor (", values, ") ", why));
+}
+
+}  // namespace kpack::internal
