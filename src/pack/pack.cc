@@ -87,8 +87,12 @@ KernelInfo DescribeKernel(const KernelSpec& k) {
     info.params.push_back({p.name, p.type_name, p.type == ParamType::kConstexpr});
   }
   info.call_params.assign(k.args.begin(), k.args.end());
-  for (const BucketSpec& b : k.buckets) info.buckets.push_back({k.arg(b.arg).name, b.edges});
+  for (const BucketSpec& b : k.buckets) {
+    info.buckets.push_back({k.arg(b.arg).name, b.edges, b.grid_max});
+  }
   info.grid = k.grid;
+  info.grid_tolerant = k.grid_tolerant;
+  info.grid_proven = k.grid_proven;
   for (const VariantSpec& v : k.variants) info.variants.push_back(DescribeVariant(k, v));
   return info;
 }
