@@ -252,6 +252,13 @@ struct BoundState {
   alignas(16) std::byte buf[kMaxParamBytes];
 };
 
+// A BoundLaunch's state for kpack::StepGraph (src/graph/), which reads its variant, grid,
+// arguments and packed buffer at every replay.
+struct BoundAccess {
+  static BoundState& Get(BoundLaunch& b) { return *b.state_; }
+  static const BoundState& Get(const BoundLaunch& b) { return *b.state_; }
+};
+
 }  // namespace kpack::internal
 
 #endif  // KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
