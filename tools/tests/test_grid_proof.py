@@ -257,3 +257,20 @@ def test_grid_max_needs_grid_tolerant(tmp_path):
     (tmp_path / "other.py").write_text(path)
     with pytest.raises(SpecError, match="grid_max is set but grid_tolerant is not"):
         load_specs(tmp_path / "other.py")
+
+
+def test_committed_graphpack_is_its_spec_built_without_tuning(tmp_path):
+    """kernels/graphpack (bench/graph_bench's and the graph tests' pack) is exactly what
+    kernels/examples/graph_step.py builds with --no-tune: tolerance asserted, unproven."""
+    committed = REPO / "kernels" / "graphpack"
+    out = tmp_path / "graphpack"
+    manifest, _ = builder.build([REPO / "kernels" / "examples" / "graph_step.py"], out,
+                                tune=False, log=None)
+    files = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    for name in files:
+        assert (committed / name).read_bytes() == (out / name).read_bytes(), name
+    assert {k["name"]: k.get("grid_tolerance") for k in manifest["kernels"]} == {
+        "vector_add": {"proof": "asserted"}, "matmul_fp16": {"proof": "asserted"},
+        "softmax": None, "layer_norm": None}
+    validate_manifest(manifest, committed)
