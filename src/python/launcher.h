@@ -62,6 +62,16 @@ bool InitLaunchTypes(PyObject* module);
 // `state`) alive. Null with a Python exception set on failure.
 PyObject* NewKernelObject(PyObject* owner, RuntimeState* state, Kernel kernel);
 
+// For kpack.graph (graph.cc): the BoundLaunch of a kpack.BoundLaunch object; null, with no
+// exception, for anything else.
+BoundLaunch* AsBoundLaunch(PyObject* object);
+
+// A `stream=` argument: an int CUstream, a torch.cuda.Stream or an object with
+// __cuda_stream__(); None (or null) for the stream calling `bound` (a kpack.BoundLaunch)
+// would launch on now: its stream= if bound with one, else its tensors' producer's
+// current stream (torch's), else the legacy stream. False with a Python exception set.
+bool StreamArg(PyObject* bound, PyObject* stream, CUstream* out);
+
 // Sets the Python exception that corresponds to `status` (see kpack/__init__.py for the
 // classes) and returns null.
 PyObject* RaiseStatus(const absl::Status& status);

@@ -1971,6 +1971,10 @@ CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
   record.num_attrs = current.num_attrs;
   record.attrs = current.attrs;
   current = record;
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
+    s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
+  }
   s.node_updates.push_back({instance->id, target->index, record});
   return CUDA_SUCCESS;
 }

@@ -259,7 +259,8 @@ struct NodeUpdate {
   LaunchRecord launch;  // what the node launches from now on (stream null)
 };
 
-// Node parameter updates since Reset(), in order.
+// Node parameter updates since Reset(), in order: all of them up to 2 * kLaunchRingCapacity,
+// beyond that at least the last kLaunchRingCapacity.
 KPACK_FAKE_EXPORT std::vector<NodeUpdate> NodeUpdates();
 // Successful cuGraphLaunch calls since Reset().
 KPACK_FAKE_EXPORT int64_t GraphLaunches();
