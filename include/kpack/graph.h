@@ -9,15 +9,18 @@
 // *bucket signature* -- every launch's chosen variant and the grid the graph launches it
 // with -- and patches arguments (sizes, pointers, scalars, all alike) in between:
 //
-//   // The step: BoundLaunches (kpack/runtime.h), bound once with any valid arguments.
-//   std::vector<kpack::BoundLaunch*> step = {&norm, &qkv, &scores, &out};
+//   kpack::BoundLaunch* step[] = {&*matmul, &*add};  // in launch order
 //   absl::StatusOr<kpack::StepGraph> graph = kpack::StepGraph::Create(step);
 //   if (!graph.ok()) return graph.status();
-//   for (int m : batch_sizes) {
+//   for (int m : batches) {
 //     // This step's sizes and pointers, through BoundLaunch::Set as for eager launches.
-//     KPACK_RETURN_IF_ERROR(qkv.Set(3, m));  ...
-//     KPACK_RETURN_IF_ERROR(graph->Replay(stream));  // patches, then one cuGraphLaunch
+//     if (absl::Status s = matmul->Set(3, m); !s.ok()) return s;  // M
+//     ...
+//     if (absl::Status s = graph->Replay(stream); !s.ok()) return s;
 //   }
+//
+// (examples/step_graph.cc has the whole function, with the BoundLaunches bound; CI
+// compiles it.)
 //
 // Replay(stream) reads each BoundLaunch's current variant, grid and packed parameter bytes
 // (BoundLaunch::Set re-selects the variant when a bucket or specialization changes), looks
