@@ -170,6 +170,8 @@ class StepGraph {
   };
   std::vector<GraphInfo> graphs() const;
 
+  // Replays are counted here, not in Kernel::variant_stats() (the driver launches the
+  // nodes); eager steps (Unseen::kLaunchEagerly) are counted there too.
   struct Stats {
     uint64_t graphs_built = 0;
     uint64_t replays = 0;             // graph launches

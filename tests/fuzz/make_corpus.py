@@ -29,12 +29,14 @@ def put(target, name, data):
 
 
 # ---------------------------------------------------------------------------------------
-# manifest: the two real manifests, then small hand-made ones (valid and broken).
+# manifest: three real manifests, then small hand-made ones (valid and broken).
 
 def manifests():
     shutil.copyfile(ROOT / "kernels/testpack/manifest.json", CORPUS / "manifest/testpack.json")
     shutil.copyfile(ROOT / "kernels/dispatchpack/manifest.json",
                     CORPUS / "manifest/dispatchpack.json")
+    # kpack/2 with grid_tolerance (and source, readonly).
+    shutil.copyfile(ROOT / "kernels/graphpack/manifest.json", CORPUS / "manifest/graphpack.json")
     sha = "0" * 64
 
     def variant(name, layout, **extra):

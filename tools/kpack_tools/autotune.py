@@ -140,10 +140,11 @@ class CudaBackend:
     # For kpack_tools.grid_proof: tensors followed by guard memory of random bytes.
     GUARD_LIMIT_BYTES = 256 << 20
 
-    def guard(self, args: Mapping[str, Any], factor: int):
+    def guard(self, args: Mapping[str, Any], factor: int, reach=None):
         """``(args, guards)``: each contiguous tensor argument copied into the front of a
-        buffer ``1 + factor`` times its size (at most GUARD_LIMIT_BYTES more) whose rest
-        holds random bytes; ``guards`` lists (name, tail, its bytes) for guard_damage."""
+        buffer whose rest, ``factor`` times the tensor's size or the size of the same
+        argument in ``reach`` if larger (at most GUARD_LIMIT_BYTES), holds random bytes;
+        ``guards`` lists (name, tail, its bytes) for guard_damage."""
         import torch
         guarded, guards = dict(args), []
         gen = torch.Generator(device="cuda").manual_seed(5)
@@ -151,7 +152,9 @@ class CudaBackend:
             if not isinstance(value, torch.Tensor) or not value.is_contiguous():
                 continue
             n = value.numel()
-            extra = max(1, min(n * factor, self.GUARD_LIMIT_BYTES // value.element_size()))
+            far = (reach or {}).get(name)
+            want = max(n * factor, far.numel() if isinstance(far, torch.Tensor) else 0)
+            extra = max(1, min(want, self.GUARD_LIMIT_BYTES // value.element_size()))
             big = torch.empty(n + extra, dtype=value.dtype, device=value.device)
             tail = big[n:].view(torch.uint8)
             tail.copy_(torch.randint(0, 256, tail.shape, dtype=torch.uint8, device=value.device,

@@ -17,7 +17,8 @@ pack uses there:
    too, also in a bucket that is never padded.
 2. **Check**: the kernel runs through Triton's JIT once at the exact and once at the
    larger grid, each on a fresh copy of ``make_inputs(shape)`` whose tensors are followed
-   by *guard* memory holding random bytes.  Every tensor argument must come out bitwise
+   by *guard* memory holding random bytes (as long as the tensor at the padded shape, and
+   at least the tensor times the ratio of programs).  Every tensor argument must come out bitwise
    identical, and every guard untouched (a program that does not mask itself writes past
    its tensors: e.g. one program per row with no row check).  A launch that fails, a
    difference or a damaged guard refuses the flag.
@@ -97,16 +98,18 @@ def _programs(grid: Sequence[int]) -> int:
 
 
 def _check_launches(spec: KernelSpec, config: Config, backend, shape, pristine, exact, larger,
-                    times: bool, reps: int, warmup: int) -> Dict[str, Any]:
+                    times: bool, reps: int, warmup: int, reach=None) -> Dict[str, Any]:
     """One shape: the kernel at the exact and at the larger grid on guarded copies of the
     inputs ``pristine``; the tensor arguments compared bitwise, the guards checked, both
-    timed."""
+    timed. Each tensor's guard is as long as the tensor times the programs' ratio, and at
+    least as long as the same tensor of ``reach`` (the inputs at the padded shape, which
+    the extra programs would cover if they did not mask themselves out)."""
     factor = max(1, math.ceil(_programs(larger) / max(1, _programs(exact))))
     result = {"shape": dict(shape), "grid": list(exact), "larger_grid": list(larger),
               "exact_us": None, "larger_us": None, "problem": None}
     runs = {}
     for which, grid in (("exact", exact), ("larger", larger)):
-        args, guards = backend.guard(backend.copy(pristine), factor)
+        args, guards = backend.guard(backend.copy(pristine), factor, reach)
         try:
             backend.run(spec, config, args, grid=tuple(grid))
         except Exception as err:  # noqa: BLE001 - recorded as the refusal's reason
@@ -161,11 +164,13 @@ def prove(spec: KernelSpec, configs: Sequence[Config], backend, reps: int = 25,
             exact = spec.grid_for(args, config)
             padded = spec.grid_for({**args, **padding}, config)
             if padding and tuple(padded) != tuple(exact):
-                checks.append((shape, args, exact, padded, True))
+                reach = backend.inputs(spec, {**shape, **padding})
+                checks.append((shape, args, exact, padded, True, reach))
         args = backend.inputs(spec, representative)
         exact = spec.grid_for(args, config)
-        checks.append((dict(representative), args, exact, tuple(2 * g for g in exact), False))
-        for shape, pristine, exact, larger, timed in checks:
+        checks.append((dict(representative), args, exact, tuple(2 * g for g in exact), False,
+                       None))
+        for shape, pristine, exact, larger, timed, reach in checks:
             if any(g < 0 for g in larger) or any(a > b for a, b in zip(exact, larger)):
                 result = {"shape": dict(shape), "grid": list(exact), "larger_grid": list(larger),
                           "exact_us": None, "larger_us": None,
@@ -176,7 +181,7 @@ def prove(spec: KernelSpec, configs: Sequence[Config], backend, reps: int = 25,
                 continue
             else:
                 result = _check_launches(spec, config, backend, shape, pristine, exact, larger,
-                                         timed, reps, warmup)
+                                         timed, reps, warmup, reach)
             bucket["shapes"].append(result)
             if result["problem"]:
                 entry["verdict"], entry["reason"] = REFUSED, f"{where}, shape {shape}: " \

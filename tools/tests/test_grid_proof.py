@@ -122,6 +122,7 @@ class GridModelBackend:
         self.cost_per_program = cost_per_program
         self.fixed_cost = fixed_cost
         self.grids = []
+        self.guard_sizes = []
 
     def inputs(self, spec, shape):
         return dict(spec.make_inputs(dict(shape), "cpu"))
@@ -138,13 +139,16 @@ class GridModelBackend:
         grid = grid or spec.grid_for(args, config)
         return self.fixed_cost + self.cost_per_program * float(np.prod(grid))
 
-    def guard(self, args, factor):
+    def guard(self, args, factor, reach=None):
         guarded, guards = dict(args), []
         rng = np.random.default_rng(9)
         for name, value in args.items():
             if not isinstance(value, np.ndarray):
                 continue
-            big = np.empty(value.size * (1 + factor), value.dtype)
+            far = (reach or {}).get(name)
+            extra = max(value.size * factor, far.size if isinstance(far, np.ndarray) else 0)
+            self.guard_sizes.append((name, extra))
+            big = np.empty(value.size + extra, value.dtype)
             tail = big[value.size:].view(np.uint8)
             tail[:] = rng.integers(0, 256, tail.size, dtype=np.uint8)
             big[:value.size] = value.reshape(-1)
@@ -179,6 +183,8 @@ def test_masked_kernel_is_proven_and_row_kernel_refused(tmp_path):
     assert add["max_cost"] is not None and add["max_cost"] <= 1.25
     assert kernel_entry(manifest, "vector_add")["grid_tolerance"] == \
         {"proof": "gpu", "max": {"n": 16000}}
+    # n = 1 padded to 1000: each guard as long as the tensor at n = 1000, not 4 elements.
+    assert ("out_ptr", 1000) in backend.guard_sizes
 
     softmax = kernel_entry(tuning, "softmax")["grid_tolerance"]
     assert softmax["verdict"] == grid_proof.REFUSED
