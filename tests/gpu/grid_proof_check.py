@@ -20,14 +20,13 @@ Exits 77 (skipped) without torch or a GPU, unless KPACK_REQUIRE_GPU=1 (then 1).
 """
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
-SKIP = 77
+from python_check import skip_or_fail as unavailable  # the GPU tier's skip rule
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
@@ -63,14 +62,6 @@ SPEC = textwrap.dedent('''
             grid_tolerant=True),
     ]
 ''')
-
-
-def unavailable(reason):
-    print(f"grid proof check: {reason}")
-    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
-        print("grid proof check: KPACK_REQUIRE_GPU=1, so this is a failure, not a skip")
-        return 1
-    return SKIP
 
 
 def main():
