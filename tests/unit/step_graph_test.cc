@@ -194,7 +194,7 @@ TEST_F(StepGraphTest, PointersArePatchedLikeAnyOtherBytes) {
   KP_ASSERT_OK(a.Set(2, kOut2));
   KP_ASSERT_OK(g.Replay(stream_));
   ASSERT_EQ(fake::NodeUpdates().size(), 1u);
-  const fake::LaunchRecord& patched = fake::NodeUpdates()[0].launch;
+  const fake::LaunchRecord patched = fake::NodeUpdates()[0].launch;
   const LayoutSlotInfo out = Slot(axpy_, "b0_generic", "out_ptr");
   CUdeviceptr value;
   std::memcpy(&value, patched.params.data() + out.offset, 8);
