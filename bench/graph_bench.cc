@@ -20,8 +20,9 @@
 //    median per kernel, eager and graph, and their ratio;
 //  - GPU time of a step: after a gate (three 4096^3 matmuls, long enough for the host to
 //    enqueue the whole eager step behind it), an event before and after the step; median;
-//  - building and instantiating a bucket graph: StepGraph::Build for 6 bucket signatures
-//    (M and n in other buckets), and the same step captured with cuStreamBeginCapture and
+//  - building and instantiating a bucket graph: StepGraph::Build for 8 bucket signatures
+//    (M, cols and n in each of their buckets the buffers allow), and the same step captured
+//    with cuStreamBeginCapture and
 //    instantiated, for comparison; device memory per graph (cuMemGetInfo before and after,
 //    2 MiB granularity) and scratch bytes;
 //  - outputs: 20 random steps whose sizes cross buckets, replayed and launched eagerly,
@@ -262,22 +263,25 @@ class Bench {
                 ge, gg, gg / ge, gate, Median(gate_us),
                 gate > Median(gate_us) ? "" : "  WARNING: the gate was too short");
 
-    // Building: 6 bucket signatures (M and n in other buckets), and the same by capture.
+    // Building: 8 bucket signatures, and the same steps by capture.
     std::vector<double> build_us, capture_us;
     size_t free_before = 0, free_after = 0, total = 0;
     driver_->MemGetInfo(&free_before, &total);
     absl::StatusOr<StepGraph> fresh = StepGraph::Create(launches);
     Check(fresh.status(), "StepGraph::Create");
     int built = 0;
-    for (int m : {8, 40, 128}) {
+    for (int m : {8, 40}) {  // every signature the step's buffers allow
       for (int n : {2048, 20000}) {
-        for (size_t l = 0; l < step.launches.size() / 4; ++l) {
-          Check(step.launches[4 * l + 1]->Set(3, m), "matmul M");
-          Check(step.launches[4 * l + 3]->Set(3, n), "vector_add n");
+        for (int cols : {512, 5008}) {
+          for (size_t l = 0; l < step.launches.size() / 4; ++l) {
+            Check(step.launches[4 * l + 1]->Set(3, m), "matmul M");
+            Check(step.launches[4 * l + 2]->Set(5, cols), "softmax cols");
+            Check(step.launches[4 * l + 3]->Set(3, n), "vector_add n");
+          }
+          Check(fresh->Build(), "StepGraph::Build");
+          ++built;
+          capture_us.push_back(CaptureAndInstantiate(step));
         }
-        Check(fresh->Build(), "StepGraph::Build");
-        ++built;
-        capture_us.push_back(CaptureAndInstantiate(step));
       }
     }
     driver_->MemGetInfo(&free_after, &total);
@@ -303,8 +307,8 @@ class Bench {
       Eager(step);
       identical += Outputs(step) == replayed;
     }
-    std::printf("outputs bit-identical to the eager step: %d of %d random steps (%llu graphs "
-                "built for them)\n",
+    std::printf("outputs bit-identical to the eager step: %d of %d random steps crossing "
+                "buckets (%llu graphs built in all)\n",
                 identical, kChecks, static_cast<unsigned long long>(fresh->stats().graphs_built));
     if (identical != kChecks) Fail("replayed outputs differ from the eager step's");
 
