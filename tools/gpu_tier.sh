@@ -6,14 +6,16 @@
 #   build     configure and build build-gpu/ (Release), and `pip install
 #             --no-build-isolation .` into $KPACK_PYTHON (the Python with torch/triton)
 #   ctest     KPACK_REQUIRE_GPU=1 ctest -L gpu, except the stages below
-#   memcheck  compute-sanitizer memcheck over the conformance suite (eager and captured)
-#             and the 8-thread stress (own streams and CU_STREAM_PER_THREAD)
+#   memcheck  compute-sanitizer memcheck over the conformance suite (eager and captured,
+#             and the step-graph tests Graph/*) and the 8-thread stress (own streams and
+#             CU_STREAM_PER_THREAD)
 #   examples  the example pack rebuilt tuned and checked against Triton's JIT
 #             (kpack_examples_gpu); the tuned pack is kept in $LOGS/examplepack-tuned
-#   python    the Python package, its torch ops and drop-in, the torch extension
-#             (kpack_python_gpu, kpack_torch_ops_gpu, kpack_torch_extension_gpu)
+#   python    the Python package, its torch ops and drop-in, the torch extension, graphs
+#             (kpack_python_gpu, kpack_torch_ops_gpu, kpack_torch_extension_gpu,
+#             kpack_python_graph_gpu)
 #   bench     kpack_launch_bench (paired rows), the Python and Triton launch benchmarks,
-#             kpack_open_bench
+#             kpack_open_bench, kpack_graph_bench (CUDA graphs; $LOGS/graph_bench.json)
 #   run       tools/run.sh, the README's main job, with a GPU
 #
 # Logs go to $LOGS (default: $OUT when set, else gpu-logs/): one <stage>.log each and
@@ -30,7 +32,7 @@ build=build-gpu
 stages=("$@")
 ((${#stages[@]})) || stages=(build ctest memcheck examples python bench run)
 # Tests that other stages run (they are slow, or want the GPU to themselves).
-separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|_bench_gpu$'
+separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|_bench_gpu$'
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -47,7 +49,7 @@ stage_ctest() {
 }
 stage_memcheck() {
   local cs=(compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1)
-  KPACK_REQUIRE_GPU=1 "${cs[@]}" "$build/tests/kpack_gpu_test" --gtest_filter='Suite/*' &&
+  KPACK_REQUIRE_GPU=1 "${cs[@]}" "$build/tests/kpack_gpu_test" --gtest_filter='Suite/*:Graph/*' &&
     KPACK_REQUIRE_GPU=1 KPACK_STRESS_LAUNCHES=600 "${cs[@]}" "$build/tests/kpack_gpu_test" \
       --gtest_filter='Streams/*'
 }
@@ -58,7 +60,7 @@ stage_examples() {
 }
 stage_python() {
   KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" \
-    -R 'kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu' \
+    -R 'kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu' \
     -j2 --output-on-failure -V --timeout 1200
 }
 stage_bench() {
@@ -66,7 +68,8 @@ stage_bench() {
     --benchmark_min_time=0.05 --benchmark_report_aggregates_only=true &&
     "$python" bench/python_launch_bench.py --kpack-bench "$build/bench/kpack_launch_bench" \
       --out "$LOGS/python_bench" &&
-    "$build/bench/kpack_open_bench" --benchmark_min_time=0.5
+    "$build/bench/kpack_open_bench" --benchmark_min_time=0.5 &&
+    "$build/bench/kpack_graph_bench" --json "$LOGS/graph_bench.json"
 }
 stage_run() {
   KPACK_REQUIRE_GPU=1 bash tools/run.sh

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -60,6 +61,9 @@ struct ParamInfo {
 struct BucketDimInfo {
   std::string param;           // the call parameter bucketed on
   std::vector<int64_t> edges;  // inclusive upper edges, strictly increasing
+  // kpack/2 `grid_tolerance.max`: the value a CUDA graph pads the open-ended last bucket
+  // to (> edges.back()); absent: launches in that bucket keep exact grids in a graph.
+  std::optional<int64_t> grid_max;
 };
 
 // A specialization a variant was compiled with.
@@ -133,6 +137,14 @@ struct KernelInfo {
   // kpack/2 `autotune_key`: the parameter names of the `triton.autotune` key a recorded
   // autotuned function was tuned on, in the program's order; empty when absent.
   std::vector<std::string> autotune_key;
+  // kpack/2 `grid_tolerance`: the kernel's programs tolerate a larger grid than its grid
+  // expressions give (extra programs mask themselves out), so a kpack::StepGraph
+  // (kpack/graph.h) launches it with the grid at its bucket's upper edge and patches only
+  // its arguments while sizes stay inside the bucket. `grid_proven`: the pack builder
+  // checked it on a GPU (padded and exact grids computed the same bits, docs/build-spec.md);
+  // false with grid_tolerant: asserted by the spec or recording, never checked.
+  bool grid_tolerant = false;
+  bool grid_proven = false;
 };
 
 class Pack {

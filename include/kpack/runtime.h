@@ -106,6 +106,7 @@ struct KernelData;
 struct BoundState;
 class RuntimeImpl;
 struct KernelAccess;  // `kpack bench` only, until BoundLaunch can prepare a raw launch
+struct BoundAccess;   // kpack::StepGraph (kpack/graph.h) reads a BoundLaunch's state
 }  // namespace internal
 
 // Scratch memory from the caller, as Triton's triton.set_allocator provides it: `allocate`
@@ -192,6 +193,7 @@ class BoundLaunch {
 
  private:
   friend class Kernel;
+  friend struct internal::BoundAccess;
   explicit BoundLaunch(std::unique_ptr<internal::BoundState> state);
   std::unique_ptr<internal::BoundState> state_;
 };

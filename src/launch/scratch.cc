@@ -308,6 +308,29 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::ForCapture(CUstream stream, uint64_t 
     }
     shared_->in_graphs.push_back({capture, key, arena});
   }
+  KPACK_RETURN_IF_ERROR(GiveToGraph(graph, capture, key, "a captured graph's scratch"));
+  return arena.aligned;
+}
+
+absl::StatusOr<CUdeviceptr> ScratchArenas::ForGraph(CUgraph graph, uint64_t context,
+                                                    uint64_t bytes) {
+  CUcontext current = nullptr;
+  KPACK_RETURN_IF_ERROR(driver_.Check(driver_.CtxGetCurrent(&current), "cuCtxGetCurrent"));
+  // Not a stream's: a key of its own, which no stream or capture has.
+  const StreamKey key{context, StreamKey::kGraph,
+                      next_graph_.fetch_add(1, std::memory_order_relaxed)};
+  Arena arena;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    KPACK_ASSIGN_OR_RETURN(arena, TakeOrAllocate(current, context, bytes));
+    shared_->in_graphs.push_back({0, key, arena});
+  }
+  KPACK_RETURN_IF_ERROR(GiveToGraph(graph, 0, key, "a built graph's scratch"));
+  return arena.aligned;
+}
+
+absl::Status ScratchArenas::GiveToGraph(CUgraph graph, uint64_t capture, const StreamKey& key,
+                                        absl::string_view what) {
   // The graph takes the arena's only reference; its destructor returns the arena. Made
   // without the lock: a destructor the driver runs at once must be able to take it.
   auto* payload = new GraphArena{shared_, capture, key};
@@ -316,14 +339,14 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::ForCapture(CUstream stream, uint64_t 
                                         CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
   if (r != CUDA_SUCCESS) {
     ReturnFromGraph(payload);  // back to the pool, unused
-    return driver_.Error(r, "cuUserObjectCreate for a captured graph's scratch");
+    return driver_.Error(r, absl::StrCat("cuUserObjectCreate for ", what));
   }
   r = driver_.GraphRetainUserObject(graph, object, 1, CU_GRAPH_USER_OBJECT_MOVE);
   if (r != CUDA_SUCCESS) {
     driver_.UserObjectRelease(object, 1);  // runs ReturnFromGraph
-    return driver_.Error(r, "cuGraphRetainUserObject for a captured graph's scratch");
+    return driver_.Error(r, absl::StrCat("cuGraphRetainUserObject for ", what));
   }
-  return arena.aligned;
+  return absl::OkStatus();
 }
 
 void ScratchArenas::ReturnFromGraph(void* graph_arena) {

@@ -6,7 +6,8 @@
 //
 //  1. A caller's ScratchAllocator (per launch, per BoundLaunch, or Options-wide): asked
 //     for each launch, like Triton's set_allocator. Nothing below is involved.
-//  2. Inside a stream capture: an arena that the captured graph owns. Launches on one
+//  2. Inside a stream capture: an arena that the captured graph owns (and, the same way,
+//     for a graph kpack builds node by node: ForGraph). Launches on one
 //     stream run in order and may share memory; a graph does not run in the capturing
 //     stream's order (it is replayed on any stream, while the capturing stream goes on
 //     eagerly), so it must not use that stream's arena. kpack takes an arena reserved
@@ -63,11 +64,12 @@ namespace kpack::internal {
 // refuses cuStreamGetId on a capturing stream, and a failed call would invalidate the
 // user's capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED on driver 580).
 struct StreamKey {
-  enum Kind : uint64_t { kReal = 1, kLegacy = 2, kPerThread = 3, kHandle = 4 };
+  // kGraph: not a stream but a graph built node by node (ForGraph), numbered by kpack.
+  enum Kind : uint64_t { kReal = 1, kLegacy = 2, kPerThread = 3, kHandle = 4, kGraph = 5 };
   uint64_t context = 0;  // cuCtxGetId
   uint64_t kind = 0;
   // kReal: cuStreamGetId; kHandle: the CUstream's address; kPerThread: the thread's
-  // kpack token; else 0
+  // kpack token; kGraph: kpack's graph number; else 0
   uint64_t id = 0;
   bool operator==(const StreamKey&) const = default;
 };
@@ -84,6 +86,14 @@ class ScratchArenas {
   // capture's arena on this stream, or FAILED_PRECONDITION naming ReserveScratch if none
   // was reserved. Outside: lock-free unless the stream's arena must grow.
   absl::StatusOr<CUdeviceptr> Get(CUstream stream, uint64_t context, uint64_t bytes);
+
+  // A device buffer of at least `bytes` (> 0) bytes, aligned to 4096, owned by `graph`, a
+  // graph built node by node (not captured) in the current context, whose cuCtxGetId is
+  // `context`: from the idle pool or cuMemAlloc (so never during a capture), handed to
+  // the graph through a user object like a capture's arena, and returned to the pool when
+  // the graph and its executables are destroyed and their work is done. Every node of
+  // the graph may use it when the graph runs them one after another.
+  absl::StatusOr<CUdeviceptr> ForGraph(CUgraph graph, uint64_t context, uint64_t bytes);
 
   // Sizes `stream`'s arena to at least `bytes`, and sets aside an arena of at least
   // `bytes` for the next capture on `stream`. FAILED_PRECONDITION while `stream` captures.
@@ -132,6 +142,10 @@ class ScratchArenas {
                                          uint64_t bytes);
   absl::StatusOr<CUdeviceptr> ForCapture(CUstream stream, uint64_t context, uint64_t capture,
                                          CUgraph graph, uint64_t bytes);
+  // Hands the arena in_graphs holds under (capture, key) to `graph` (a user object whose
+  // destructor returns it); on failure the arena is back in the idle pool.
+  absl::Status GiveToGraph(CUgraph graph, uint64_t capture, const StreamKey& key,
+                           absl::string_view what);
   // An arena of at least `bytes` in context `context` (cuCtxGetId `context_id`): from the
   // idle pool when one fits, else cuMemAlloc. Needs Shared::mu held.
   absl::StatusOr<Arena> TakeOrAllocate(CUcontext context, uint64_t context_id, uint64_t bytes);
@@ -147,6 +161,7 @@ class ScratchArenas {
   std::shared_ptr<Shared> shared_;
   std::array<std::atomic<Slot*>, kBuckets> buckets_{};
   std::vector<std::unique_ptr<Slot>> slots_;  // guarded by Shared::mu; owns the buckets' slots
+  std::atomic<uint64_t> next_graph_{1};       // StreamKey ids of ForGraph's graphs
 };
 
 }  // namespace kpack::internal

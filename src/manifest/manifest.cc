@@ -937,6 +937,53 @@ absl::Status ParseSourceAndAutotuneKey(const json& k, const Where& where, Kernel
   return absl::OkStatus();
 }
 
+// kpack/2 `grid_tolerance` {"proof": "gpu" | "asserted", "max": {bucket param: value}},
+// optional; parsed after the buckets, which `max` refers to.
+absl::Status ParseGridTolerance(const json& k, const Where& where, KernelSpec& kernel) {
+  auto it = k.find("grid_tolerance");
+  if (it == k.end()) return absl::OkStatus();
+  KPACK_RETURN_IF_ERROR(where.RequireFormat(2, "grid_tolerance"));
+  if (!it->is_object()) {
+    return where.Error("grid_tolerance", absl::StrCat("expected an object, got ", TypeOf(*it)));
+  }
+  KPACK_RETURN_IF_ERROR(CheckKeys(*it, where, "grid_tolerance", {"proof", "max"}));
+  KPACK_ASSIGN_OR_RETURN(std::string proof, GetString(*it, "proof", where));
+  if (proof != "gpu" && proof != "asserted") {
+    return where.Error("grid_tolerance.proof",
+                       absl::StrCat("expected \"gpu\" or \"asserted\", got \"", proof, "\""));
+  }
+  kernel.grid_tolerant = true;
+  kernel.grid_proven = proof == "gpu";
+  auto max = it->find("max");
+  if (max == it->end()) return absl::OkStatus();
+  if (!max->is_object()) {
+    return where.Error("grid_tolerance.max",
+                       absl::StrCat("expected an object {bucket parameter: value}, got ",
+                                    TypeOf(*max)));
+  }
+  for (const auto& [name, value] : max->items()) {
+    const std::string field = absl::StrCat("grid_tolerance.max.", name);
+    BucketSpec* dim = nullptr;
+    for (BucketSpec& b : kernel.buckets) {
+      if (kernel.arg(b.arg).name == name) dim = &b;
+    }
+    if (dim == nullptr) {
+      return where.Error(field, absl::StrCat("'", name, "' is not a bucket parameter"));
+    }
+    if (!value.is_number_integer() ||
+        (value.is_number_unsigned() && value.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      return where.Error(field, absl::StrCat("expected a 64-bit integer, got ", value.dump()));
+    }
+    const int64_t v = value.get<int64_t>();
+    if (v <= dim->edges.back()) {
+      return where.Error(field, absl::StrCat(v, " does not exceed the last edge ",
+                                             dim->edges.back(), " (it bounds the last bucket)"));
+    }
+    dim->grid_max = v;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, size_t index) {
   if (!k.is_object()) {
     return top.Error(absl::StrCat("kernels[", index, "]"),
@@ -950,10 +997,11 @@ absl::Status ParseKernel(const json& k, const Where& top, KernelSpec& kernel, si
   Where where = top.Kernel(kernel.name);
   KPACK_RETURN_IF_ERROR(CheckKeys(k, where, "a kernel",
                                   {"name", "params", "buckets", "grid", "variants", "source",
-                                   "autotune_key"}));
+                                   "autotune_key", "grid_tolerance"}));
   KPACK_RETURN_IF_ERROR(ParseParams(k, where, kernel));
   KPACK_RETURN_IF_ERROR(ParseSourceAndAutotuneKey(k, where, kernel));
   KPACK_RETURN_IF_ERROR(ParseBuckets(k, where, kernel));
+  KPACK_RETURN_IF_ERROR(ParseGridTolerance(k, where, kernel));
   if (auto it = k.find("grid"); it != k.end()) {
     if (!it->is_array() || it->empty() || it->size() > 3) {
       return where.Error("grid", "expected an array of 1 to 3 expression strings (x, y, z)");

@@ -176,6 +176,9 @@ std::string SlotName(const KernelSpec& kernel, const SlotSpec& slot);
 struct BucketSpec {
   int arg = -1;  // index into KernelSpec::args
   std::vector<int64_t> edges;
+  // kpack/2 `grid_tolerance.max` for this dim: the value the open-ended last bucket is
+  // padded to (greater than the last edge); absent: that bucket keeps exact grids.
+  std::optional<int64_t> grid_max;
 };
 
 struct KernelSpec {
@@ -191,6 +194,12 @@ struct KernelSpec {
   std::string source_sha256;
   // kpack/2 `autotune_key`: indices into params of the triton.autotune key (empty: none).
   std::vector<int> autotune_key;
+  // kpack/2 `grid_tolerance`: the kernel's programs tolerate a grid larger than its grid
+  // expressions give (the extra programs mask themselves out), so a CUDA graph may launch
+  // it with the grid of its bucket's upper edge (include/kpack/graph.h). `grid_proven`:
+  // the builder checked it on a GPU ("proof": "gpu"); else it is only asserted.
+  bool grid_tolerant = false;
+  bool grid_proven = false;
 
   const ParamSpec& arg(int a) const { return params[args[a]]; }
 };

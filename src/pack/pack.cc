@@ -96,8 +96,12 @@ KernelInfo DescribeKernel(const KernelSpec& k) {
     info.params.push_back({p.name, p.type_name, p.type == ParamType::kConstexpr, p.readonly});
   }
   info.call_params.assign(k.args.begin(), k.args.end());
-  for (const BucketSpec& b : k.buckets) info.buckets.push_back({k.arg(b.arg).name, b.edges});
+  for (const BucketSpec& b : k.buckets) {
+    info.buckets.push_back({k.arg(b.arg).name, b.edges, b.grid_max});
+  }
   info.grid = k.grid;
+  info.grid_tolerant = k.grid_tolerant;
+  info.grid_proven = k.grid_proven;
   for (const VariantSpec& v : k.variants) info.variants.push_back(DescribeVariant(k, v));
   info.source = {k.source_qualname, k.source_sha256};
   for (int p : k.autotune_key) info.autotune_key.push_back(k.params[p].name);

@@ -1955,4 +1955,22 @@ bool TensorDType(PyObject* o, uint8_t* code, uint8_t* bits) {
   return true;
 }
 
+// ---------------------------------------------------------------- for kpack.graph (graph.cc)
+
+BoundLaunch* AsBoundLaunch(PyObject* object) {
+  if (g_bound_type == nullptr || !PyObject_TypeCheck(object, g_bound_type)) return nullptr;
+  auto* b = reinterpret_cast<BoundObject*>(object);
+  return b->bound.has_value() ? &*b->bound : nullptr;
+}
+
+bool StreamArg(PyObject* bound, PyObject* stream, CUstream* out) {
+  if (stream != nullptr && stream != Py_None) return ParseStream(stream, out);
+  auto* b = reinterpret_cast<BoundObject*>(bound);  // as BoundVectorcall picks it
+  if (b->stream_explicit) {
+    *out = b->last_stream;
+    return true;
+  }
+  return DefaultStream(*b->kernel->rt, b->api, b->device, out);
+}
+
 }  // namespace kpack::python

@@ -103,6 +103,16 @@ bool TensorDType(PyObject* o, uint8_t* code, uint8_t* bits);
 PyTypeObject* MakeType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
                        std::vector<PyType_Slot> slots, const char* doc, unsigned long flags);
 
+// For kpack.graph (graph.cc): the BoundLaunch of a kpack.BoundLaunch object; null, with no
+// exception, for anything else.
+BoundLaunch* AsBoundLaunch(PyObject* object);
+
+// A `stream=` argument: an int CUstream, a torch.cuda.Stream or an object with
+// __cuda_stream__(); None (or null) for the stream calling `bound` (a kpack.BoundLaunch)
+// would launch on now: its stream= if bound with one, else its tensors' producer's
+// current stream (torch's), else the legacy stream. False with a Python exception set.
+bool StreamArg(PyObject* bound, PyObject* stream, CUstream* out);
+
 // Sets the Python exception that corresponds to `status` (see kpack/__init__.py for the
 // classes) and returns null.
 PyObject* RaiseStatus(const absl::Status& status);

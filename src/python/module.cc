@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "driver/driver.h"
+#include "graph.h"
 #include "kpack/kpack.h"
 #include "dropin.h"
 #include "launcher.h"
@@ -112,6 +113,8 @@ NB_MODULE(_kpack, m) {
         d["scratch_bytes"] = st.scratch_bytes;
         return d;
       });
+
+  InitGraph(m);
 
   nb::module_ testing = m.def_submodule(
       "_testing", "Test and benchmark helpers (tensor stand-ins); not part of the API.");

@@ -293,6 +293,13 @@ struct BoundState {
   ParamStorage storage;
 };
 
+// A BoundLaunch's state for kpack::StepGraph (src/graph/), which reads its variant, grid,
+// arguments and packed buffer at every replay.
+struct BoundAccess {
+  static BoundState& Get(BoundLaunch& b) { return *b.state_; }
+  static const BoundState& Get(const BoundLaunch& b) { return *b.state_; }
+};
+
 }  // namespace kpack::internal
 
 #endif  // KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "conformance.h"
 #include "fake_driver.h"
@@ -24,11 +25,21 @@ using fake::EmulatedLaunch;
 
 uint64_t Programs(const EmulatedLaunch& l) { return uint64_t{l.grid[0]} * l.grid[1] * l.grid[2]; }
 
-float HalfToFloat(uint16_t h) {
+float HalfToFloatSlow(uint16_t h) {
   const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
   const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24)
                          : (e == 31 ? (m ? NAN : INFINITY) : std::ldexp(1024.0f + m, e - 25));
   return (h & 0x8000) ? -v : v;
+}
+
+// By table: the emulated matmuls and norms convert millions of halves.
+float HalfToFloat(uint16_t h) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < t.size(); ++i) t[i] = HalfToFloatSlow(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table[h];
 }
 
 // float -> fp16, round to nearest even, as the GPU's cvt.rn.f16.f32.
@@ -82,12 +93,16 @@ void Scalars(const EmulatedLaunch& l) {
   }
 }
 
+// testpack's matmul and kernels/graphpack's matmul_fp16 (the example's; its `contig`
+// variants compile the unit strides stride_ak, stride_bn and stride_cn away).
 void Matmul(const EmulatedLaunch& l) {
   const int64_t M = std::min<int64_t>(l.Arg<int32_t>(3), int64_t{l.grid[0]} * 128);
   const int64_t N = std::min<int64_t>(l.Arg<int32_t>(4), int64_t{l.grid[1]} * 128);
   const int64_t K = l.Arg<int32_t>(5);
-  const int64_t sam = l.Arg<int32_t>(6), sak = l.Arg<int32_t>(7), sbk = l.Arg<int32_t>(8),
-                sbn = l.Arg<int32_t>(9), scm = l.Arg<int32_t>(10), scn = l.Arg<int32_t>(11);
+  const bool contig = l.num_params == 11;
+  const int64_t sam = l.Arg<int32_t>(6), sak = contig ? 1 : l.Arg<int32_t>(7),
+                sbk = l.Arg<int32_t>(contig ? 7 : 8), sbn = contig ? 1 : l.Arg<int32_t>(9),
+                scm = l.Arg<int32_t>(contig ? 8 : 10), scn = contig ? 1 : l.Arg<int32_t>(11);
   if (M <= 0 || N <= 0) return;
   const uint16_t* a = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(0),
                                             (M - 1) * sam + (K - 1) * sak + 1, "matmul a_ptr");
@@ -96,10 +111,18 @@ void Matmul(const EmulatedLaunch& l) {
   uint16_t* c = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(2), (M - 1) * scm + (N - 1) * scn + 1,
                                       "matmul c_ptr");
   if (a == nullptr || b == nullptr || c == nullptr) return;
+  // The operands as floats first (converting in the inner loop dominated the run time).
+  std::vector<float> af(M * K), bf(K * N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) af[m * K + k] = HalfToFloat(a[m * sam + k * sak]);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t n = 0; n < N; ++n) bf[n * K + k] = HalfToFloat(b[k * sbk + n * sbn]);
+  }
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0;
-      for (int64_t k = 0; k < K; ++k) acc += HalfToFloat(a[m * sam + k * sak]) * HalfToFloat(b[k * sbk + n * sbn]);
+      for (int64_t k = 0; k < K; ++k) acc += af[m * K + k] * bf[n * K + k];
       c[m * scm + n * scn] = FloatToHalf(acc);
     }
   }
@@ -145,9 +168,12 @@ void Scratch(const EmulatedLaunch& l) {
   }
 }
 
+// testpack's softmax (one 1024-wide block per row) and kernels/graphpack's (the
+// example's, with n_rows, any row length). One program per row, rows not checked.
 void Softmax(const EmulatedLaunch& l) {
+  const bool example = l.num_params == 8;
   const int64_t rows = l.grid[0], in_stride = l.Arg<int32_t>(2), out_stride = l.Arg<int32_t>(3),
-                cols = std::min<int64_t>(l.Arg<int32_t>(4), 1024);
+                cols = example ? l.Arg<int32_t>(5) : std::min<int64_t>(l.Arg<int32_t>(4), 1024);
   if (rows <= 0 || cols <= 0) return;
   float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(0), (rows - 1) * out_stride + cols, "softmax out_ptr");
   const float* in = DeviceArray<float>(l.Arg<CUdeviceptr>(1), (rows - 1) * in_stride + cols, "softmax in_ptr");
@@ -158,6 +184,46 @@ void Softmax(const EmulatedLaunch& l) {
     for (int64_t c = 0; c < cols; ++c) sum += std::exp(in[r * in_stride + c] - m);
     for (int64_t c = 0; c < cols; ++c) {
       out[r * out_stride + c] = static_cast<float>(std::exp(in[r * in_stride + c] - m) / sum);
+    }
+  }
+}
+
+// ---- kernels/graphpack (the example kernels of kernels/examples/graph_step.py) ----
+
+// BLOCK 1024 per program, masked by n.
+void VectorAdd(const EmulatedLaunch& l) {
+  const size_t n = std::min<uint64_t>(std::max(l.Arg<int32_t>(3), 0), Programs(l) * 1024);
+  const float* x = DeviceArray<float>(l.Arg<CUdeviceptr>(0), n, "vector_add x_ptr");
+  const float* y = DeviceArray<float>(l.Arg<CUdeviceptr>(1), n, "vector_add y_ptr");
+  float* out = DeviceArray<float>(l.Arg<CUdeviceptr>(2), n, "vector_add out_ptr");
+  if (x == nullptr || y == nullptr || out == nullptr) return;
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+
+// fp16 rows of N (stride `stride`), one program per row, rows not checked against M.
+void LayerNorm(const EmulatedLaunch& l) {
+  const int64_t rows = l.grid[0], stride = l.Arg<int32_t>(4), N = l.Arg<int32_t>(6);
+  const float eps = l.Arg<float>(7);
+  if (rows <= 0 || N <= 0) return;
+  const size_t span = static_cast<size_t>((rows - 1) * stride + N);
+  const uint16_t* x = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(0), span, "layer_norm x_ptr");
+  uint16_t* y = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(1), span, "layer_norm y_ptr");
+  const uint16_t* w = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(2), N, "layer_norm w_ptr");
+  const uint16_t* b = DeviceArray<uint16_t>(l.Arg<CUdeviceptr>(3), N, "layer_norm b_ptr");
+  if (x == nullptr || y == nullptr || w == nullptr || b == nullptr) return;
+  std::vector<float> row(N), wf(N), bf(N);
+  for (int64_t c = 0; c < N; ++c) {
+    wf[c] = HalfToFloat(w[c]);
+    bf[c] = HalfToFloat(b[c]);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float mean = 0, var = 0;
+    for (int64_t c = 0; c < N; ++c) mean += row[c] = HalfToFloat(x[r * stride + c]);
+    mean /= static_cast<float>(N);
+    for (int64_t c = 0; c < N; ++c) var += (row[c] - mean) * (row[c] - mean);
+    const float rstd = 1.0f / std::sqrt(var / static_cast<float>(N) + eps);
+    for (int64_t c = 0; c < N; ++c) {
+      y[r * stride + c] = FloatToHalf((row[c] - mean) * rstd * wf[c] + bf[c]);
     }
   }
 }
@@ -398,7 +464,8 @@ class FakeBackend : public Backend {
           {"softmax_kernel", &Softmax}, {"axpy_kernel", &Axpy}, {"fill_kernel", &Fill},
           {"copy_kernel", &CopyDesc}, {"axpy_pair", &AxpyPair},
           {"matmul_tma_persistent", &MatmulTma}, {"attention_fwd", &Attention<false>},
-          {"attention_fwd_causal", &Attention<true>}}) {
+          {"attention_fwd_causal", &Attention<true>},
+          {"vector_add_kernel", &VectorAdd}, {"layer_norm_kernel", &LayerNorm}}) {
       fake::SetKernelEmulator(entry, emulator);
     }
     testing::UsePrimaryContext(0);

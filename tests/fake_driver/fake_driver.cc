@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -163,11 +164,25 @@ using UserObjectRefs = absl::flat_hash_map<UserObject*, unsigned>;
 struct Graph : Object {
   std::vector<LaunchRecord> launches;
   UserObjectRefs user_objects;
+  bool built = false;  // by cuGraphCreate + cuGraphAddKernelNode: launches[i] is node i
 };
 
 struct GraphExec : Object {
   std::vector<LaunchRecord> launches;
   UserObjectRefs user_objects;
+  const Graph* source = nullptr;  // the graph it was instantiated from (its nodes patch it)
+  uint64_t id = 0;                // ExecId
+};
+
+// A kernel node of a graph built with cuGraphAddKernelNode: launches[index] of `graph`.
+struct GraphNode : Object {
+  Graph* graph = nullptr;
+  size_t index = 0;
+};
+
+struct Event : Object {
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
 };
 
 struct Stream : Object {
@@ -273,6 +288,10 @@ struct State {
   Registry<Stream> streams ABSL_GUARDED_BY(mu);
   Registry<Graph> graphs ABSL_GUARDED_BY(mu);
   Registry<GraphExec> execs ABSL_GUARDED_BY(mu);
+  Registry<GraphNode> nodes ABSL_GUARDED_BY(mu);
+  Registry<Event> events ABSL_GUARDED_BY(mu);
+  std::vector<NodeUpdate> node_updates ABSL_GUARDED_BY(mu);
+  int64_t graph_launches ABSL_GUARDED_BY(mu) = 0;
   Registry<UserObject> user_objects ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<Object>> retired ABSL_GUARDED_BY(mu);
   // Destroyed contexts and streams whose handles SetHandleReuse may hand out again.
@@ -329,6 +348,10 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.streams.clear();
   s.graphs.clear();
   s.execs.clear();
+  s.nodes.clear();
+  s.events.clear();
+  s.node_updates.clear();
+  s.graph_launches = 0;
   s.user_objects.clear();  // destructors not run: the objects they would free are gone too
   s.entries.clear();
   s.bound_by_handle.clear();
@@ -594,6 +617,10 @@ void UnloadImage(State& s, Image* image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   for (const std::unique_ptr<Entry>& entry : image->entries) s.entries.erase(entry.get());
   s.retired.push_back(s.images.Take(image));
 }
+
+// Retires the kernel nodes of a built graph (with the graph; fake_driver.cc's graph
+// section).
+void RetireNodes(State& s, const Graph* graph) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
 
 // Appends to the ring; a launch into a capturing stream also goes into its graph.
 void RecordLaunch(State& s, const LaunchRecord& record, Stream* stream)
@@ -1724,6 +1751,8 @@ CUresult FakeGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
   if (source == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   auto instance = std::make_unique<GraphExec>();
   instance->launches = source->launches;
+  instance->source = source;
+  instance->id = NewId();
   for (const auto& [user, count] : source->user_objects) {  // one reference per object
     ++user->refcount;
     instance->user_objects[user] = 1;
@@ -1747,6 +1776,7 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
     Stream* stream = nullptr;
     if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
     const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    ++s.graph_launches;
     for (const LaunchRecord& node : instance->launches) {
       LaunchRecord replay = node;
       replay.stream = handle;
@@ -1772,6 +1802,7 @@ CUresult FakeGraphDestroy(CUgraph graph) {
   Graph* target = s.graphs.Find(graph);
   if (target == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   ReleaseUserObjects(s, target->user_objects, destructors);
+  RetireNodes(s, target);
   s.retired.push_back(s.graphs.Take(graph));
   return CUDA_SUCCESS;
 }
@@ -1928,6 +1959,240 @@ void ResetTensorMaps() {
   TensorMaps& maps = Maps();
   MutexLock lock(&maps.mu);
   maps.count = 0;
+}
+
+// Graphs built node by node (cuGraphCreate, cuGraphAddKernelNode, ...), as kpack::StepGraph
+// builds them, and events. Kept apart from the capture functions above: a built graph's
+// launches[i] is its i-th kernel node, added after its dependencies, so replaying the
+// launches in order respects every edge. Each node is validated like a launch.
+
+// The LaunchRecord of a kernel node's parameters in the current context, validated as
+// cuLaunchKernelEx validates a launch (handle, context, arch, shape, parameter buffer).
+CUresult NodeRecord(State& s, const CUDA_KERNEL_NODE_PARAMS_v2& params, LaunchRecord* record)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  // Only `func` is modelled (the real driver also takes a CUkernel in `kern`).
+  if (params.func == nullptr || params.kern != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const Entry* entry = FindEntry(s, params.func);
+  const Context* owner = nullptr;
+  if (entry != nullptr) {
+    owner = entry->image->module_context;
+  } else if (auto it = s.bound_by_handle.find(params.func); it != s.bound_by_handle.end()) {
+    entry = it->second->entry;
+    owner = it->second->context;
+  } else {
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (owner != nullptr && owner != context) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
+    return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  }
+  CUlaunchConfig config{};
+  config.gridDimX = params.gridDimX;
+  config.gridDimY = params.gridDimY;
+  config.gridDimZ = params.gridDimZ;
+  config.blockDimX = params.blockDimX;
+  config.blockDimY = params.blockDimY;
+  config.blockDimZ = params.blockDimZ;
+  config.sharedMemBytes = params.sharedMemBytes;
+  if (CUresult r = CheckShape(s, config, *entry, context->device); r != CUDA_SUCCESS) return r;
+  *record = LaunchRecord{};
+  const size_t name_size = std::min(entry->name.size(), kMaxRecordedEntryName - 1);
+  std::memcpy(record->entry.data(), entry->name.data(), name_size);
+  record->grid = {params.gridDimX, params.gridDimY, params.gridDimZ};
+  record->block = {params.blockDimX, params.blockDimY, params.blockDimZ};
+  record->shared_bytes = params.sharedMemBytes;
+  record->context = reinterpret_cast<CUcontext>(context);
+  record->function = params.func;
+  record->num_params = static_cast<unsigned>(entry->params.size());
+  for (const internal::CubinParam& param : entry->params) {
+    if (param.ordinal < kMaxRecordedParams) {
+      record->param_layout[param.ordinal] = {static_cast<uint16_t>(param.offset),
+                                             static_cast<uint16_t>(param.size)};
+    }
+  }
+  return CopyParams(*entry, params.kernelParams, params.extra, record);
+}
+
+void RetireNodes(State& s, const Graph* graph) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  std::vector<const void*> gone;
+  for (auto& [handle, node] : s.nodes) {
+    if (node->graph == graph) gone.push_back(handle);
+  }
+  for (const void* handle : gone) s.retired.push_back(s.nodes.Take(handle));
+}
+
+CUresult FakeGraphCreate(CUgraph* graph, unsigned int flags) {
+  if (CUresult r = Enter(Fn::kGraphCreate); r != CUDA_SUCCESS) return r;
+  if (graph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  auto created = std::make_unique<Graph>();
+  created->built = true;
+  *graph = reinterpret_cast<CUgraph>(s.graphs.Add(std::move(created)));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeGraphAddKernelNode(CUgraphNode* node, CUgraph graph, const CUgraphNode* dependencies,
+                                size_t num_dependencies,
+                                const CUDA_KERNEL_NODE_PARAMS_v2* params) {
+  if (CUresult r = Enter(Fn::kGraphAddKernelNode); r != CUDA_SUCCESS) return r;
+  if (node == nullptr || params == nullptr || (num_dependencies > 0 && dependencies == nullptr)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Graph* target = s.graphs.Find(graph);
+  if (target == nullptr || !target->built) return CUDA_ERROR_INVALID_HANDLE;
+  for (size_t i = 0; i < num_dependencies; ++i) {
+    const GraphNode* dependency = s.nodes.Find(dependencies[i]);
+    if (dependency == nullptr || dependency->graph != target) return CUDA_ERROR_INVALID_VALUE;
+  }
+  LaunchRecord record;
+  if (CUresult r = NodeRecord(s, *params, &record); r != CUDA_SUCCESS) return r;
+  auto added = std::make_unique<GraphNode>();
+  added->graph = target;
+  added->index = target->launches.size();
+  target->launches.push_back(record);
+  *node = reinterpret_cast<CUgraphNode>(s.nodes.Add(std::move(added)));
+  return CUDA_SUCCESS;
+}
+
+// The attributes a kernel node takes; a launch-only one (programmatic stream
+// serialization: in a graph that is an edge's type) is CUDA_ERROR_INVALID_VALUE.
+CUresult FakeGraphKernelNodeSetAttribute(CUgraphNode node, CUkernelNodeAttrID attribute,
+                                         const CUkernelNodeAttrValue_v1* value) {
+  if (CUresult r = Enter(Fn::kGraphKernelNodeSetAttribute); r != CUDA_SUCCESS) return r;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (attribute) {
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+    case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+    case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  MutexLock lock(&s.mu);
+  GraphNode* target = s.nodes.Find(node);
+  if (target == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  LaunchRecord& record = target->graph->launches[target->index];
+  if (attribute == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+    const auto& cluster = value->clusterDim;
+    if (cluster.x == 0 || cluster.y == 0 || cluster.z == 0 || record.grid[0] % cluster.x != 0 ||
+        record.grid[1] % cluster.y != 0 || record.grid[2] % cluster.z != 0) {
+      return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    }
+  }
+  unsigned i = 0;
+  while (i < std::min<unsigned>(record.num_attrs, kMaxRecordedLaunchAttrs) &&
+         record.attrs[i].id != attribute) {
+    ++i;
+  }
+  if (i == kMaxRecordedLaunchAttrs) return CUDA_ERROR_INVALID_VALUE;
+  record.attrs[i].id = attribute;
+  record.attrs[i].value = *value;
+  record.num_attrs = std::max(record.num_attrs, i + 1);
+  return CUDA_SUCCESS;
+}
+
+// Replaces node `node`'s launch in `exec` (its attributes stay). The function may change
+// but not its context, as in the real driver.
+CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                          const CUDA_KERNEL_NODE_PARAMS_v2* params) {
+  if (CUresult r = Enter(Fn::kGraphExecKernelNodeSetParams); r != CUDA_SUCCESS) return r;
+  if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  GraphExec* instance = s.execs.Find(exec);
+  const GraphNode* target = s.nodes.Find(node);
+  if (instance == nullptr || target == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (target->graph != instance->source) return CUDA_ERROR_INVALID_VALUE;
+  LaunchRecord record;
+  if (CUresult r = NodeRecord(s, *params, &record); r != CUDA_SUCCESS) return r;
+  LaunchRecord& current = instance->launches[target->index];
+  if (record.context != current.context) return CUDA_ERROR_INVALID_VALUE;
+  record.num_attrs = current.num_attrs;
+  record.attrs = current.attrs;
+  current = record;
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
+    s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
+  }
+  s.node_updates.push_back({instance->id, target->index, record});
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventCreate(CUevent* event, unsigned int flags) {
+  if (CUresult r = Enter(Fn::kEventCreate); r != CUDA_SUCCESS) return r;
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *event = reinterpret_cast<CUevent>(s.events.Add(std::make_unique<Event>()));
+  return CUDA_SUCCESS;
+}
+
+// Work runs when it is issued in the fake, so an event records the host's time.
+CUresult FakeEventRecord(CUevent event, CUstream handle) {
+  if (CUresult r = Enter(Fn::kEventRecord); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Event* target = s.events.Find(event);
+  if (target == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
+  if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;  // event nodes are not modelled
+  }
+  target->recorded = true;
+  target->when = std::chrono::steady_clock::now();
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventSynchronize(CUevent event) {
+  if (CUresult r = Enter(Fn::kEventSynchronize); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (s.events.Find(event) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return StickyError(s);
+}
+
+CUresult FakeEventElapsedTime(float* milliseconds, CUevent start, CUevent end) {
+  if (CUresult r = Enter(Fn::kEventElapsedTime); r != CUDA_SUCCESS) return r;
+  if (milliseconds == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Event* a = s.events.Find(start);
+  const Event* b = s.events.Find(end);
+  if (a == nullptr || b == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  *milliseconds = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeEventDestroy(CUevent event) {
+  if (CUresult r = Enter(Fn::kEventDestroy); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (s.events.Find(event) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  s.retired.push_back(s.events.Take(event));
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemGetInfo(size_t* free, size_t* total) {
+  if (CUresult r = Enter(Fn::kMemGetInfo); r != CUDA_SUCCESS) return r;
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *total = kMaxLiveBytes;
+  *free = kMaxLiveBytes - static_cast<size_t>(s.live_bytes);
+  return CUDA_SUCCESS;
 }
 
 // The table cuGetProcAddress serves. The static_cast to the list's PFN type is what keeps
@@ -2195,6 +2460,55 @@ uint64_t ContextId(CUcontext context) {
   MutexLock lock(&s.mu);
   const Context* found = s.contexts.Find(context);
   return found != nullptr ? found->id.load(std::memory_order_relaxed) : 0;
+}
+
+// ---- Graphs built node by node ----
+
+std::vector<NodeUpdate> NodeUpdates() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.node_updates;
+}
+
+int64_t GraphLaunches() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return s.graph_launches;
+}
+
+uint64_t ExecId(CUgraphExec exec) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const GraphExec* instance = s.execs.Find(exec);
+  return instance != nullptr ? instance->id : 0;
+}
+
+std::vector<LaunchRecord> GraphNodes(CUgraph graph) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Graph* target = s.graphs.Find(graph);
+  return target != nullptr ? target->launches : std::vector<LaunchRecord>{};
+}
+
+std::vector<LaunchRecord> ExecNodes(CUgraphExec exec) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const GraphExec* instance = s.execs.Find(exec);
+  return instance != nullptr ? instance->launches : std::vector<LaunchRecord>{};
+}
+
+std::vector<CUgraphExec> LiveExecs() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  std::vector<std::pair<uint64_t, CUgraphExec>> execs;
+  for (auto& [handle, instance] : s.execs) {
+    execs.emplace_back(instance->id, reinterpret_cast<CUgraphExec>(instance.get()));
+  }
+  std::sort(execs.begin(), execs.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<CUgraphExec> result;
+  for (const auto& e : execs) result.push_back(e.second);
+  return result;
 }
 
 }  // namespace kpack::fake

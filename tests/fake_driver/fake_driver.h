@@ -43,6 +43,14 @@
 //    every executable instantiated from it one more per object, and the destructor runs
 //    when the last reference goes, on another thread (as libcuda runs it on its own), and
 //    before the call that dropped the reference returns.
+//  - Graphs built node by node (cuGraphCreate, cuGraphAddKernelNode with a kernel node's
+//    function, grid, block, shared bytes and parameters, cuGraphKernelNodeSetAttribute,
+//    cuGraphExecKernelNodeSetParams): each node is validated like a launch; its i-th node
+//    is the graph's i-th launch (dependencies must be earlier nodes, so that order is a
+//    topological one). An executable copies the nodes at instantiation; setting a node's
+//    parameters there changes only that executable and is recorded (NodeUpdates()).
+//    cuGraphLaunch replays any graph's launches like the captured ones. Events record the
+//    host's time (work runs when issued); cuMemGetInfo reports 4 GiB minus live bytes.
 //  - Kernel emulation: a test may register a host function per entry symbol
 //    (SetKernelEmulator); the fake runs it for every launch that executes (an uncaptured
 //    launch, or a graph replay), after the launch is recorded, with the launch's grid,
@@ -277,6 +285,29 @@ KPACK_FAKE_EXPORT TensorMapEncode GetTensorMapEncode(int64_t i);
 // The encode a map written by the fake describes (its arguments; tensor_map is `map`);
 // false when `map` holds no such blob.
 KPACK_FAKE_EXPORT bool DecodeTensorMap(const void* map, TensorMapEncode* out);
+
+// ---- Graphs built node by node (cuGraphCreate, cuGraphAddKernelNode, ...) ----
+
+// One successful cuGraphExecKernelNodeSetParams.
+struct NodeUpdate {
+  uint64_t exec;        // ExecId of the executable graph changed
+  size_t node;          // the node's index in its graph: the order nodes were added
+  LaunchRecord launch;  // what the node launches from now on (stream null)
+};
+
+// Node parameter updates since Reset(), in order: all of them up to 2 * kLaunchRingCapacity,
+// beyond that at least the last kLaunchRingCapacity.
+KPACK_FAKE_EXPORT std::vector<NodeUpdate> NodeUpdates();
+// Successful cuGraphLaunch calls since Reset().
+KPACK_FAKE_EXPORT int64_t GraphLaunches();
+// A process-unique id of a live executable graph (0 if `exec` is not one).
+KPACK_FAKE_EXPORT uint64_t ExecId(CUgraphExec exec);
+// The launches of a live graph (built: one per node, in the order added) or executable
+// (with the node updates applied); empty if there is none.
+KPACK_FAKE_EXPORT std::vector<LaunchRecord> GraphNodes(CUgraph graph);
+KPACK_FAKE_EXPORT std::vector<LaunchRecord> ExecNodes(CUgraphExec exec);
+// The live executable graphs, oldest first.
+KPACK_FAKE_EXPORT std::vector<CUgraphExec> LiveExecs();
 
 }  // namespace kpack::fake
 

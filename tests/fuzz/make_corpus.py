@@ -29,7 +29,7 @@ def put(target, name, data):
 
 
 # ---------------------------------------------------------------------------------------
-# manifest: the two real manifests, then small hand-made ones (valid and broken).
+# manifest: three real manifests, then small hand-made ones (valid and broken).
 
 def manifests():
     shutil.copyfile(ROOT / "kernels/testpack/manifest.json", CORPUS / "manifest/testpack.json")
@@ -39,6 +39,8 @@ def manifests():
     shutil.copyfile(ROOT / "kernels/descpack/manifest.json", CORPUS / "manifest/descpack.json")
     shutil.copyfile(ROOT / "kernels/descpack_sm80/manifest.json",
                     CORPUS / "manifest/descpack_sm80.json")
+    # kpack/2 with grid_tolerance (and source, readonly).
+    shutil.copyfile(ROOT / "kernels/graphpack/manifest.json", CORPUS / "manifest/graphpack.json")
     sha = "0" * 64
 
     def variant(name, layout, **extra):

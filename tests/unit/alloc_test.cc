@@ -241,5 +241,40 @@ TEST_F(LaunchPathTest, TensorDescriptorsAllocateNothing) {
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
 }
 
+// A StepGraph replay (kpack/graph.h): resolving the grids, finding the signature's graph
+// (here alternating between two), patching the changed nodes and launching allocates,
+// locks and logs nothing once the graphs exist. (The fake driver's own bookkeeping of
+// node updates reaches its capacity during the warm-up.)
+TEST_F(LaunchPathTest, StepGraphReplaysAllocateLockAndLogNothing) {
+  auto rt = kpack::testing::OpenFake(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  AttachSink();
+  Kernel axpy = *rt->Find("axpy");
+  auto a = axpy.BindArgs(nullptr, kX, kY, kOut, 17, 3, 2.0f);
+  auto b = axpy.BindArgs(nullptr, kX, kY, kOut, 17, 3, 2.0f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  BoundLaunch* step[] = {&*a, &*b};
+  auto graph = StepGraph::Create(step);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  // n not divisible by 16 keeps the generic variant of bucket 0; n <= 256 one program.
+  auto replay = [&](int i) {
+    const int n = 17 + 16 * (i % 8) + (i % 3 == 0 ? 300 : 0);  // two grids: two graphs
+    return a->Set(3, n).ok() && b->Set(3, n + 16).ok() && graph->Replay(nullptr).ok();
+  };
+  bool ok = true;
+  for (int i = 0; i < 3000; ++i) ok &= replay(i);
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(graph->stats().graphs_built, 2u);
+
+  Counts before = Snapshot();
+  for (int i = 0; i < 1000; ++i) ok &= replay(i);
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(graph->stats().graphs_built, 2u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per replay";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per replay";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per replay";
+}
+
 }  // namespace
 }  // namespace kpack

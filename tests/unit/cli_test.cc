@@ -109,6 +109,18 @@ TEST_F(CliTest, InspectJson) {
   EXPECT_EQ(k["variants"][9]["types"]["n"], "i64");
 }
 
+TEST_F(CliTest, InspectShowsGridTolerance) {
+  Result r = Cli({"inspect", KPACK_GRAPH_PACK_DIR, "vector_add"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("grid tolerance: asserted, unproven (a CUDA graph pads the grid "
+                               "to the buckets' upper edges)"));
+  r = Cli({"inspect", KPACK_GRAPH_PACK_DIR, "--json"});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kernels"][0]["grid_tolerance"], nlohmann::json({{"proof", "asserted"}}));
+  EXPECT_FALSE(j["kernels"][2].contains("grid_tolerance")) << "softmax";
+}
+
 TEST_F(CliTest, InspectErrors) {
   Result r = Cli({"inspect", KPACK_TEST_PACK_DIR, "nope"});
   EXPECT_EQ(r.code, kFailed);

@@ -1,5 +1,5 @@
-// The kpack/2 fields the pack tools write (docs/pack-format.md): a kernel's `source` and
-// `autotune_key`, and a parameter's `readonly`. The runtime only parses and validates
+// The kpack/2 fields the pack tools write (docs/pack-format.md): a kernel's `source`,
+// `autotune_key` and `grid_tolerance`, and a parameter's `readonly`. The runtime only parses and validates
 // them; each is refused in a kpack/1 manifest, naming the field and the format it needs.
 
 #include <string>
@@ -100,6 +100,67 @@ TEST(ManifestToolFieldsTest, BadValuesNameTheField) {
   m = V2();
   m["kernels"][0]["autotune_key"] = json::array();
   EXPECT_THAT(Error(m), HasSubstr("non-empty array"));
+}
+
+// `grid_tolerance` on a kernel bucketed on n (edges 16, 64): the flag, its proof, and the
+// value the open-ended last bucket is padded to.
+json Tolerant() {
+  json m = V2();
+  json& k = m["kernels"][0];
+  k["buckets"] = json::array({{{"param", "n"}, {"edges", {16, 64}}}});
+  k["grid_tolerance"] = {{"proof", "gpu"}, {"max", {{"n", 4096}}}};
+  return m;
+}
+
+TEST(ManifestToolFieldsTest, ParsesGridTolerance) {
+  absl::StatusOr<ManifestSpec> m = ParseManifest(Tolerant().dump(), "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->kernels[0].grid_tolerant);
+  EXPECT_TRUE(m->kernels[0].grid_proven);
+  EXPECT_EQ(m->kernels[0].buckets[0].grid_max, 4096);
+  json asserted = Tolerant();
+  asserted["kernels"][0]["grid_tolerance"] = {{"proof", "asserted"}};
+  m = ParseManifest(asserted.dump(), "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->kernels[0].grid_tolerant);
+  EXPECT_FALSE(m->kernels[0].grid_proven);
+  EXPECT_FALSE(m->kernels[0].buckets[0].grid_max.has_value());
+  m = ParseManifest(V2().dump(), "m.json");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->kernels[0].grid_tolerant);
+}
+
+TEST(ManifestToolFieldsTest, GridToleranceNeedsKpack2AndGoodValues) {
+  json m = Tolerant();
+  m["format"] = "kpack/1";
+  for (json& p : m["kernels"][0]["params"]) p.erase("readonly");
+  m["kernels"][0].erase("source");
+  m["kernels"][0].erase("autotune_key");
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("kernel 'add'"), HasSubstr("'grid_tolerance'"),
+                              HasSubstr("needs format 'kpack/2'")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"]["proof"] = "yes";
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'grid_tolerance.proof'"), HasSubstr("\"asserted\"")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"].erase("proof");
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'proof'"), HasSubstr("missing")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"]["max"] = {{"x_ptr", 100}};
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'grid_tolerance.max.x_ptr'"),
+                              HasSubstr("not a bucket parameter")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"]["max"] = {{"n", 64}};
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'grid_tolerance.max.n'"),
+                              HasSubstr("does not exceed the last edge 64")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"]["max"] = {{"n", 1.5}};
+  EXPECT_THAT(Error(m), HasSubstr("expected a 64-bit integer"));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"]["pad"] = true;
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'pad'"), HasSubstr("unknown field in grid_tolerance")));
+  m = Tolerant();
+  m["kernels"][0]["grid_tolerance"] = true;
+  EXPECT_THAT(Error(m), AllOf(HasSubstr("'grid_tolerance'"), HasSubstr("expected an object")));
 }
 
 }  // namespace

@@ -305,7 +305,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, HostilePackTest, ::testing::ValuesIn(HostileCase
 
 TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {
   for (const char* dir : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR, KPACK_ARCH_PACK_DIR,
-                          KPACK_EXAMPLE_PACK_DIR, KPACK_BENCH_PACK_DIR}) {
+                          KPACK_EXAMPLE_PACK_DIR, KPACK_BENCH_PACK_DIR, KPACK_GRAPH_PACK_DIR}) {
     SCOPED_TRACE(dir);
     fake::Reset();
     ASSERT_TRUE(Pack::Read(dir).ok()) << Pack::Read(dir).status();

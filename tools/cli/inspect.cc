@@ -35,8 +35,10 @@ json KernelJson(const KernelInfo& k) {
   json params = json::array();
   for (const ParamInfo& p : k.params) params.push_back({{"name", p.name}, {"type", p.type}});
   json buckets = json::array();
+  json grid_max = json::object();
   for (const BucketDimInfo& b : k.buckets) {
     buckets.push_back({{"param", b.param}, {"edges", b.edges}});
+    if (b.grid_max.has_value()) grid_max[b.param] = *b.grid_max;
   }
   json variants = json::array();
   for (const VariantInfo& v : k.variants) {
@@ -85,11 +87,16 @@ json KernelJson(const KernelInfo& k) {
                         {"tensordescs", descs},
                         {"layout", layout}});
   }
-  return {{"name", k.name},
-          {"params", params},
-          {"buckets", buckets},
-          {"grid", k.grid},
-          {"variants", variants}};
+  json kernel = {{"name", k.name},
+                 {"params", params},
+                 {"buckets", buckets},
+                 {"grid", k.grid},
+                 {"variants", variants}};
+  if (k.grid_tolerant) {  // as the manifest's kpack/2 field
+    kernel["grid_tolerance"] = {{"proof", k.grid_proven ? "gpu" : "asserted"}};
+    if (!grid_max.empty()) kernel["grid_tolerance"]["max"] = grid_max;
+  }
+  return kernel;
 }
 
 std::string BucketText(const KernelInfo& k, const VariantInfo& v) {
@@ -135,6 +142,14 @@ void PrintKernel(const KernelInfo& k, std::ostream& out) {
         << " (inclusive upper bounds)\n";
   }
   if (!k.grid.empty()) out << "  grid: (" << absl::StrJoin(k.grid, ", ") << ")\n";
+  if (k.grid_tolerant) {
+    out << "  grid tolerance: " << (k.grid_proven ? "proven on a GPU" : "asserted, unproven")
+        << " (a CUDA graph pads the grid to the buckets' upper edges";
+    for (const BucketDimInfo& b : k.buckets) {
+      if (b.grid_max.has_value()) out << "; " << b.param << " up to " << *b.grid_max;
+    }
+    out << ")\n";
+  }
   for (const VariantInfo& v : k.variants) {
     out << "  variant " << v.name << ": entry " << v.entry << ", sm_" << v.arch
         << (v.arch >= 90 ? "a" : "") << ", " << v.num_warps << " warps (" << 32 * v.num_warps

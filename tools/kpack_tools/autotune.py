@@ -78,15 +78,18 @@ def cuda_device() -> Tuple[Optional[str], str]:
     return torch.cuda.get_device_name(), ""
 
 
-def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None) -> Callable:
+def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None,
+                 grid=None) -> Callable:
     """A callable that launches ``fn`` (default: the spec's function) through
-    Triton's JIT on ``args`` with ``config``; the grid comes from the spec's
-    grid expressions (launch values included), which it then needs."""
+    Triton's JIT on ``args`` with ``config``; the grid is ``grid`` or else comes
+    from the spec's grid expressions (launch values included), which it then
+    needs."""
     fn = fn or spec.fn
-    if not spec.grid:
+    if grid is None and not spec.grid:
         raise TuningError(f"kernel '{spec.name}': the spec has no grid, so the builder cannot "
                           f"launch it; give `grid` (it may use `launch_values`)")
-    grid = spec.grid_for(args, config)
+    if grid is None:
+        grid = spec.grid_for(args, config)
     kwargs = {name: value for name, value in args.items() if name not in spec.launch_values}
     # A tensordesc parameter: the tensor make_inputs gave (or its TensorDescriptor) with the
     # config's block shape, as Triton's tutorials set it in a pre_hook.
@@ -142,14 +145,48 @@ class CudaBackend:
     def copy(self, args: Mapping[str, Any]) -> Dict[str, Any]:
         return {k: v.clone() if hasattr(v, "clone") else v for k, v in args.items()}
 
-    def run(self, spec: KernelSpec, config: Config, args: Mapping[str, Any]) -> None:
+    def run(self, spec: KernelSpec, config: Config, args: Mapping[str, Any],
+            grid=None) -> None:
         import torch
-        jit_launcher(spec, config, args)()
+        jit_launcher(spec, config, args, grid=grid)()
         torch.cuda.synchronize()
 
     def time(self, spec: KernelSpec, config: Config, args: Mapping[str, Any], reps: int,
-             warmup: int) -> float:
-        return time_launch(jit_launcher(spec, config, args), reps, warmup)
+             warmup: int, grid=None) -> float:
+        return time_launch(jit_launcher(spec, config, args, grid=grid), reps, warmup)
+
+    # For kpack_tools.grid_proof: tensors followed by guard memory of random bytes.
+    GUARD_LIMIT_BYTES = 256 << 20
+
+    def guard(self, args: Mapping[str, Any], factor: int, reach=None):
+        """``(args, guards)``: each contiguous tensor argument copied into the front of a
+        buffer whose rest, ``factor`` times the tensor's size or the size of the same
+        argument in ``reach`` if larger (at most GUARD_LIMIT_BYTES), holds random bytes;
+        ``guards`` lists (name, tail, its bytes) for guard_damage."""
+        import torch
+        guarded, guards = dict(args), []
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        for name, value in args.items():
+            if not isinstance(value, torch.Tensor) or not value.is_contiguous():
+                continue
+            n = value.numel()
+            far = (reach or {}).get(name)
+            want = max(n * factor, far.numel() if isinstance(far, torch.Tensor) else 0)
+            extra = max(1, min(want, self.GUARD_LIMIT_BYTES // value.element_size()))
+            big = torch.empty(n + extra, dtype=value.dtype, device=value.device)
+            tail = big[n:].view(torch.uint8)
+            tail.copy_(torch.randint(0, 256, tail.shape, dtype=torch.uint8, device=value.device,
+                                     generator=gen))
+            big[:n].copy_(value.reshape(-1))
+            guarded[name] = big[:n].view(value.shape)
+            guards.append((name, tail, tail.clone()))
+        return guarded, guards
+
+    def guard_damage(self, guards) -> List[str]:
+        """The names whose guard memory changed since ``guard``."""
+        import torch
+        torch.cuda.synchronize()
+        return [name for name, tail, pattern in guards if not torch.equal(tail, pattern)]
 
 
 def cuda_backend() -> Tuple[Optional[CudaBackend], str]:

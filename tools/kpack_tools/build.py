@@ -17,6 +17,10 @@ cubins with sha256, and ``tuning.json`` (every candidate's check and time per
 bucket, or why no tuning happened).  Compiling needs no GPU.  Only Triton
 3.6.0 is supported: its JIT's specialization and ABI are what the variants
 reproduce (``../shared/TRITON_ABI.md``).
+
+A spec's ``grid_tolerant`` flag is proven on the GPU (``kpack_tools.grid_proof``)
+before the manifest says ``grid_tolerance``; without a GPU it is written as
+asserted and the build says it is unproven.
 """
 
 import argparse
@@ -25,7 +29,7 @@ import re
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from kpack_tools import SUPPORTED_TRITON_VERSIONS
+from kpack_tools import SUPPORTED_TRITON_VERSIONS, grid_proof
 from kpack_tools.pack import Kernel, Variant, pack_bytes, source_identity, write_pack
 from kpack_tools.spec import GENERIC, Config, KernelSpec, SpecError, Specialization, \
     describe_bucket, load_specs, source_qualname
@@ -113,6 +117,29 @@ def _tuned_results(spec: KernelSpec, backend, reps: int, log) -> List[Dict[str, 
              "representative": r.representative, "chosen": r.chosen, "times_us": r.times_us,
              "checked_against": r.checked_against, "errors": r.errors,
              "mismatches": r.mismatches, "excluded": r.excluded} for r in results]
+
+
+def _grid_tolerance(spec: KernelSpec, results, device, backend, reps, why_not, reused,
+                    log) -> Optional[Dict[str, Any]]:
+    """The tuning.json ``grid_tolerance`` entry of a kernel whose spec asserts it: proven
+    (or refused) on the GPU when there is one, reused from ``--reuse-tuning`` when that
+    file proved it with the same configs, else unproven."""
+    if not spec.grid_tolerant:
+        return None
+    configs = [spec.config(r["chosen"]) for r in results]
+    if device is not None:
+        return grid_proof.prove(spec, configs, backend, reps=reps, log=log)
+    previous = (reused or {}).get("grid_tolerance")
+    if previous and previous.get("verdict") in (grid_proof.PROVEN, grid_proof.REFUSED,
+                                                grid_proof.TOO_COSTLY) \
+            and previous.get("configs") == [c.name for c in configs]:
+        log(f"kernel '{spec.name}': grid tolerance {previous['verdict']} as in the reused "
+            f"tuning.json")
+        return dict(previous)
+    entry = grid_proof.unproven(spec, why_not if why_not else "no GPU")
+    log(f"kernel '{spec.name}': grid tolerance asserted by the spec, UNPROVEN ({why_not}); "
+        f"written as \"asserted\"")
+    return entry
 
 
 def _config_json(config: Config) -> Mapping[str, Any]:
@@ -207,6 +234,10 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
             results = _untuned_results(spec)
             entry.update(tuned=False, device=None)
         entry["buckets"] = results
+        tolerance = _grid_tolerance(spec, results, device, backend, reps, why_not,
+                                    old if spec.name in reused else None, log)
+        if tolerance is not None:
+            entry["grid_tolerance"] = tolerance
         tuning["kernels"].append(entry)
         variants = []
         for index, result in zip(spec.bucket_indices(), results):
@@ -233,7 +264,8 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
             buckets=[{"param": b.param, "edges": list(b.edges)} for b in spec.buckets] or None,
             grid=spec.manifest_grid,
             source=source_identity(spec.fn, source_qualname(spec.fn)),
-            readonly=list(spec.readonly)))
+            readonly=list(spec.readonly),
+            grid_tolerance=grid_proof.manifest_field(spec, tolerance)))
     generator = f"kpack_tools.build (triton {triton.__version__})"
     tuning_bytes = (json.dumps(tuning, indent=2, allow_nan=False) + "\n").encode()
     manifest = write_pack(out_dir, kernels, generator=generator,

@@ -15,8 +15,8 @@ integer types, grid expressions parsed and constant-folded per variant, every
 bucket served by a variant, and the dispatch table's limits.
 
 A manifest is written as ``kpack/2`` when a kernel uses a field that format
-added (``source``, ``autotune_key``, a parameter's ``readonly``, a
-``tensordesc`` parameter, a flattened tuple element ``name.i``), else as
+added (``source``, ``autotune_key``, ``grid_tolerance``, a parameter's
+``readonly``, a ``tensordesc`` parameter, a flattened tuple element ``name.i``), else as
 ``kpack/1``, so packs that need none of them stay readable by older runtimes.
 
 Tensor descriptors (``tensordesc<DTYPE[B0, ...]>`` parameters) expand, in the
@@ -121,7 +121,10 @@ class Kernel:
     identifies the ``@triton.jit`` function (``source_identity``);
     ``readonly`` names pointer parameters the kernel never writes through;
     ``autotune_key`` the parameter names of the ``triton.autotune`` key whose
-    recorded choices the buckets reproduce.
+    recorded choices the buckets reproduce; ``grid_tolerance``
+    ``{"proof": "gpu" | "asserted", "max": {bucket param: value}}`` (``max``
+    optional) says the kernel's programs tolerate a larger grid (a CUDA graph
+    pads its grid to the bucket's upper edge; docs/pack-format.md).
     """
 
     name: str
@@ -132,6 +135,10 @@ class Kernel:
     source: Optional[Mapping[str, str]] = None
     readonly: Sequence[str] = ()
     autotune_key: Optional[Sequence[str]] = None
+    grid_tolerance: Optional[Mapping[str, Any]] = None
+
+
+GRID_PROOFS = ("gpu", "asserted")
 
 
 def source_identity(fn, qualname: Optional[str] = None) -> Mapping[str, str]:
@@ -292,6 +299,7 @@ def build_manifest(kernels: Sequence[Kernel], generator: Optional[str] = None):
     if not kernels:
         raise ValueError("a pack needs at least one kernel")
     version_2 = any(k.source is not None or k.readonly or k.autotune_key is not None
+                    or k.grid_tolerance is not None
                     or any(is_tensordesc(t) or "." in name for name, t in k.params)
                     for k in kernels)
     manifest = {"format": FORMAT_2 if version_2 else FORMAT}
@@ -364,7 +372,37 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         result["buckets"] = [{"param": param, "edges": list(edges)} for param, edges in buckets]
     if grid is not None:
         result["grid"] = list(grid)
+    if kernel.grid_tolerance is not None:
+        result["grid_tolerance"] = _check_grid_tolerance(kernel.grid_tolerance, buckets, where)
     result["variants"] = variants
+    return result
+
+
+def _check_grid_tolerance(tolerance, buckets, where):
+    """``{"proof", "max"?}``: the proof one of GRID_PROOFS; each ``max`` key a bucket
+    parameter, its value an integer above that dim's last edge."""
+    if not isinstance(tolerance, Mapping) or "proof" not in tolerance \
+            or set(tolerance) - {"proof", "max"}:
+        raise ValueError(f"{where}: grid_tolerance must be {{'proof': ..., 'max': {{...}}}} "
+                         f"('max' optional), got {tolerance!r}")
+    if tolerance["proof"] not in GRID_PROOFS:
+        raise ValueError(f"{where}: grid_tolerance.proof must be one of {GRID_PROOFS}, got "
+                         f"{tolerance['proof']!r}")
+    result = {"proof": tolerance["proof"]}
+    if "max" in tolerance:
+        last_edge = {param: edges[-1] for param, edges in buckets or ()}
+        maximum = tolerance["max"]
+        if not isinstance(maximum, Mapping):
+            raise ValueError(f"{where}: grid_tolerance.max must be {{bucket parameter: value}}, "
+                             f"got {maximum!r}")
+        for param, value in maximum.items():
+            if param not in last_edge:
+                raise ValueError(f"{where}: grid_tolerance.max: '{param}' is not a bucket "
+                                 f"parameter ({sorted(last_edge)})")
+            if not _is_int(value) or not last_edge[param] < value <= INT64_MAX:
+                raise ValueError(f"{where}: grid_tolerance.max['{param}'] = {value!r} must be an "
+                                 f"integer above the last edge {last_edge[param]}")
+        result["max"] = dict(maximum)
     return result
 
 

@@ -407,13 +407,18 @@ class Recorder:
     ``max_launches`` caps the launches summarized per compiled kernel (all are
     counted).  ``dump_dir`` (used by the command line) makes the recorder
     write its recording there at every compilation and at exit.
+    ``grid_tolerant`` names functions (or exported kernels) whose programs
+    tolerate a larger grid; their kernels get the manifest's ``grid_tolerance``
+    as *asserted* (``export``).
     """
 
     def __init__(self, out=None, force: bool = False,
                  max_launches: int = DEFAULT_MAX_LAUNCHES, dump_dir=None,
-                 log: Optional[Callable[[str], None]] = print):
+                 log: Optional[Callable[[str], None]] = print,
+                 grid_tolerant: Sequence[str] = ()):
         self.out = out
         self.force = force
+        self.grid_tolerant = tuple(grid_tolerant)
         self.max_launches = max_launches
         self.dump_dir = Path(dump_dir) if dump_dir is not None else None
         self.log = log or (lambda line: None)
@@ -507,10 +512,12 @@ class Recorder:
         if self.out is None:
             return
         if exc_type is None:
-            export(recording, self.out, force=self.force, log=self.log)
+            export(recording, self.out, force=self.force, log=self.log,
+                   grid_tolerant=self.grid_tolerant)
             return
         try:
-            export(recording, self.out, force=self.force, log=self.log)
+            export(recording, self.out, force=self.force, log=self.log,
+                   grid_tolerant=self.grid_tolerant)
         except Exception as err:  # the block's exception must win
             self.log(f"kpack record: could not export after the recorded block failed: {err}")
 
@@ -796,7 +803,8 @@ def _function_names(functions: Sequence[Tuple[str, str, str]], records) -> Dict[
 
 
 def export(recording: Recording, out, force: bool = False,
-           log: Optional[Callable[[str], None]] = print) -> ExportReport:
+           log: Optional[Callable[[str], None]] = print,
+           grid_tolerant: Sequence[str] = ()) -> ExportReport:
     """Write ``recording`` as a pack (plus ``record.json``) to ``out``.
 
     Policy (docs/record.md): compiles only benchmarked by the autotuner are not
@@ -805,7 +813,11 @@ def export(recording: Recording, out, force: bool = False,
     that no autotuner chose between become ``<name>__cfg<k>``; compiles the
     format cannot express, and variants or kernels the pack writer refuses,
     are refused by name while the rest is written.  Every decision is logged.
-    Raises ValueError when nothing is exportable.
+    ``grid_tolerant``: function names (``__name__`` or ``module.qualname``) or
+    exported kernel names whose kernels get ``grid_tolerance`` ``{"proof":
+    "asserted"}`` -- the caller's word, which recording cannot check; a name
+    that matches nothing is an error.  Raises ValueError when nothing is
+    exportable.
     """
     import triton
     log = log or (lambda line: None)
@@ -877,6 +889,7 @@ def export(recording: Recording, out, force: bool = False,
         raise ValueError("kpack record: nothing to export: every kernel the program compiled "
                          "was refused (see the lines above)")
 
+    tolerant = _mark_grid_tolerant(exports, grid_tolerant, say)
     generator = f"kpack_tools.record (triton {triton.__version__})"
     manifest = write_pack(out, [e.kernel for e in exports], generator=generator)
     launch_kernel = {h: e for e in exports for h in e.launch_variant}
@@ -900,6 +913,7 @@ def export(recording: Recording, out, force: bool = False,
         "autotuned": [e.autotune for e in exports if e.autotune is not None],
         "launches": launches,
         "not_exported": not_exported,
+        "grid_tolerant": tolerant,
     }
     (out / RECORD_FILE).write_text(json.dumps(record_json, indent=1) + "\n", encoding="utf-8")
     variants = sum(len(e.kernel.variants) for e in exports)
@@ -908,6 +922,27 @@ def export(recording: Recording, out, force: bool = False,
         + (f"; {len(not_exported)} not exported (listed in {RECORD_FILE})"
            if not_exported else ""))
     return ExportReport(manifest=manifest, record=record_json, lines=lines)
+
+
+def _mark_grid_tolerant(exports, names: Sequence[str], say) -> List[str]:
+    """Gives the kernels ``names`` designate (by kernel name, function ``__name__`` or
+    ``module.qualname``) ``grid_tolerance`` {"proof": "asserted"}; returns their names."""
+    marked = []
+    for name in names:
+        hits = [e for e in exports if name == e.kernel.name or (
+            e.kernel.source is not None
+            and name in (e.kernel.source["qualname"], e.kernel.source["qualname"].rsplit(".")[-1]))]
+        if not hits:
+            raise ValueError(f"kpack record: --grid-tolerant {name!r} matches no exported "
+                             f"kernel (kernels: {', '.join(e.kernel.name for e in exports)})")
+        for e in hits:
+            if e.kernel.name in marked:
+                continue
+            e.kernel = dataclasses.replace(e.kernel, grid_tolerance={"proof": "asserted"})
+            marked.append(e.kernel.name)
+            say(f"grid tolerance asserted for kernel '{e.kernel.name}' (unproven: recording "
+                f"cannot check it; a CUDA graph may launch it with a larger grid)")
+    return marked
 
 
 @dataclass
@@ -1259,12 +1294,17 @@ def main(argv=None) -> int:
         prog="python -m kpack_tools.record",
         description="Run a Triton program unmodified and export every kernel it compiled "
                     "into a kpack pack (docs/record.md).",
-        usage="%(prog)s --out PACK [--force] [--max-launches N] -- COMMAND [ARGS...]")
+        usage="%(prog)s --out PACK [--force] [--max-launches N] [--grid-tolerant NAME] "
+              "-- COMMAND [ARGS...]")
     parser.add_argument("--out", required=True, help="pack directory to write")
     parser.add_argument("--force", action="store_true", help="replace an existing --out")
     parser.add_argument("--max-launches", type=int, default=DEFAULT_MAX_LAUNCHES,
                         help=f"launches summarized in {RECORD_FILE} per compiled kernel "
                              f"(default {DEFAULT_MAX_LAUNCHES}; all are counted)")
+    parser.add_argument("--grid-tolerant", action="append", default=[], metavar="NAME",
+                        help="a function (name or module.qualname) or exported kernel whose "
+                             "programs tolerate a larger grid: its kernels get grid_tolerance "
+                             "as asserted (repeatable; docs/record.md)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the program to run")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -1311,7 +1351,7 @@ def main(argv=None) -> int:
                   "(or ran no Python with Triton); no pack written", file=sys.stderr)
             return status or 1
         try:
-            export(recording, args.out, force=args.force)
+            export(recording, args.out, force=args.force, grid_tolerant=args.grid_tolerant)
         except (ValueError, FileExistsError) as err:
             print(err, file=sys.stderr)
             return status or 1

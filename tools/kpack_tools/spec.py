@@ -138,6 +138,17 @@ class KernelSpec:
     config_allowed: Optional[Callable[[Mapping[str, int], Config], bool]] = None
     # Pointer parameters the kernel never writes through (manifest `readonly`).
     readonly: Sequence[str] = ()
+    # The kernel's programs tolerate a larger grid than its grid expressions give (every
+    # program past the last useful one masks itself out by the size arguments), so a CUDA
+    # graph may launch it with the grid of its bucket's upper edge (manifest
+    # `grid_tolerance`). The builder proves it on a GPU; without one it is written as
+    # asserted (docs/build-spec.md).
+    grid_tolerant: bool = False
+    # {bucket parameter: value}: what the open-ended last bucket is padded to (> last edge).
+    grid_max: Mapping[str, int] = field(default_factory=dict)
+    # The largest padded/exact GPU time ratio the builder accepts (worst shape of any
+    # bucket); above it the kernel keeps exact grids.
+    grid_cost_limit: float = 1.25
 
     def params_for(self, config: "Config") -> List[Tuple[str, str]]:
         """``params`` with tensordesc block shapes resolved for ``config``."""
@@ -381,6 +392,24 @@ def check_spec(spec: KernelSpec, origin: str = "spec") -> None:
     elif spec.tolerance is not None and not _pair(spec.tolerance):
         _fail(where, f"tolerance must be (rtol, atol), two non-negative numbers, or "
                      f"{{output: (rtol, atol)}}, got {spec.tolerance!r}")
+    if not isinstance(spec.grid_tolerant, bool):
+        _fail(where, f"grid_tolerant must be True or False, got {spec.grid_tolerant!r}")
+    if spec.grid_tolerant and not spec.grid:
+        _fail(where, "grid_tolerant needs a grid: a larger grid is defined (and proven) "
+                     "against the spec's grid expressions")
+    if spec.grid_max and not spec.grid_tolerant:
+        _fail(where, "grid_max is set but grid_tolerant is not")
+    last_edges = {b.param: list(b.edges)[-1] for b in spec.buckets if list(b.edges)}
+    for name, value in dict(spec.grid_max).items():
+        if name not in last_edges:
+            _fail(where, f"grid_max: '{name}' is not a bucket parameter")
+        if not isinstance(value, int) or isinstance(value, bool) or value <= last_edges[name]:
+            _fail(where, f"grid_max['{name}'] = {value!r} must be an integer above the last "
+                         f"edge {last_edges[name]}")
+    if isinstance(spec.grid_cost_limit, bool) \
+            or not isinstance(spec.grid_cost_limit, (int, float)) or spec.grid_cost_limit < 1:
+        _fail(where, f"grid_cost_limit must be a number >= 1 (padded over exact GPU time), got "
+                     f"{spec.grid_cost_limit!r}")
     if not callable(spec.make_inputs):
         _fail(where, "make_inputs must be callable")
     if spec.config_allowed is not None:

@@ -30,7 +30,7 @@ INT_RANGES = {
 HIDDEN = ("$global_scratch", "$profile_scratch")
 KERNEL_REQUIRED = {"name", "params", "variants"}
 KERNEL_OPTIONAL = {"buckets", "grid"}
-KERNEL_OPTIONAL_V2 = {"source", "autotune_key"}
+KERNEL_OPTIONAL_V2 = {"source", "autotune_key", "grid_tolerance"}
 VARIANT_REQUIRED = {
     "name", "cubin", "sha256", "entry", "arch", "constexprs", "num_warps", "num_ctas",
     "shared", "global_scratch_size", "global_scratch_align", "profile_scratch_size",
@@ -141,6 +141,15 @@ def _validate_kernel(kernel, pack_dir, version_2=False):
     dims = kernel.get("buckets")
     if dims is not None:
         errors += _validate_buckets(dims, types, where)
+    tolerance = kernel.get("grid_tolerance")
+    if tolerance is not None:
+        last = {d.get("param"): (d.get("edges") or [None])[-1] for d in dims or []}
+        if not isinstance(tolerance, dict) or tolerance.get("proof") not in ("gpu", "asserted") \
+                or set(tolerance) - {"proof", "max"} \
+                or not isinstance(tolerance.get("max", {}), dict) \
+                or any(p not in last or not _is_int(v) or not _is_int(last[p]) or v <= last[p]
+                       for p, v in tolerance.get("max", {}).items()):
+            errors.append(f"{where}: bad grid_tolerance {tolerance!r}")
     grid = kernel.get("grid")
     if grid is not None and (not isinstance(grid, list) or not 1 <= len(grid) <= 3
                              or not all(isinstance(e, str) for e in grid)):

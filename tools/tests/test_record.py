@@ -383,6 +383,25 @@ def test_record_json_in_pack_matches_cubins(recorded):
             assert variant["entry"] in cubin.layouts
 
 
+def test_grid_tolerance_is_asserted_for_the_named_functions_only(recorded, tmp_path):
+    recording, report, _ = recorded
+    assert report.record["grid_tolerant"] == []
+    assert all("grid_tolerance" not in k for k in report.manifest["kernels"])
+    lines = []
+    report = record.export(recording, tmp_path / "tolerant", log=lines.append,
+                           grid_tolerant=["axpy_kernel", "test_record.tuned_kernel"])
+    marked = {k["name"]: k.get("grid_tolerance") for k in report.manifest["kernels"]}
+    assert marked["axpy_kernel"] == {"proof": "asserted"}
+    assert marked["tuned_kernel"] == {"proof": "asserted"}
+    assert all(v is None for k, v in marked.items() if k not in ("axpy_kernel", "tuned_kernel"))
+    assert report.record["grid_tolerant"] == ["axpy_kernel", "tuned_kernel"]
+    assert any("grid tolerance asserted for kernel 'axpy_kernel' (unproven" in line
+               for line in lines)
+    validate_manifest(report.manifest, tmp_path / "tolerant")
+    with pytest.raises(ValueError, match="--grid-tolerant 'nope' matches no exported kernel"):
+        record.export(recording, tmp_path / "bad", log=None, grid_tolerant=["nope"])
+
+
 def test_version_refused_clearly(monkeypatch):
     with pytest.raises(record.UnsupportedTritonVersion,
                        match=r"found Triton 3\.5\.1, supported: 3\.6\.0"):

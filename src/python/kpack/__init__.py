@@ -9,6 +9,7 @@
     add[(triton.cdiv(n, 1024),)](x, y, out, n)          # explicit grid, as with Triton
     add[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, out, n)
     b = add.bind(x, y, out, n); b(); b.set("n", m); b()  # pack once, relaunch cheaply
+    g = kpack.graph([b, ...]); b.set("n", m); g.replay()  # a CUDA graph of a step, patched
 
 Arguments are the kernel's non-constexpr parameters in declaration order (or by name):
 torch tensors (any object with ``__dlpack_c_exchange_api__``, ``data_ptr()`` or
@@ -66,11 +67,12 @@ from kpack import _kpack
 from kpack._dropin import DropInError, DropInWarning, install, installed, uninstall
 from kpack._kpack import (BoundLaunch, Error, FailedPreconditionError, GridLaunch, InternalError,
                           InvalidArgumentError, Kernel, NotFoundError, OutOfRangeError, Param,
-                          ResourceExhaustedError, UnavailableError, UnimplementedError, Variant,
-                          VariantStats)
+                          ResourceExhaustedError, StepGraph, UnavailableError, UnimplementedError,
+                          Variant, VariantStats, graph)
 
 __all__ = [
     "open", "Pack", "Kernel", "GridLaunch", "BoundLaunch", "Param", "Variant", "VariantStats",
+    "graph", "StepGraph",
     "Error", "InvalidArgumentError", "NotFoundError", "FailedPreconditionError",
     "UnavailableError", "UnimplementedError", "ResourceExhaustedError", "OutOfRangeError",
     "InternalError", "build_flags", "install", "uninstall", "installed", "DropInWarning",

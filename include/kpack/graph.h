@@ -1,0 +1,192 @@
+// kpack/graph.h: CUDA graphs of a step of kpack launches, built once per bucket signature
+// and replayed with new sizes and pointers by patching only the parameters that changed.
+//
+// A serving step is a fixed sequence of launches whose sizes change every call. Sending
+// each launch costs the driver's ~3.5 us of host time; a CUDA graph costs ~0.25 us per
+// kernel node whose parameters change plus ~2-4 us per graph launch, with no extra GPU
+// time, as long as only arguments change: a node whose grid changes costs ~1 us more on
+// the host and ~1 us of GPU time. A StepGraph therefore keys its graphs by the step's
+// *bucket signature* -- every launch's chosen variant and the grid the graph launches it
+// with -- and patches arguments (sizes, pointers, scalars, all alike) in between:
+//
+//   kpack::BoundLaunch* step[] = {&*matmul, &*add};  // in launch order
+//   absl::StatusOr<kpack::StepGraph> graph = kpack::StepGraph::Create(step);
+//   if (!graph.ok()) return graph.status();
+//   for (int m : batches) {
+//     // This step's sizes and pointers, through BoundLaunch::Set as for eager launches.
+//     if (absl::Status s = matmul->Set(3, m); !s.ok()) return s;  // M
+//     ...
+//     if (absl::Status s = graph->Replay(stream); !s.ok()) return s;
+//   }
+//
+// (examples/step_graph.cc has the whole function, with the BoundLaunches bound; CI
+// compiles it.)
+//
+// Replay(stream) reads each BoundLaunch's current variant, grid and packed parameter bytes
+// (BoundLaunch::Set re-selects the variant when a bucket or specialization changes), looks
+// up the graph of that signature -- building and instantiating it the first time it is
+// seen, or ahead with Build() for a declared list of shapes -- then calls
+// cuGraphExecKernelNodeSetParams for exactly the nodes whose bytes differ from what the
+// graph last launched, and launches it on `stream`. The outputs are those of the same
+// launches sent eagerly, in order, on `stream` (one node after another, like a stream).
+//
+// Grids. A launch's grid in the graph is its exact grid (its BoundLaunch's grid, or the
+// manifest's grid expressions for its arguments), part of the signature, except for a
+// kernel whose pack says its programs tolerate a larger grid (KernelInfo::grid_tolerant,
+// the manifest's kpack/2 `grid_tolerance`, docs/pack-format.md) and that takes its grid
+// from the grid expressions: that one is launched with the grid evaluated at the upper
+// edge of its bucket parameters' buckets (or the pack's `max` for an open-ended last
+// bucket), so every size inside a bucket shares one graph and patches arguments only. An
+// open-ended last bucket without a maximum, a value above the maximum, and an explicit
+// grid keep the exact grid. PinGrid fixes the graph grid of a tolerant launch whose grid
+// the caller gives (e.g. a recorded kernel, which has no grid expressions).
+//
+// A signature never seen: built by default (Unseen::kBuild). Once Build() has covered the
+// declared shapes, set_unseen(Unseen::kError) makes any other signature an error that
+// names the first launch no built graph has, with its kernel, variant, bucket and grid
+// and why its grid is part of the signature; Unseen::kLaunchEagerly sends such a step's
+// launches eagerly instead (counted in stats().eager_steps): there is no silent fallback.
+//
+// Why graphs built node by node (cuGraphCreate, cuGraphAddKernelNode from each launch's
+// prepared function, config and parameter buffer) rather than stream capture: patching
+// needs each launch's node handle, which building returns directly (a capture would have
+// to recover them from cuStreamGetCaptureInfo after every launch); the padded grid is not
+// the launch's own, which a captured launch would need its own path for anyway; building
+// touches no stream and no capture state, so it neither invalidates nor is invalidated by
+// another thread's capture; and adding a node is host-side bookkeeping where a captured
+// launch pays much of a launch's host cost. bench/graph_bench reports building plus
+// instantiating a bucket graph of 32 and 64 kernels both ways (target: at most 1 ms for
+// 32). Launch attributes become node attributes (cluster dimension and scheduling,
+// cooperative); a PDL launch (programmatic stream serialization) gets a full dependency
+// on the node before it: correct, without the overlap.
+//
+// Scratch memory. A graph owns the scratch its nodes use: one buffer per graph, as large
+// as the largest node needs (its nodes run one after another), from kpack's idle arena
+// pool or cuMemAlloc when the graph is built, handed to the graph through a CUDA user
+// object and back to the pool once the graph, its executable and their launches in
+// flight are done (the mechanism captured graphs use; docs/runtime.md). So replays never
+// share scratch with eager launches on any stream, nor graphs with each other; the
+// BoundLaunches' own ScratchAllocators are not used for graph nodes. Two launches of one
+// executable graph never overlap (the driver orders them), so replays may go to any
+// streams. Pointer arguments are patched like any other bytes: nothing assumes buffers
+// stay put.
+//
+// Contexts: a StepGraph belongs to the CUDA context current at Create; Build and Replay
+// need it current (FAILED_PRECONDITION otherwise), and Replay's stream must belong to it.
+// Variants are loaded into the context when a graph is first built (no Preload needed).
+//
+// Thread safety: a StepGraph is used by one thread at a time, and while it builds or
+// replays no other thread may use its BoundLaunches. Different StepGraphs (over different
+// BoundLaunches) may be used from different threads at once, and their graphs may run
+// concurrently on different streams.
+//
+// Lifetimes: the BoundLaunches (which may be moved, not destroyed) and so their Runtime
+// must outlive the StepGraph. Destroying a StepGraph while its graphs run on the GPU is
+// safe: the driver finishes them, then the scratch returns to the pool.
+
+#ifndef KPACK_GRAPH_H_
+#define KPACK_GRAPH_H_
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kpack/arg.h"
+#include "kpack/runtime.h"
+
+namespace kpack {
+
+namespace internal {
+class StepGraphImpl;
+}  // namespace internal
+
+class StepGraph {
+ public:
+  // What Replay does with a signature no graph was built for.
+  enum class Unseen : uint8_t {
+    kBuild,          // build and instantiate its graph, then replay it (default)
+    kError,          // FAILED_PRECONDITION naming the launch and its bucket; nothing launched
+    kLaunchEagerly,  // send the step's launches eagerly on the stream (stats().eager_steps)
+  };
+
+  struct Options {
+    Unseen unseen = Unseen::kBuild;
+    // Graphs a StepGraph may hold; building one more is RESOURCE_EXHAUSTED naming the
+    // launches whose grids or variants keep changing (each graph costs device memory).
+    size_t max_graphs = 256;
+  };
+
+  // A step of `launches`, in launch order (each at most once; all of one Runtime), in the
+  // current CUDA context. Builds nothing yet. INVALID_ARGUMENT for an empty step, a null
+  // or repeated launch or launches of different Runtimes; FAILED_PRECONDITION without a
+  // current context.
+  static absl::StatusOr<StepGraph> Create(std::span<BoundLaunch* const> launches,
+                                          const Options& options);
+  static absl::StatusOr<StepGraph> Create(std::span<BoundLaunch* const> launches);
+
+  StepGraph(StepGraph&&) noexcept;
+  StepGraph& operator=(StepGraph&&) noexcept;
+  // Destroys the graphs (see Lifetimes above).
+  ~StepGraph();
+
+  // Builds and instantiates the graph of the launches' current signature unless it exists
+  // (whatever Unseen says: this is how shapes are declared ahead); launches nothing.
+  absl::Status Build();
+
+  // Patches the nodes whose parameter bytes changed and launches the graph of the
+  // launches' current signature on `stream` (see the top of this file). Errors name the
+  // launch (its index in the step and its kernel); after an error the next Replay starts
+  // afresh, and nothing of this replay was launched.
+  absl::Status Replay(CUstream stream);
+
+  void set_unseen(Unseen unseen);
+
+  // Fixes launch `launch`'s grid in the graphs to `grid`, for a kernel whose pack says it
+  // tolerates a larger grid (KernelInfo::grid_tolerant): every replay then requires the
+  // launch's own grid to be at most `grid` on each axis and launches `grid`.
+  // INVALID_ARGUMENT for a kernel without the flag (its exact grid is part of the
+  // signature), an index past the step or an empty grid.
+  absl::Status PinGrid(size_t launch, const Grid& grid);
+
+  // The launches' current signature as text, one `kernel/variant[x,y,z]` per launch
+  // joined by "; " (the grid the graph would launch it with); launches nothing. The
+  // error Replay would give for launches whose grid does not evaluate.
+  absl::StatusOr<std::string> Signature() const;
+
+  // One built graph.
+  struct GraphInfo {
+    std::string signature;      // as Signature() spells it
+    size_t nodes = 0;           // launches with a non-empty grid
+    uint64_t scratch_bytes = 0;  // device bytes of its scratch buffer (0: none)
+    double build_us = 0;        // cuGraphCreate to instantiated, host microseconds
+    uint64_t replays = 0;
+  };
+  std::vector<GraphInfo> graphs() const;
+
+  // Replays are counted here, not in Kernel::variant_stats() (the driver launches the
+  // nodes); eager steps (Unseen::kLaunchEagerly) are counted there too.
+  struct Stats {
+    uint64_t graphs_built = 0;
+    uint64_t replays = 0;             // graph launches
+    uint64_t nodes_patched = 0;       // cuGraphExecKernelNodeSetParams calls, all replays
+    uint64_t last_nodes_patched = 0;  // in the last replay
+    uint64_t eager_steps = 0;         // replays sent eagerly (Unseen::kLaunchEagerly)
+    uint64_t scratch_bytes = 0;       // device bytes of all graphs' scratch
+  };
+  Stats stats() const;
+
+ private:
+  explicit StepGraph(std::unique_ptr<internal::StepGraphImpl> impl);
+  std::unique_ptr<internal::StepGraphImpl> impl_;
+};
+
+}  // namespace kpack
+
+#endif  // KPACK_GRAPH_H_

@@ -1,0 +1,281 @@
+// kpack::StepGraph over StepGraphImpl. The header (kpack/graph.h) has the design.
+
+#include "graph/step_graph.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/launch.h"
+#include "util/status_macros.h"
+
+namespace kpack {
+namespace internal {
+namespace {
+
+// A launch's error with the step index in front.
+absl::Status AtLaunch(size_t i, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("step graph launch ", i, ": ", s.message()));
+}
+
+std::string GridText(const Grid& g) { return absl::StrCat("(", g.x, ", ", g.y, ", ", g.z, ")"); }
+
+// At most this many alternatives are listed in an error.
+constexpr size_t kListed = 8;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepGraphImpl>> StepGraphImpl::Create(
+    std::span<BoundLaunch* const> launches, const StepGraph::Options& options) {
+  if (launches.empty()) return absl::InvalidArgumentError("a step graph needs at least one launch");
+  std::unique_ptr<StepGraphImpl> g(new StepGraphImpl());
+  g->options_ = options;
+  absl::flat_hash_set<const BoundState*> seen;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (launches[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("step graph launch ", i, " is null"));
+    }
+    BoundState& st = BoundAccess::Get(*launches[i]);
+    if (!seen.insert(&st).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step graph launch ", i, " (kernel '", st.kernel->spec->name,
+          "') is listed twice: a graph node sends each BoundLaunch's bytes once per step"));
+    }
+    if (g->rt_ == nullptr) g->rt_ = st.kernel->runtime;
+    if (st.kernel->runtime != g->rt_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step graph launch ", i, " (kernel '", st.kernel->spec->name,
+          "') belongs to another Runtime than launch 0"));
+    }
+    g->launches_.push_back(&st);
+    g->plans_.emplace_back(*st.kernel);
+  }
+  const Driver& d = g->rt_->driver();
+  unsigned long long context = 0;  // NOLINT(runtime/int)
+  if (const CUresult r = d.CtxGetId(nullptr, &context); r != CUDA_SUCCESS) {
+    return ContextError(d, r, "creating a step graph");
+  }
+  g->context_ = context;
+  g->shapes_.resize(launches.size());
+  g->grids_.resize(launches.size());
+  return g;
+}
+
+absl::Status StepGraphImpl::CheckContext(const char* doing) const {
+  const Driver& d = rt_->driver();
+  unsigned long long context = 0;  // NOLINT(runtime/int)
+  if (const CUresult r = d.CtxGetId(nullptr, &context); ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) {
+    return ContextError(d, r, doing);
+  }
+  if (ABSL_PREDICT_FALSE(context != context_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        doing, ": the step graph belongs to the CUDA context current at its creation (id ",
+        context_, "), but the current one is another (id ", context, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StepGraphImpl::Resolve(internal::Signature* shapes,
+                                    std::vector<GridPlan::Resolved>* grids) const {
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    const BoundState& st = *launches_[i];
+    absl::Status s = plans_[i].Resolve(st, &(*grids)[i]);
+    if (ABSL_PREDICT_FALSE(!s.ok())) return AtLaunch(i, s);
+    (*shapes)[i] = LaunchShape{st.variant, (*grids)[i].graph};
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BucketGraph*> StepGraphImpl::BuildGraph(const internal::Signature& shapes) {
+  if (graphs_.size() >= options_.max_graphs) {
+    std::string changing;
+    if (current_ != nullptr) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (shapes[i] == current_->signature()[i]) continue;
+        changing = absl::StrCat(": launch ", i, " is now ", ShapeText(shapes[i]), ", was ",
+                                ShapeText(current_->signature()[i]), " (",
+                                GridRuleText(grids_[i].rule, *shapes[i].variant->kernel->spec),
+                                ")");
+        break;
+      }
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "step graph: already holds ", graphs_.size(),
+        " graphs (StepGraph::Options::max_graphs); another signature", changing));
+  }
+  KPACK_ASSIGN_OR_RETURN(std::unique_ptr<BucketGraph> graph,
+                         BucketGraph::Build(*rt_, launches_, shapes, context_));
+  BucketGraph* raw = graph.get();
+  graphs_.emplace(shapes, std::move(graph));
+  built_.push_back(raw);
+  ++stats_.graphs_built;
+  stats_.scratch_bytes += raw->scratch_bytes();
+  return raw;
+}
+
+absl::Status StepGraphImpl::Build() {
+  KPACK_RETURN_IF_ERROR(CheckContext("building a step graph"));
+  KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
+  if (graphs_.contains(shapes_)) return absl::OkStatus();
+  return BuildGraph(shapes_).status();
+}
+
+absl::Status StepGraphImpl::Replay(CUstream stream) {
+  KPACK_RETURN_IF_ERROR(CheckContext("replaying a step graph"));
+  KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
+  if (current_ == nullptr || current_->signature() != shapes_) {
+    auto it = graphs_.find(shapes_);
+    if (it != graphs_.end()) {
+      current_ = it->second.get();
+    } else {
+      switch (options_.unseen) {
+        case StepGraph::Unseen::kError:
+          return UnseenError(shapes_);
+        case StepGraph::Unseen::kLaunchEagerly:
+          return LaunchEagerly(stream);
+        case StepGraph::Unseen::kBuild:
+          break;
+      }
+      KPACK_ASSIGN_OR_RETURN(current_, BuildGraph(shapes_));
+    }
+  }
+  uint64_t patched = 0;
+  const absl::Status s = current_->Patch(launches_, &patched);
+  stats_.nodes_patched += patched;
+  stats_.last_nodes_patched = patched;
+  KPACK_RETURN_IF_ERROR(s);
+  KPACK_RETURN_IF_ERROR(current_->Launch(stream));
+  ++stats_.replays;
+  return absl::OkStatus();
+}
+
+absl::Status StepGraphImpl::UnseenError(const internal::Signature& shapes) const {
+  const std::string head =
+      "step graph: this step's signature has no graph, and new signatures are errors "
+      "(StepGraph::Unseen::kError)";
+  if (built_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        head, ": none was built (declare the shapes with Build() first); launch 0 is ",
+        DescribeShape(shapes[0]), " with grid ", GridText(shapes[0].grid)));
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::vector<const LaunchShape*> known;
+    bool found = false;
+    for (const BucketGraph* g : built_) {
+      const LaunchShape& other = g->signature()[i];
+      found |= other == shapes[i];
+      if (std::find_if(known.begin(), known.end(), [&](const LaunchShape* k) {
+            return *k == other;
+          }) == known.end()) {
+        known.push_back(&other);
+      }
+    }
+    if (found) continue;
+    const bool same_variant = std::any_of(known.begin(), known.end(), [&](const LaunchShape* k) {
+      return k->variant == shapes[i].variant;
+    });
+    std::vector<std::string> listed;
+    for (size_t k = 0; k < known.size() && k < kListed; ++k) {
+      listed.push_back(absl::StrCat("variant '", known[k]->variant->spec->name, "' grid ",
+                                    GridText(known[k]->grid)));
+    }
+    if (known.size() > kListed) listed.push_back("...");
+    const std::string why =
+        same_variant ? absl::StrCat("; its variant was declared with other grids: ",
+                                    GridRuleText(grids_[i].rule, *shapes[i].variant->kernel->spec))
+                     : "; its variant changed (a bucket or specialization no declared shape has)";
+    return absl::FailedPreconditionError(absl::StrCat(
+        head, ": launch ", i, " is ", DescribeShape(shapes[i]), " with grid ",
+        GridText(shapes[i].grid), ", which no built graph has (they have ",
+        absl::StrJoin(listed, ", "), ")", why));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      head, ": every launch's variant and grid was built, but not in this combination: ",
+      SignatureText(shapes)));
+}
+
+absl::Status StepGraphImpl::LaunchEagerly(CUstream stream) {
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    BoundState& st = *launches_[i];
+    const ScratchAllocator* scratch = st.scratch.allocate != nullptr ? &st.scratch : nullptr;
+    absl::Status s =
+        rt_->LaunchPacked(*st.variant, grids_[i].exact, stream, scratch, st.buf, st.fallback);
+    if (!s.ok()) return AtLaunch(i, s);
+  }
+  ++stats_.eager_steps;
+  return absl::OkStatus();
+}
+
+absl::Status StepGraphImpl::PinGrid(size_t launch, const Grid& grid) {
+  if (launch >= launches_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("PinGrid: the step has ", launches_.size(),
+                                                   " launches; no launch ", launch));
+  }
+  const KernelSpec& k = *launches_[launch]->kernel->spec;
+  if (!k.grid_tolerant) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PinGrid: step graph launch ", launch, ": kernel '", k.name,
+        "' has no grid_tolerance in its pack, so the graph launches its exact grid: a larger "
+        "grid would run programs that may not mask themselves out"));
+  }
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PinGrid: step graph launch ", launch,
+                                                   ": the grid ", GridText(grid), " is empty"));
+  }
+  plans_[launch].Pin(grid);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> StepGraphImpl::Signature() const {
+  internal::Signature shapes(launches_.size());
+  std::vector<GridPlan::Resolved> grids(launches_.size());
+  KPACK_RETURN_IF_ERROR(Resolve(&shapes, &grids));
+  return SignatureText(shapes);
+}
+
+std::vector<StepGraph::GraphInfo> StepGraphImpl::graphs() const {
+  std::vector<StepGraph::GraphInfo> out;
+  for (const BucketGraph* g : built_) {
+    out.push_back({SignatureText(g->signature()), g->nodes(), g->scratch_bytes(), g->build_us(),
+                   g->replays()});
+  }
+  return out;
+}
+
+StepGraph::Stats StepGraphImpl::stats() const { return stats_; }
+
+}  // namespace internal
+
+// ---- StepGraph ----
+
+StepGraph::StepGraph(std::unique_ptr<internal::StepGraphImpl> impl) : impl_(std::move(impl)) {}
+StepGraph::StepGraph(StepGraph&&) noexcept = default;
+StepGraph& StepGraph::operator=(StepGraph&&) noexcept = default;
+StepGraph::~StepGraph() = default;
+
+absl::StatusOr<StepGraph> StepGraph::Create(std::span<BoundLaunch* const> launches,
+                                            const Options& options) {
+  KPACK_ASSIGN_OR_RETURN(std::unique_ptr<internal::StepGraphImpl> impl,
+                         internal::StepGraphImpl::Create(launches, options));
+  return StepGraph(std::move(impl));
+}
+
+absl::StatusOr<StepGraph> StepGraph::Create(std::span<BoundLaunch* const> launches) {
+  return Create(launches, Options());
+}
+
+absl::Status StepGraph::Build() { return impl_->Build(); }
+absl::Status StepGraph::Replay(CUstream stream) { return impl_->Replay(stream); }
+void StepGraph::set_unseen(Unseen unseen) { impl_->set_unseen(unseen); }
+absl::Status StepGraph::PinGrid(size_t launch, const Grid& grid) {
+  return impl_->PinGrid(launch, grid);
+}
+absl::StatusOr<std::string> StepGraph::Signature() const { return impl_->Signature(); }
+std::vector<StepGraph::GraphInfo> StepGraph::graphs() const { return impl_->graphs(); }
+StepGraph::Stats StepGraph::stats() const { return impl_->stats(); }
+
+}  // namespace kpack

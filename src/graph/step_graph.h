@@ -1,0 +1,68 @@
+// The state behind kpack::StepGraph (kpack/graph.h): the step's launches, their grid
+// plans, and one BucketGraph per signature seen (or declared with Build).
+
+#ifndef KPACK_SRC_GRAPH_STEP_GRAPH_H_
+#define KPACK_SRC_GRAPH_STEP_GRAPH_H_
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "graph/bucket_graph.h"
+#include "graph/graph_grid.h"
+#include "graph/signature.h"
+#include "kpack/graph.h"
+#include "runtime/runtime_impl.h"
+
+namespace kpack::internal {
+
+class StepGraphImpl {
+ public:
+  static absl::StatusOr<std::unique_ptr<StepGraphImpl>> Create(
+      std::span<BoundLaunch* const> launches, const StepGraph::Options& options);
+
+  absl::Status Build();
+  absl::Status Replay(CUstream stream);
+  void set_unseen(StepGraph::Unseen unseen) { options_.unseen = unseen; }
+  absl::Status PinGrid(size_t launch, const Grid& grid);
+  absl::StatusOr<std::string> Signature() const;
+  std::vector<StepGraph::GraphInfo> graphs() const;
+  StepGraph::Stats stats() const;
+
+ private:
+  StepGraphImpl() = default;
+  // FAILED_PRECONDITION unless the StepGraph's context is current (`doing`: for messages).
+  absl::Status CheckContext(const char* doing) const;
+  // Every launch's shape and grids now, into `shapes` and `grids` (sized already).
+  absl::Status Resolve(internal::Signature* shapes, std::vector<GridPlan::Resolved>* grids) const;
+  // The graph of `shapes`, built now (RESOURCE_EXHAUSTED past Options::max_graphs).
+  absl::StatusOr<BucketGraph*> BuildGraph(const internal::Signature& shapes);
+  // Unseen::kError's status for `shapes`: the first launch no built graph has, and why.
+  absl::Status UnseenError(const internal::Signature& shapes) const;
+  // Unseen::kLaunchEagerly: every launch sent as BoundLaunch::Launch would, on `stream`.
+  absl::Status LaunchEagerly(CUstream stream);
+
+  const RuntimeImpl* rt_ = nullptr;
+  uint64_t context_ = 0;  // cuCtxGetId at Create
+  StepGraph::Options options_;
+  std::vector<BoundState*> launches_;  // BoundLaunch states: they stay put when it moves
+  std::vector<GridPlan> plans_;
+  absl::flat_hash_map<internal::Signature, std::unique_ptr<BucketGraph>> graphs_;
+  std::vector<const BucketGraph*> built_;  // graphs_ in the order they were built
+  BucketGraph* current_ = nullptr;         // the last replayed
+  // Per replay, sized once at Create so that a replay allocates nothing.
+  internal::Signature shapes_;
+  std::vector<GridPlan::Resolved> grids_;
+  StepGraph::Stats stats_;
+};
+
+}  // namespace kpack::internal
+
+#endif  // KPACK_SRC_GRAPH_STEP_GRAPH_H_

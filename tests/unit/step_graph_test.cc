@@ -1,0 +1,509 @@
+// kpack::StepGraph (kpack/graph.h) against the recording fake driver: what only the fake can
+// observe -- which graphs are built (signature keys, node grids, attributes), which nodes
+// a replay patches and which bytes change, scratch ownership -- and the errors for bad
+// cases. The outputs of replays against eager launches are the conformance suite's
+// (tests/conformance/graph_test.cc), on the fake and on a GPU.
+//
+// Packs: kernels/dispatchpack's axpy (n bucketed at 4096 and 262144, grid cdiv(n, BLOCK)
+// with BLOCK 256 / 1024 / 4096 per bucket), copied with a kpack/2 `grid_tolerance`; and
+// kernels/testpack's add, cluster (num_ctas 2), pdl and scratch (128 bytes of global
+// scratch per program), which have no grid expressions and no tolerance.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fake_driver.h"
+#include "fake_runtime.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kpack/kpack.h"
+
+namespace kpack {
+namespace {
+
+using ::kpack::testing::OpenFake;
+using ::kpack::testing::TempPack;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const CUdeviceptr kX = 0x100000, kY = 0x200000, kOut = 0x300000, kOut2 = 0x400000;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+// The byte ranges [begin, end) where two parameter buffers differ.
+std::vector<std::pair<size_t, size_t>> Differences(const std::byte* a, const std::byte* b,
+                                                   size_t n) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] == b[i]) continue;
+    if (!ranges.empty() && ranges.back().second == i) {
+      ranges.back().second = i + 1;
+    } else {
+      ranges.push_back({i, i + 1});
+    }
+  }
+  return ranges;
+}
+
+// The slot of call parameter `param` in variant `variant` of `k`.
+LayoutSlotInfo Slot(const Kernel& k, std::string_view variant, std::string_view param) {
+  for (const VariantInfo& v : k.info().variants) {
+    if (v.name != variant) continue;
+    for (const LayoutSlotInfo& s : v.layout) {
+      if (s.name == param) return s;
+    }
+  }
+  ADD_FAILURE() << "no slot " << param << " in " << variant;
+  return {};
+}
+
+class StepGraphTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::ResetFake();
+    ASSERT_EQ(testing::FakeDriver().StreamCreate(&stream_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(testing::FakeDriver().StreamCreate(&other_, 0), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    graph_.reset();
+    binds_.clear();
+    rt_.reset();
+    fake::Reset();
+  }
+
+  // The dispatch pack with axpy made grid-tolerant (`max`: the open-ended bucket's).
+  void OpenTolerant(std::optional<int64_t> max = std::nullopt) {
+    pack_ = std::make_unique<TempPack>(KPACK_DISPATCH_PACK_DIR);
+    pack_->manifest()["format"] = "kpack/2";
+    nlohmann::json tolerance = {{"proof", "gpu"}};
+    if (max.has_value()) tolerance["max"] = {{"n", *max}};
+    pack_->kernel("axpy")["grid_tolerance"] = tolerance;
+    pack_->Save();
+    Open(pack_->dir());
+    axpy_ = *rt_->Find("axpy");
+    ASSERT_TRUE(axpy_.info().grid_tolerant);
+  }
+  void Open(const std::string& dir) {
+    auto rt = OpenFake(dir);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_ = std::make_unique<Runtime>(std::move(*rt));
+  }
+  BoundLaunch& BindAxpy(int64_t n, CUdeviceptr out = kOut) {
+    const Arg args[] = {Arg(kX), Arg(kY), Arg(out), Arg(n), Arg(3), Arg(2.0f)};
+    auto b = axpy_.Bind(stream_, args);
+    EXPECT_TRUE(b.ok()) << b.status();
+    binds_.push_back(std::make_unique<BoundLaunch>(std::move(*b)));
+    return *binds_.back();
+  }
+  BoundLaunch& Bind(const char* kernel, const Grid& grid, std::vector<Arg> args) {
+    auto b = rt_->Find(kernel)->Bind(grid, stream_, args);
+    EXPECT_TRUE(b.ok()) << b.status();
+    binds_.push_back(std::make_unique<BoundLaunch>(std::move(*b)));
+    return *binds_.back();
+  }
+  StepGraph& MakeGraph(StepGraph::Options options = {}) {
+    std::vector<BoundLaunch*> step;
+    for (auto& b : binds_) step.push_back(b.get());
+    auto g = StepGraph::Create(step, options);
+    EXPECT_TRUE(g.ok()) << g.status();
+    graph_ = std::make_unique<StepGraph>(std::move(*g));
+    return *graph_;
+  }
+  // The exec graph most recently instantiated.
+  CUgraphExec LastExec() {
+    std::vector<CUgraphExec> execs = fake::LiveExecs();
+    EXPECT_FALSE(execs.empty());
+    return execs.empty() ? nullptr : execs.back();
+  }
+
+  CUstream stream_ = nullptr, other_ = nullptr;
+  std::unique_ptr<TempPack> pack_;
+  std::unique_ptr<Runtime> rt_;
+  Kernel axpy_;
+  std::vector<std::unique_ptr<BoundLaunch>> binds_;
+  std::unique_ptr<StepGraph> graph_;
+};
+
+TEST_F(StepGraphTest, OneGraphPerBucketSignatureWithGridsAtTheBucketsUpperEdges) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);     // bucket 0: BLOCK 256, padded to cdiv(4096, 256)
+  BindAxpy(5000);                     // bucket 1: BLOCK 1024, padded to cdiv(262144, 1024)
+  StepGraph& g = MakeGraph();
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,1,1]; axpy/b1_generic[256,1,1]");
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  EXPECT_EQ(g.stats().replays, 1u);
+  EXPECT_EQ(fake::CallCount("GraphCreate"), 1);
+  EXPECT_EQ(fake::CallCount("GraphAddKernelNode"), 2);
+  EXPECT_EQ(fake::CallCount("GraphInstantiateWithFlags"), 1);
+  std::vector<fake::LaunchRecord> nodes = fake::ExecNodes(LastExec());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].grid[0], 16u);
+  EXPECT_EQ(nodes[1].grid[0], 256u);
+  // The replay ran the nodes on the replay stream, as launches of the graph.
+  const fake::LaunchRecord last = fake::GetLaunch(fake::LaunchCount() - 1);
+  EXPECT_TRUE(last.graph_replay);
+  EXPECT_EQ(last.stream, stream_);
+
+  // Every size of bucket 0 shares that graph (sizes not divisible by 16 keep the generic
+  // variant): only n's bytes change, in node 0 only.
+  for (int64_t n : {1, 2047, 4095}) {
+    KP_ASSERT_OK(a.Set(3, n));
+    EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,1,1]; axpy/b1_generic[256,1,1]") << n;
+    KP_ASSERT_OK(g.Replay(stream_));
+    EXPECT_EQ(g.stats().last_nodes_patched, 1u) << n;
+  }
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  EXPECT_EQ(g.graphs().size(), 1u);
+  EXPECT_EQ(g.graphs()[0].replays, 4u);
+  std::vector<fake::NodeUpdate> updates = fake::NodeUpdates();
+  ASSERT_EQ(updates.size(), 3u);
+  const LayoutSlotInfo n_slot = Slot(axpy_, "b0_generic", "n");
+  for (size_t u = 0; u < updates.size(); ++u) {
+    EXPECT_EQ(updates[u].exec, fake::ExecId(LastExec()));
+    EXPECT_EQ(updates[u].node, 0u);
+    EXPECT_EQ(updates[u].launch.grid[0], 16u) << "the grid stays";
+    const std::byte* before = u == 0 ? nodes[0].params.data() : updates[u - 1].launch.params.data();
+    const auto differ = Differences(before, updates[u].launch.params.data(), nodes[0].param_size);
+    ASSERT_FALSE(differ.empty());
+    for (auto [begin, end] : differ) {
+      EXPECT_GE(begin, n_slot.offset) << "update " << u;
+      EXPECT_LE(end, n_slot.offset + n_slot.size) << "update " << u << ": only n's bytes";
+    }
+  }
+  // A replay with nothing changed patches nothing.
+  KP_ASSERT_OK(g.Replay(other_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 0u);
+  EXPECT_EQ(fake::NodeUpdates().size(), 3u);
+  EXPECT_EQ(fake::GraphLaunches(), 5);
+  EXPECT_EQ(g.stats().nodes_patched, 3u);
+}
+
+TEST_F(StepGraphTest, PointersArePatchedLikeAnyOtherBytes) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(2, kOut2));
+  KP_ASSERT_OK(g.Replay(stream_));
+  ASSERT_EQ(fake::NodeUpdates().size(), 1u);
+  const fake::LaunchRecord patched = fake::NodeUpdates()[0].launch;
+  const LayoutSlotInfo out = Slot(axpy_, "b0_generic", "out_ptr");
+  CUdeviceptr value;
+  std::memcpy(&value, patched.params.data() + out.offset, 8);
+  EXPECT_EQ(value, kOut2);
+  // The bytes the graph replays are those an eager launch of the BoundLaunch sends.
+  KP_ASSERT_OK(a.Launch());
+  const fake::LaunchRecord eager = fake::GetLaunch(fake::LaunchCount() - 1);
+  const fake::LaunchRecord replayed = fake::GetLaunch(fake::LaunchCount() - 2);
+  ASSERT_TRUE(replayed.graph_replay);
+  EXPECT_THAT(Differences(eager.params.data(), replayed.params.data(), eager.param_size),
+              IsEmpty());
+  EXPECT_EQ(eager.grid[0], 1u);
+  EXPECT_EQ(replayed.grid[0], 16u) << "the bucket's grid";
+}
+
+TEST_F(StepGraphTest, ANewBucketOrSpecializationIsANewSignature) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 5000));  // bucket 1: another variant, another grid
+  EXPECT_EQ(*g.Signature(), "axpy/b1_generic[256,1,1]");
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 4096));  // div16 now (n and the pointers): another variant
+  KP_ASSERT_OK(a.Set(4, 1));     // stride_x == 1 is compiled away: a shorter buffer
+  EXPECT_EQ(*g.Signature(), "axpy/b0_div16_unit[16,1,1]");
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+  KP_ASSERT_OK(a.Set(3, 16));  // the same signature, another size
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  KP_ASSERT_OK(a.Set(3, 101));  // back to a signature seen before
+  KP_ASSERT_OK(a.Set(4, 3));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+  std::vector<std::string> keys;
+  for (const StepGraph::GraphInfo& info : g.graphs()) keys.push_back(info.signature);
+  EXPECT_THAT(keys, ElementsAre("axpy/b0_generic[16,1,1]", "axpy/b1_generic[256,1,1]",
+                                "axpy/b0_div16_unit[16,1,1]"));
+}
+
+TEST_F(StepGraphTest, DeclaredSignaturesThenAnUnseenOneIsAnErrorNamingTheLaunch) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  BoundLaunch& b = BindAxpy(100, kOut2);
+  StepGraph& g = MakeGraph();
+  // Declare: both launches in bucket 0, then b in bucket 1.
+  KP_ASSERT_OK(g.Build());
+  KP_ASSERT_OK(b.Set(3, 5000));
+  KP_ASSERT_OK(g.Build());
+  KP_ASSERT_OK(g.Build());  // already there
+  EXPECT_EQ(g.stats().graphs_built, 2u);
+  EXPECT_EQ(fake::GraphLaunches(), 0) << "Build launches nothing";
+  g.set_unseen(StepGraph::Unseen::kError);
+  KP_ASSERT_OK(a.Set(3, 3000));  // still bucket 0
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 300001));  // bucket 2: never declared
+  absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("new signatures are errors"),
+                            HasSubstr("launch 0 is kernel 'axpy' variant 'b2_generic' "
+                                      "(bucket n >= 262145) with grid (74, 1, 1)"),
+                            HasSubstr("they have variant 'b0_generic' grid (16, 1, 1)"),
+                            HasSubstr("its variant changed")));
+  // Each launch's shape declared, but not together: (b1, b1) declared now, then (b1, b0).
+  KP_ASSERT_OK(a.Set(3, 5000));
+  KP_ASSERT_OK(b.Set(3, 5000));
+  KP_ASSERT_OK(g.Build());
+  KP_ASSERT_OK(b.Set(3, 100));
+  s = g.Replay(stream_);
+  EXPECT_THAT(Msg(s), HasSubstr("every launch's variant and grid was built, but not in this "
+                                "combination: axpy/b1_generic[256,1,1]; axpy/b0_generic[16,1,1]"));
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+  EXPECT_EQ(g.stats().replays, 1u);
+}
+
+TEST_F(StepGraphTest, OpenEndedBucketKeepsExactGridsUnlessThePackDeclaresAMaximum) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(300001);  // bucket 2 is open-ended: cdiv(n, 4096) exact
+  StepGraph& g = MakeGraph();
+  EXPECT_EQ(*g.Signature(), "axpy/b2_generic[74,1,1]");
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 400001));
+  EXPECT_EQ(*g.Signature(), "axpy/b2_generic[98,1,1]");
+  g.set_unseen(StepGraph::Unseen::kError);
+  EXPECT_THAT(Msg(g.Replay(stream_)),
+              AllOf(HasSubstr("launch 0 is kernel 'axpy' variant 'b2_generic'"),
+                    HasSubstr("its bucket is open-ended and the pack declares no "
+                              "grid_tolerance.max, so its exact grid is part of the signature")));
+
+  graph_.reset();
+  binds_.clear();
+  OpenTolerant(/*max=*/1 << 20);
+  BoundLaunch& m = BindAxpy(300001);
+  StepGraph& h = MakeGraph();
+  EXPECT_EQ(*h.Signature(), "axpy/b2_generic[256,1,1]") << "padded to max 2^20";
+  KP_ASSERT_OK(m.Set(3, (1 << 20) - 1));
+  EXPECT_EQ(*h.Signature(), "axpy/b2_generic[256,1,1]");
+  KP_ASSERT_OK(m.Set(3, (1 << 20) + 1));
+  EXPECT_EQ(*h.Signature(), "axpy/b2_generic[257,1,1]") << "above the maximum: exact";
+}
+
+TEST_F(StepGraphTest, AKernelWithoutTheFlagKeepsItsExactGridInTheSignature) {
+  Open(KPACK_TEST_PACK_DIR);
+  BoundLaunch& add = Bind("add", Grid{4}, {Arg(kX), Arg(kY), Arg(kOut), Arg(4096)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  add.set_grid(Grid{5});
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().graphs_built, 2u) << "a different grid is a different graph";
+  add.set_grid(Grid{6});
+  g.set_unseen(StepGraph::Unseen::kError);
+  absl::Status s = g.Replay(stream_);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("launch 0 is kernel 'add' variant 'default' (no buckets) "
+                                      "with grid (6, 1, 1)"),
+                            HasSubstr("its variant was declared with other grids: kernel 'add' "
+                                      "has no grid_tolerance in its pack, so its exact grid is "
+                                      "part of the signature")));
+  s = g.PinGrid(0, Grid{8});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("kernel 'add' has no grid_tolerance in its pack"));
+}
+
+TEST_F(StepGraphTest, APinnedGridServesEveryLaunchGridUpToIt) {
+  OpenTolerant();
+  const Arg args[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(100), Arg(3), Arg(2.0f)};
+  auto b = axpy_.Bind(Grid{2}, stream_, args);  // an explicit grid: exact unless pinned
+  ASSERT_TRUE(b.ok());
+  binds_.push_back(std::make_unique<BoundLaunch>(std::move(*b)));
+  StepGraph& g = MakeGraph();
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[2,1,1]");
+  KP_ASSERT_OK(g.PinGrid(0, Grid{16}));
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,1,1]");
+  KP_ASSERT_OK(g.Replay(stream_));
+  binds_[0]->set_grid(Grid{9});
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  binds_[0]->set_grid(Grid{17});
+  absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("step graph launch 0: kernel 'axpy': the launch's grid (17, 1, 1) "
+                                "exceeds the grid pinned for the graph (16, 1, 1)"));
+  EXPECT_EQ(g.PinGrid(1, Grid{1}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(g.PinGrid(0, Grid{0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(StepGraphTest, EagerFallbackOnlyWhenAskedFor) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  StepGraph::Options options;
+  options.unseen = StepGraph::Unseen::kLaunchEagerly;
+  StepGraph& g = MakeGraph(options);
+  KP_ASSERT_OK(g.Replay(other_));
+  EXPECT_EQ(g.stats().eager_steps, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 0u);
+  const fake::LaunchRecord r = fake::GetLaunch(fake::LaunchCount() - 1);
+  EXPECT_FALSE(r.graph_replay);
+  EXPECT_EQ(r.grid[0], 1u) << "eagerly: the exact grid";
+  EXPECT_EQ(r.stream, other_) << "on the replay's stream";
+  KP_ASSERT_OK(g.Build());
+  KP_ASSERT_OK(a.Set(3, 200));
+  KP_ASSERT_OK(g.Replay(other_));
+  EXPECT_EQ(g.stats().replays, 1u) << "a declared signature replays its graph";
+  EXPECT_EQ(g.stats().eager_steps, 1u);
+}
+
+TEST_F(StepGraphTest, TheGraphOwnsItsScratchApartFromStreamsAndOtherGraphs) {
+  Open(KPACK_TEST_PACK_DIR);
+  const std::vector<Arg> args = {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)};
+  Bind("scratch", Grid{2, 2}, args);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().scratch_bytes, 4u * 128u);
+  EXPECT_EQ(g.graphs()[0].scratch_bytes, 4u * 128u);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 1u);
+  const size_t slot = Slot(*rt_->Find("scratch"), "default", "$global_scratch").offset;
+  auto scratch_of = [&](const fake::LaunchRecord& r) {
+    CUdeviceptr p;
+    std::memcpy(&p, r.params.data() + slot, 8);
+    return p;
+  };
+  const CUdeviceptr graph_scratch = scratch_of(fake::GetLaunch(fake::LaunchCount() - 1));
+  EXPECT_NE(graph_scratch, 0u);
+  EXPECT_EQ(graph_scratch % 128, 0u);
+  // An eager launch of the same BoundLaunch on the replay stream uses the stream's arena.
+  KP_ASSERT_OK(binds_[0]->Launch());
+  EXPECT_NE(scratch_of(fake::GetLaunch(fake::LaunchCount() - 1)), graph_scratch);
+  // The graph's pointer is not the BoundLaunch's: replaying after the eager launch (which
+  // wrote the stream arena's pointer into the BoundLaunch's buffer) patches nothing.
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 0u);
+  EXPECT_EQ(scratch_of(fake::GetLaunch(fake::LaunchCount() - 1)), graph_scratch);
+  // A second graph of the same step has its own.
+  std::vector<BoundLaunch*> step = {binds_[0].get()};
+  auto second = StepGraph::Create(step);
+  ASSERT_TRUE(second.ok());
+  KP_ASSERT_OK(second->Replay(other_));
+  EXPECT_NE(scratch_of(fake::GetLaunch(fake::LaunchCount() - 1)), graph_scratch);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 2u);
+  // Destroyed, the graphs give their arenas back to the pool.
+  second = absl::UnknownError("gone");
+  graph_.reset();
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 0u);
+  EXPECT_EQ(rt_->stats().scratch_idle, 2u);
+  EXPECT_EQ(fake::LiveGraphs(), 0);
+  EXPECT_EQ(fake::LiveUserObjects(), 0);
+}
+
+TEST_F(StepGraphTest, LaunchAttributesBecomeNodeAttributesAndPdlAFullDependency) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("cluster", Grid{3}, {Arg(kX), Arg(kOut), Arg(4096)});
+  Bind("pdl", Grid{2}, {Arg(kX), Arg(kOut), Arg(2048)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  std::vector<fake::LaunchRecord> nodes = fake::ExecNodes(LastExec());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].grid[0], 6u) << "x times num_ctas, as eagerly";
+  bool cluster = false;
+  for (unsigned i = 0; i < nodes[0].num_attrs; ++i) {
+    if (nodes[0].attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      cluster = true;
+      EXPECT_EQ(nodes[0].attrs[i].value.clusterDim.x, 2u);
+    }
+  }
+  EXPECT_TRUE(cluster);
+  for (unsigned i = 0; i < nodes[1].num_attrs; ++i) {
+    EXPECT_NE(nodes[1].attrs[i].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+  }
+}
+
+TEST_F(StepGraphTest, EmptyGridsHaveNoNode) {
+  Open(KPACK_TEST_PACK_DIR);
+  BoundLaunch& add = Bind("add", Grid{0}, {Arg(kX), Arg(kY), Arg(kOut), Arg(0)});
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut2), Arg(16)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.graphs()[0].nodes, 1u);
+  EXPECT_EQ(fake::ExecNodes(LastExec()).size(), 1u);
+  add.set_grid(Grid{1});
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.graphs()[1].nodes, 2u);
+}
+
+TEST_F(StepGraphTest, BadStepsAndContexts) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  std::vector<BoundLaunch*> step;
+  EXPECT_THAT(Msg(StepGraph::Create(step).status()), HasSubstr("at least one launch"));
+  step = {&a, nullptr};
+  EXPECT_THAT(Msg(StepGraph::Create(step).status()), HasSubstr("step graph launch 1 is null"));
+  step = {&a, &a};
+  EXPECT_THAT(Msg(StepGraph::Create(step).status()),
+              HasSubstr("launch 1 (kernel 'axpy') is listed twice"));
+  // Moving a BoundLaunch keeps it in the step.
+  step = {&a};
+  auto g = StepGraph::Create(step);
+  ASSERT_TRUE(g.ok());
+  BoundLaunch moved = std::move(a);
+  KP_ASSERT_OK(g->Replay(stream_));
+  KP_ASSERT_OK(moved.Set(3, 200));
+  KP_ASSERT_OK(g->Replay(stream_));
+  EXPECT_EQ(g->stats().last_nodes_patched, 1u);
+  // Another context current: refused, nothing launched.
+  CUdevice device;
+  CUcontext second = nullptr;
+  ASSERT_EQ(testing::FakeDriver().DeviceGet(&device, 0), CUDA_SUCCESS);
+  ASSERT_EQ(testing::FakeDriver().CtxCreate(&second, nullptr, 0, device), CUDA_SUCCESS);
+  absl::Status s = g->Replay(nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), HasSubstr("the step graph belongs to the CUDA context current at its "
+                                "creation"));
+  ASSERT_EQ(testing::FakeDriver().CtxDestroy(second), CUDA_SUCCESS);
+  KP_ASSERT_OK(g->Replay(stream_));
+}
+
+TEST_F(StepGraphTest, TooManyGraphsNamesTheLaunchThatKeepsChanging) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  BoundLaunch& changing = Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut2), Arg(16)});
+  StepGraph::Options options;
+  options.max_graphs = 2;
+  StepGraph& g = MakeGraph(options);
+  KP_ASSERT_OK(g.Replay(stream_));
+  changing.set_grid(Grid{2});
+  KP_ASSERT_OK(g.Replay(stream_));
+  changing.set_grid(Grid{3});
+  absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("already holds 2 graphs"),
+                            HasSubstr("launch 1 is now add/default[3,1,1], was add/default[2,1,1]"),
+                            HasSubstr("no grid_tolerance")));
+}
+
+TEST_F(StepGraphTest, AFailedPatchIsRetriedByTheNextReplay) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 300));
+  fake::FailNext("GraphExecKernelNodeSetParams", CUDA_ERROR_INVALID_VALUE);
+  absl::Status s = g.Replay(stream_);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuGraphExecKernelNodeSetParams for step graph launch 0 "
+                                      "(kernel 'axpy' variant 'b0_generic')"),
+                            HasSubstr("CUDA_ERROR_INVALID_VALUE")));
+  EXPECT_EQ(fake::GraphLaunches(), 1) << "nothing launched";
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  ASSERT_EQ(fake::NodeUpdates().size(), 1u);
+}
+
+}  // namespace
+}  // namespace kpack
