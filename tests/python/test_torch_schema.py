@@ -42,6 +42,53 @@ def test_scalar_types_and_pointers_without_readonly(open_pack):
         "float gamma, bool flag, SymInt big, *, SymInt[] grid) -> ()")
 
 
+def test_descriptors_and_tuple_elements(open_pack):
+    # A tensordesc parameter takes a tensor (described whole); a tuple element `ptrs.0` is
+    # argument `ptrs_0`.
+    desc = open_pack("descpack")
+    assert kt.op_schema(desc.copy_tma) == (
+        "copy_tma(Tensor(a!) in_desc, Tensor(b!) out_desc, SymInt M, SymInt N, *, "
+        "SymInt[]? grid=None) -> ()")
+    assert kt.op_schema(desc.axpy_pair) == (
+        "axpy_pair(Tensor(a!) ptrs_0, Tensor(b!) ptrs_1, SymInt n, float coefs_0, "
+        "float coefs_1, *, SymInt[]? grid=None) -> ()")
+    clash = SimpleNamespace(name="k", grid=(), params=[param("p.0", "*fp32"),
+                                                       param("p_0", "*fp32")])
+    with pytest.raises(ValueError, match="'p.0' and parameter 'p_0'"):
+        kt.op_schema(clash)
+
+
+class StandInTensor:
+    """What the op implementation reads of a torch tensor: data_ptr, shape, stride(), and
+    the dtype (through the FakeTensor's DLPack exchange)."""
+
+    def __init__(self, address, shape):
+        self._t = _testing.FakeTensor(address, code=2, bits=16)
+        self.shape = shape
+        self._address = address
+
+    def data_ptr(self):
+        return self._address
+
+    def stride(self):
+        return (self.shape[1], 1)
+
+
+def test_op_implementation_describes_whole_tensors(fake, open_pack):
+    k = open_pack("descpack").copy_tma
+    impl = kt._whole_tensor_descriptors(k, [0, 1])
+    fake.use_primary_context()
+    a = StandInTensor(0x7F00_0010_0000, (100, 200))
+    b = StandInTensor(0x7F00_0020_0000, (100, 200))
+    mark, encodes = fake.launch_count(), fake.tensor_map_encode_count()
+    impl(a, b, 100, 200, grid=None)
+    assert fake.launch_count() == mark + 1
+    got = fake.tensor_map_encodes_since(encodes)
+    assert [(e.address, e.dims, e.strides) for e in got] == [
+        (0x7F00_0010_0000, (200, 100), (400,)), (0x7F00_0020_0000, (200, 100), (400,))]
+    assert all(e.oob_fill == 0 and e.ok for e in got)  # zero padding
+
+
 def param(name, type_, constexpr=False, readonly=False):
     return SimpleNamespace(name=name, type=type_, constexpr=constexpr, readonly=readonly)
 
@@ -55,6 +102,7 @@ def test_names_and_refusals():
     assert "Tensor(z!) p25" in schema and "Tensor(a1!) p26" in schema
     for bad, match in [(param("grid", "i32"), "clashes with the op's grid= keyword"),
                        (param("desc", "nvTmaDesc"), "nvTmaDesc, which a torch op schema"),
+                       (param("t", "i32[2]"), "i32\\[2\\], which a torch op schema"),
                        (param("lambda", "i32"), "Python keyword")]:
         with pytest.raises(ValueError, match=match):
             kt.op_schema(SimpleNamespace(name="k", grid=(), params=[bad]))

@@ -72,8 +72,13 @@ def op_schema(kernel, name: Optional[str] = None) -> str:
     ``name``, ``params`` (``name``, ``type``, ``constexpr``, ``readonly``) and ``grid``):
     ``name(Tensor x, Tensor(a!) out, SymInt n, *, SymInt[]? grid=None) -> ()``.
 
-    Raises ``ValueError`` for a parameter no schema can take (an ``nvTmaDesc``), or a
-    parameter named like the ``grid`` keyword."""
+    A ``tensordesc<...>`` parameter (a host TMA descriptor) is a ``Tensor`` too: the op
+    describes the whole tensor (``TensorDescriptor.from_tensor``: its shape and strides,
+    zero padding); a descriptor of part of a tensor needs the kernel object, not the op.
+    A flattened tuple element ``ptrs.0`` is argument ``ptrs_0``.
+
+    Raises ``ValueError`` for a parameter no schema can take, or a parameter named like the
+    ``grid`` keyword."""
     name = name or op_name(kernel.name)
     aliases = _alias_sets()
     args: List[str] = []
@@ -85,16 +90,21 @@ def op_schema(kernel, name: Optional[str] = None) -> str:
                              "the op's grid= keyword")
         if keyword.iskeyword(p.name):
             raise ValueError(f"kernel '{kernel.name}': parameter '{p.name}' is a Python keyword")
+        # A flattened tuple element `ptrs.0` is argument `ptrs_0`.
+        arg = p.name.replace(".", "_")
+        if arg != p.name and any(q.name == arg for q in kernel.params):
+            raise ValueError(f"kernel '{kernel.name}': tuple element '{p.name}' and parameter "
+                             f"'{arg}' would both be argument '{arg}'")
         t = p.type
-        if t.startswith("*"):
+        if t.startswith("*") or t.startswith("tensordesc<"):
             readonly = getattr(p, "readonly", False)
-            args.append(f"Tensor {p.name}" if readonly else f"Tensor({next(aliases)}!) {p.name}")
+            args.append(f"Tensor {arg}" if readonly else f"Tensor({next(aliases)}!) {arg}")
         elif t in _INT_TYPES:
-            args.append(f"SymInt {p.name}")
+            args.append(f"SymInt {arg}")
         elif t in _FLOAT_TYPES:
-            args.append(f"float {p.name}")
+            args.append(f"float {arg}")
         elif t in _BOOL_TYPES:
-            args.append(f"bool {p.name}")
+            args.append(f"bool {arg}")
         else:
             raise ValueError(f"kernel '{kernel.name}': parameter '{p.name}' has type {t}, "
                              "which a torch op schema cannot take")
@@ -217,8 +227,35 @@ def _define(library, namespace: str, name: str, kernel) -> None:
     import torch  # noqa: PLC0415
     library.define(op_schema(kernel, name))
     impl = kernel.with_scratch(caching_allocator_scratch) if kernel.has_scratch else kernel
+    call = [p for p in kernel.params if not p.constexpr]
+    descriptors = [i for i, p in enumerate(call) if p.type.startswith("tensordesc<")]
+    if descriptors:
+        impl = _whole_tensor_descriptors(impl, descriptors)
     library.impl(name, impl, "CUDA")
     torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
+
+
+class _WholeTensor:
+    """A tensor descriptor over all of tensor ``base`` (what the kernel object reads:
+    ``base``, ``shape``, ``strides``, ``padding``), as ``TensorDescriptor.from_tensor``."""
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, base):
+        self.base = base
+        self.shape = base.shape
+        self.strides = base.stride()
+        self.padding = "zero"
+
+
+def _whole_tensor_descriptors(launch, positions):
+    """The CUDA implementation of an op whose kernel takes tensor descriptors: the tensors
+    at ``positions`` (of the call parameters) become descriptors of the whole tensor."""
+    def impl(*args, grid=None):
+        args = list(args)
+        for i in positions:
+            args[i] = _WholeTensor(args[i])
+        return launch(*args, grid=grid)
+    return impl
 
 
 def _fake(*args, grid=None):
@@ -295,6 +332,10 @@ def _route_dynamo(variable, grids, combined_args, tx):
     if found is None or found[1] is not None or found[2]:
         return None
     info = found[0]
+    if any(p.type.startswith("tensordesc<") for p in info.candidates[0][1].params):
+        _not_routed(installation, info.base, "a call with tensor descriptor arguments inside "
+                    "torch.compile is compiled by Inductor (Dynamo traces the descriptors)")
+        return None
 
     def value(name):
         v = combined_args[name]
