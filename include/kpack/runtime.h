@@ -71,8 +71,9 @@
 // of sufficient size) and gives it to the capture's graph through a CUDA user object;
 // later launches of the same capture on that stream share it (they are ordered in the
 // graph as on the stream). When the graph and every executable instantiated from it are
-// destroyed, the driver runs the user object's destructor and the arena returns to
-// kpack's pool, from which later reservations and streams take before allocating. So a
+// destroyed, the driver runs the user object's destructor (on its own thread, shortly
+// after) and the arena returns to kpack's pool, from which later reservations and streams
+// take before allocating (an arena not back yet is not waited for: they allocate). So a
 // replay never races with eager launches on the capture stream or with other graphs.
 // Executables instantiated from one graph share its arena: do not run two of them at
 // once. Destroy such graphs before the Runtime: an arena returned after the Runtime is

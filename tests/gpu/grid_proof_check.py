@@ -25,7 +25,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from python_check import skip_or_fail as unavailable  # the GPU tier's skip rule
+from python_cases import skip_or_fail as unavailable  # the GPU tier's skip rule
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -16,7 +16,7 @@ import random
 import sys
 from pathlib import Path
 
-from python_check import skip_or_fail  # the GPU tier's skip rule (KPACK_REQUIRE_GPU)
+from python_cases import skip_or_fail  # the GPU tier's skip rule (KPACK_REQUIRE_GPU)
 
 
 def main():
