@@ -18,6 +18,9 @@
 //                               descriptors, 64x64x64: one tile) against a raw
 //                               cuLaunchKernelEx of the same prepared buffer: by kernel,
 //                               kpack encodes the three CUtensorMaps every launch
+//   paired/tma_matmul_3desc/raw_encode3
+//                               the driver's floor for that: the raw launch plus three
+//                               cuTensorMapEncodeTiled calls of similar maps
 //
 // N = 4, 14, 32 call arguments. Each iteration enqueues a batch of kBatch launches and is
 // timed by hand; the stream is synchronized outside the timed region, so the GPU queue
@@ -231,7 +234,12 @@ TmaBench& Tma() {
   }();
   return *t;
 }
-void BM_PairedTma(benchmark::State& state, bool bound) {
+// What the driver alone charges for a launch's three descriptors: raw cuLaunchKernelEx
+// plus three cuTensorMapEncodeTiled calls of 2-D fp16 maps (64x64 boxes, 128-byte
+// swizzle, like the kernel's), against the raw launch: the floor of a by-kernel launch
+// that encodes every time.
+enum class TmaPath { kByKernel, kBound, kRawEncode };
+void BM_PairedTma(benchmark::State& state, TmaPath path) {
   g->driver().CtxSetCurrent(g->context());
   TmaBench& t = Tma();
   if (!t.error.empty()) {
@@ -253,8 +261,29 @@ void BM_PairedTma(benchmark::State& state, bool bound) {
     return g->driver().LaunchKernelEx(&p->config, p->function, nullptr, p->extra) ==
            CUDA_SUCCESS;
   };
-  if (bound) return RunPaired(state, s, raw, [&] { return bl->Launch().ok(); });
-  RunPaired(state, s, raw, [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
+  if (path == TmaPath::kBound) return RunPaired(state, s, raw, [&] { return bl->Launch().ok(); });
+  if (path == TmaPath::kByKernel) {
+    return RunPaired(state, s, raw,
+                     [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
+  }
+  alignas(64) CUtensorMap maps[3];
+  const cuuint64_t dims[2] = {64, 64}, strides[1] = {128};
+  const cuuint32_t box[2] = {64, 64}, element_strides[2] = {1, 1};
+  auto encode_and_launch = [&] {
+    const CUdeviceptr bases[3] = {t.a, t.b, t.c};
+    for (int i = 0; i < 3; ++i) {
+      if (g->driver().TensorMapEncodeTiled(
+              &maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, reinterpret_cast<void*>(bases[i]),
+              dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        return false;
+      }
+    }
+    benchmark::DoNotOptimize(maps);
+    return raw();
+  };
+  RunPaired(state, s, raw, encode_and_launch);
 }
 
 // The dispatch step alone (argument count, bucket, property mask, table lookup): no
@@ -413,10 +442,10 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("paired/kpack_dynamic_shapes", BM_PairedDynamic)
       ->UseManualTime()
       ->Unit(benchmark::kNanosecond);
-  for (bool bound : {false, true}) {
-    benchmark::RegisterBenchmark(
-        bound ? "paired/tma_matmul_3desc/kpack_bound" : "paired/tma_matmul_3desc/kpack_by_kernel",
-        BM_PairedTma, bound)
+  for (auto [name, path] : {std::pair{"paired/tma_matmul_3desc/kpack_by_kernel", TmaPath::kByKernel},
+                            {"paired/tma_matmul_3desc/kpack_bound", TmaPath::kBound},
+                            {"paired/tma_matmul_3desc/raw_encode3", TmaPath::kRawEncode}}) {
+    benchmark::RegisterBenchmark(name, BM_PairedTma, path)
         ->UseManualTime()
         ->Unit(benchmark::kNanosecond);
   }

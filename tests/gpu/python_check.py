@@ -68,7 +68,7 @@ def main():
         meta = metas[-1]
         if {k: meta[k] for k in constexprs} != constexprs or \
                 meta["num_warps"] != case.config.num_warps or \
-                any(meta[p] is not case.args[p] for p in spec.call_params):
+                any(meta[p] is not a for p, a in zip(spec.call_params, call)):
             failures.append(f"{name} {case.shape}: callable grid got meta {meta}, expected the "
                             f"arguments and {constexprs}, num_warps {case.config.num_warps}")
         seen.add((name, variant))

@@ -115,9 +115,19 @@ def tensor_descriptor(value, block_shape):
     return TensorDescriptor.from_tensor(value, list(block_shape))
 
 
+# Clock cycles the GPU spins before each timed launch (about 0.25 ms on an H200): longer
+# than a Python launch takes to enqueue, so that the launch waits in the stream behind the
+# spin and the events around it time the kernel, not the host's launch overhead.
+_QUEUE_CYCLES = 500_000
+
+
 def time_launch(launch: Callable, reps: int, warmup: int) -> float:
-    """Median GPU time of one launch in microseconds (CUDA events)."""
+    """Median GPU time of one launch in microseconds (CUDA events). Each timed launch is
+    queued behind a short GPU spin (``torch.cuda._sleep``), so that a kernel shorter than
+    the host's launch overhead (Triton's JIT launch costs 13-40 us) is timed alone: with
+    an idle GPU the start event would fire before the launch reached the stream."""
     import torch
+    spin = getattr(torch.cuda, "_sleep", None)
     for _ in range(warmup):
         launch()
     torch.cuda.synchronize()
@@ -125,6 +135,8 @@ def time_launch(launch: Callable, reps: int, warmup: int) -> float:
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        if spin is not None:
+            spin(_QUEUE_CYCLES)
         start.record()
         launch()
         end.record()
