@@ -6,6 +6,7 @@
 // BoundLaunch re-encodes.
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -171,7 +172,20 @@ TEST_F(TensorDescRuntimeTest, TheBoxIsTheChosenVariants) {
                 ElementsAre(64u, m <= 64 ? 64u : 128u))
         << "M " << m;
     EXPECT_EQ(e[2].box[1], m <= 64 ? 64u : 128u) << "C's rows";
-    const unsigned tiles = static_cast<unsigned>((m + (m <= 64 ? 63 : 127)) / (m <= 64 ? 64 : 128) * 4);
+    // The tile is the tuned config's: C's block shape [BLOCK_M, BLOCK_N] in the chosen
+    // variant's types (the encoded box may split the inner dimension for the swizzle).
+    const Arg args[] = {a, b, c, m, 512, 512, 132};
+    auto chosen = mm.SelectVariant(args);
+    ASSERT_TRUE(chosen.ok()) << chosen.status();
+    unsigned block_m = 0, block_n = 0;
+    for (const kpack::VariantInfo& v : mm.info().variants) {
+      if (v.name != *chosen) continue;
+      ASSERT_EQ(std::sscanf(v.arg_types[2].c_str(), "tensordesc<fp16[%u, %u]>", &block_m,
+                            &block_n), 2)
+          << v.arg_types[2];
+    }
+    EXPECT_EQ(block_m, m <= 64 ? 64u : 128u);
+    const unsigned tiles = (m + block_m - 1) / block_m * ((512 + block_n - 1) / block_n);
     EXPECT_EQ(LastLaunch().grid[0], std::min(132u, tiles)) << "min(NUM_SMS, tiles)";
   }
 }
