@@ -13,6 +13,11 @@ and 14 call arguments, ``tools/kpack_tools/build_bench_pack.py``) this measures
 * ``kpack_torch_ops``: ``torch.ops.kpack_bench.args4(x, out, n, s0)`` -- the pack's
   kernels registered as torch ops (``kpack.torch.register``), called as a torch program
   calls an op;
+* ``kpack_torch_overload``: the same op called as its overload,
+  ``torch.ops.kpack_bench.args4.default(...)`` (as a compiled graph calls it);
+* ``torch_ops_floor``: an op of the same schema whose CUDA implementation is a Python
+  function doing nothing -- the cost of torch's dispatcher and its boundary to a Python
+  kernel alone, which any op implemented from Python (kpack's included) pays;
 * ``kpack_dropin``: Triton's own ``kernel[grid](...)`` call, the same line as
   ``triton_jit``, with the benchmark pack installed (``kpack.install``) while this row is
   timed: the drop-in launches it through kpack. The committed benchmark pack predates the
@@ -75,6 +80,8 @@ class LaunchPath:
     make: Optional[Callable] = None
     # (pack) -> a context manager that the path is checked, warmed up and timed in
     active: Optional[Callable] = None
+    # False for a reference row that launches nothing (its output is not checked)
+    computes: bool = True
 
 
 def _triton_jit(torch, pack, kernel, args, out):
@@ -105,6 +112,30 @@ def _kpack_bound(torch, pack, kernel, args, out):
 def _kpack_torch_ops(torch, pack, kernel, args, out):
     import kpack.torch  # noqa: PLC0415
     op = kpack.torch.register(pack, "kpack_bench")[kernel]
+    return lambda: op(*args)
+
+
+def _kpack_torch_overload(torch, pack, kernel, args, out):
+    import kpack.torch  # noqa: PLC0415
+    op = kpack.torch.register(pack, "kpack_bench")[kernel].default
+    return lambda: op(*args)
+
+
+_floor_library = None
+
+
+def _torch_ops_floor(torch, pack, kernel, args, out):
+    """An op with the kpack op's schema whose CUDA implementation is a Python function that
+    does nothing: what torch's dispatcher and its boundary to a Python kernel cost alone."""
+    import kpack.torch  # noqa: PLC0415
+    global _floor_library
+    if _floor_library is None:
+        _floor_library = torch.library.Library("kpack_bench_floor", "DEF")
+    name = kpack.torch.op_name(kernel)
+    if not hasattr(torch.ops.kpack_bench_floor, name):
+        _floor_library.define(kpack.torch.op_schema(pack[kernel], name))
+        _floor_library.impl(name, lambda *a, grid=None: None, "CUDA")
+    op = getattr(torch.ops.kpack_bench_floor, name)
     return lambda: op(*args)
 
 
@@ -154,6 +185,10 @@ PATHS = [
 # rows are measured, checked and tabulated like the others, and TARGETS name them.
 EXTRA_PATHS: list = [
     LaunchPath("kpack_torch_ops", "kpack `torch.ops.kpack_bench.args4(...)`", _kpack_torch_ops),
+    LaunchPath("kpack_torch_overload", "kpack `torch.ops.kpack_bench.args4.default(...)`",
+               _kpack_torch_overload),
+    LaunchPath("torch_ops_floor", "an op of the same schema doing nothing in Python (torch's "
+               "floor)", _torch_ops_floor, computes=False),
     LaunchPath("kpack_dropin", "Triton `kernel[grid](...)` after `kpack.install`", _triton_jit,
                _dropin_active),
 ]
@@ -231,6 +266,9 @@ def measure_python(torch, paths, args) -> tuple[dict, dict]:
                 with active[p.key]():
                     launch()
                 torch.cuda.synchronize()
+                if not p.computes:
+                    launchers[(p.key, kernel)] = launch
+                    continue
                 err = (out - expected).abs().max().item()
                 if not err <= 1e-5:
                     raise SystemExit(f"FAILED: {p.key} {kernel} computed a wrong result "
