@@ -16,7 +16,7 @@ import random
 import sys
 from pathlib import Path
 
-from python_cases import skip_or_fail  # the GPU tier's skip rule (KPACK_REQUIRE_GPU)
+import python_cases
 
 
 def main():
@@ -24,19 +24,13 @@ def main():
         print(__doc__)
         return 2
     repo = Path(sys.argv[1]).resolve()
-    try:
-        import torch
-    except ImportError as e:
-        return skip_or_fail(f"cannot import torch: {e}")
-    if not torch.cuda.is_available():
-        return skip_or_fail("torch sees no CUDA device")
-    try:
-        import kpack
-    except ImportError as e:  # with torch and a GPU, a missing package is a failure
-        print(f"FAILED: cannot import kpack ({e}): pip install --no-build-isolation {repo}")
-        return 1
+    # torch, triton and kpack (a missing package with torch and a GPU is a failure), or the
+    # exit code: the GPU tier's skip rule (KPACK_REQUIRE_GPU).
+    stack = python_cases.import_stack(repo)
+    if isinstance(stack, int):
+        return stack
+    torch, _, kpack = stack
     pack = kpack.open(repo / "kernels" / "graphpack")
-    print(f"kpack {kpack.__file__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
     gen = torch.Generator(device="cuda").manual_seed(3)
     rows, max_n, mm_cols, sm_rows, max_cols, max_vec = 80, 2048, 64, 16, 4096, 1 << 17
     lx = torch.randn(rows, max_n, device="cuda", generator=gen).half()
