@@ -15,8 +15,10 @@ allocator, and the drop-in for existing Triton calls.
 Each kernel becomes ``torch.ops.<namespace>.<kernel>`` with a schema made from the
 manifest (:func:`op_schema`): pointer parameters are ``Tensor(a!)`` -- mutated, since a
 manifest cannot know what a kernel writes -- unless the build spec declared them
-``readonly`` (then ``Tensor``); integer scalars are ``SymInt``, floating-point ones
-``float``, ``i1``/``u1`` ``bool``; constexprs are compiled in and absent. A keyword-only
+``readonly`` (then ``Tensor``); a host TMA descriptor parameter (``tensordesc<...>``) is
+a tensor too, described whole (as ``TensorDescriptor.from_tensor``); integer scalars are
+``SymInt``, floating-point ones ``float``, ``i1``/``u1`` ``bool``; a flattened tuple
+element ``ptrs.0`` is argument ``ptrs_0``; constexprs are compiled in and absent. A keyword-only
 ``grid`` (1 to 3 ints) overrides the manifest's grid expressions and is required for
 kernels that have none. The op returns nothing: it writes into the tensors it is given.
 
