@@ -141,38 +141,59 @@ def test_strict_raises_instead(fake, pack, jit_runs):
     assert fake.launch_count() == mark and jit_runs == []
 
 
+def config_of(v):
+    return v.constexprs, v.num_warps, v.num_stages
+
+
+def launches(kernel, names):
+    stats = kernel.stats()
+    return sum(stats[n].launches for n in names)
+
+
 def test_options_and_dtypes_select_the_variant_and_the_kernel(fake, pack, jit_runs):
+    # The configs are the committed pack's (tuned on the H200): the call names one that is
+    # not the own config of M's bucket, with its options.
     inst = kpack.install(pack)
-    m, n, k = 1000, 64, 64  # bucket 3 of M, whose own config is 128 x 128
+    fp16, bf16 = pack.matmul_fp16, pack.matmul_bf16
+    m, n, k = 1000, 64, 64  # M in the last bucket
+    own = config_of(next(v for v in fp16.variants if v.bucket == {"M": (257, None)}))
+    other = next(v for v in fp16.variants if config_of(v) != own)
+    same = [v.name for v in fp16.variants if config_of(v) == config_of(other)]
     a, b, c = tensor(0, **FP16), tensor(1, **FP16), tensor(2, **FP16)
     args = (a, b, c, m, n, k, k, 1, n, 1, n, 1)
+    options = dict(other.constexprs, num_warps=other.num_warps, num_stages=other.num_stages)
     mark = fake.launch_count()
-    matmul_kernel[(16, 1)](*args, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    matmul_kernel[(16, 1)](*args, **options)
     launch = fake.last_launch(mark)
-    assert launch.block == (128, 1, 1) and launch.grid == (16, 1, 1)
-    assert pack.matmul_fp16.stats()["b1_contig"].launches == 1, \
-        "the 64 x 64 configuration, whichever bucket M is in"
-    # num_stages selects too: b0's 16 x 64 tile was compiled with 4 stages.
-    matmul_kernel[(63, 1)](*args, BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, num_stages=4)
-    assert pack.matmul_fp16.stats()["b0_contig"].launches == 1
-    with pytest.warns(kpack.DropInWarning, match="num_stages=3"):
-        matmul_kernel[(63, 1)](*args, BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
-    # bf16 tensors: the bf16 kernel compiled from the same function.
+    assert launch.block == (32 * other.num_warps, 1, 1) and launch.grid == (16, 1, 1)
+    assert launches(fp16, same) == 1, "the call's configuration, whichever bucket M is in"
+    # num_stages selects too: the same tile with other stages is not in the pack.
+    stages = other.num_stages + 1
+    assert all(config_of(v) != (other.constexprs, other.num_warps, stages)
+               for v in fp16.variants)
+    with pytest.warns(kpack.DropInWarning, match=f"num_stages={stages}"):
+        matmul_kernel[(16, 1)](*args, **dict(options, num_stages=stages))
+    # bf16 tensors: the bf16 kernel compiled from the same function, with its own configs.
     bf = (tensor(0, **BF16), tensor(1, **BF16), tensor(2, **BF16))
-    matmul_kernel[(16, 1)](*bf, *args[3:], BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
-    assert pack.matmul_bf16.stats()["b1_contig"].launches == 1
+    other16 = bf16.variants[0]
+    matmul_kernel[(16, 1)](*bf, *args[3:], **dict(other16.constexprs,
+                                                  num_warps=other16.num_warps,
+                                                  num_stages=other16.num_stages))
+    assert launches(bf16, [v.name for v in bf16.variants
+                           if config_of(v) == config_of(other16)]) == 1
     with pytest.warns(kpack.DropInWarning, match=r"'matmul_fp16' takes a_ptr: \*fp16.*"
                       r"'matmul_bf16' takes a_ptr: \*bf16"):
-        matmul_kernel[(16, 1)](tensor(0), tensor(1), tensor(2), *args[3:], BLOCK_M=64,
-                               BLOCK_N=64, BLOCK_K=32)
-    assert inst.stats()["matmul.matmul_kernel"]["kpack"] == 3
+        matmul_kernel[(16, 1)](tensor(0), tensor(1), tensor(2), *args[3:], **options)
+    assert inst.stats()["matmul.matmul_kernel"]["kpack"] == 2
 
 
 def test_a_kernel_without_grid_expressions_takes_the_callers_grid(fake, pack, jit_runs):
     kpack.install(pack)
+    v = pack.layer_norm_fwd.variants[0]
     t = [tensor(i, **FP16) for i in range(4)] + [tensor(4), tensor(5)]
     mark = fake.launch_count()
-    layer_norm_fwd_kernel[(7,)](*t, 1024, 1024, 1000, 1e-5, BLOCK_N=1024)
+    layer_norm_fwd_kernel[(7,)](*t, 1024, 1024, 1000, 1e-5, num_warps=v.num_warps,
+                                num_stages=v.num_stages, **v.constexprs)
     assert fake.last_launch(mark).grid == (7, 1, 1)
 
 
