@@ -438,17 +438,20 @@ class ScratchTest : public ConformanceTest {
   static absl::Status Launch(Kernel k, const ScratchJob& j, CUstream s) {
     return k.Launch(j.grid(), s, j.dx, j.out, j.M, j.N, j.stride);
   }
-  // Run, then (captured) wait until the destroyed graph's scratch is back in the pool:
-  // the real driver runs a user object's destructor on its own thread, shortly after the
-  // graph and its executable are gone, so the arena returns asynchronously.
-  absl::Status RunSettled(Runtime& rt, const std::function<absl::Status(CUstream)>& launch) {
-    absl::Status s = Run(rt, launch);
-    if (!capture()) return s;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // Waits (up to 2 s) until no destroyed graph holds scratch any more: the real driver
+  // runs a user object's destructor on its own thread, shortly after the graph, its
+  // executables and their work are gone, so the arena returns to the pool asynchronously.
+  static void AwaitGraphScratchReturned(const Runtime& rt) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (rt.stats().scratch_in_graphs != 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     EXPECT_EQ(rt.stats().scratch_in_graphs, 0u) << "a destroyed graph kept its scratch";
+  }
+  // Run, then (captured) wait until the destroyed graph's scratch is back in the pool.
+  absl::Status RunSettled(Runtime& rt, const std::function<absl::Status(CUstream)>& launch) {
+    absl::Status s = Run(rt, launch);
+    if (capture()) AwaitGraphScratchReturned(rt);
     return s;
   }
   size_t Mismatches(const ScratchJob& j) {
@@ -812,10 +815,7 @@ TEST_P(ScratchTest, ACapturedGraphOwnsItsScratchAndReplaysOnAnyStream) {
   // The driver runs the user object's destructor once the graph's work is done: the arena
   // goes back to kpack's pool.
   Sync();
-  for (int i = 0; i < 200 && rt->stats().scratch_idle == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(rt->stats().scratch_in_graphs, 0u);
+  AwaitGraphScratchReturned(*rt);
   EXPECT_EQ(rt->stats().scratch_idle, 1u);
   // The next reservation takes it instead of allocating.
   const size_t bytes = rt->stats().scratch_bytes;
