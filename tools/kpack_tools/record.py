@@ -873,7 +873,9 @@ def export(recording: Recording, out, force: bool = False,
 
     exports: List[_Exported] = []
     for fid, records in functions.items():
-        groups = _kernel_groups(records, recording)
+        said: set = set()
+        groups = [(group, _known_key(tuner, records[0], say, said))
+                  for group, tuner in _kernel_groups(records, recording)]
         if len(groups) > 1:
             say(f"'{base_names[fid]}': {len(groups)} configurations compiled for the same "
                 f"function that no autotuner chose between; kpack cannot choose between "
@@ -979,6 +981,32 @@ def _kernel_groups(records, recording):
             groups.setdefault("tuned" + _config_key(record, ignore=info["tuned"]),
                               ([], tuner))[0].append(record)
     return list(groups.values())
+
+
+def _known_key(tuner, record: CompileRecord, say, said: set) -> Optional[Dict[str, Any]]:
+    """``tuner`` with its key names restricted to the kernel's parameters, as Triton's
+    autotuner uses them (it ignores a name that is no parameter of the function; a typo in
+    a tutorial's key does that): each name left out is said once (``said``: the lines
+    already said for this function)."""
+    if tuner is None:
+        return None
+    keys = []
+    for name in tuner["keys"]:
+        if name in record.arg_names:
+            keys.append(name)
+            continue
+        function = f"{record.module}.{record.qualname}"
+        if any(n.startswith(name + ".") for n in record.arg_names):
+            line = (f"WARNING: {function}: triton.autotune key '{name}' is a tuple "
+                    f"parameter, which a pack's autotune_key cannot name (its elements are "
+                    f"parameters of their own); it is left out of the kernel's key")
+        else:
+            line = (f"WARNING: {function}: triton.autotune key '{name}' names no parameter "
+                    f"of the function; Triton's autotuner ignores it, and so does kpack")
+        if line not in said:
+            said.add(line)
+            say(line)
+    return dict(tuner, keys=keys)
 
 
 def _export_group(name, group, tuner, recording, say, not_exported) -> List[_Exported]:
