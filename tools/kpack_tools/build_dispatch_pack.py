@@ -25,7 +25,8 @@ from triton.compiler import ASTSource
 from kpack_tools.build_test_pack import _line_info_disabled
 from kpack_tools.cubin import parse_cubin
 from kpack_tools.cli import run_build
-from kpack_tools.pack import HIDDEN_PARAMS, Kernel, Variant, pack_bytes, slot_size, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
+from kpack_tools.param_types import HIDDEN_PARAMS, slot_size
 
 GENERATOR = f"kpack_tools.build_dispatch_pack (triton {triton.__version__})"
 KERNEL = "axpy"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kpack_tools import build_desc_pack
-from kpack_tools.pack import (Kernel, build_manifest, desc_parts, parse_tensordesc,
-                              tensordesc_meta_entry)
+from kpack_tools.pack import Kernel, build_manifest
+from kpack_tools.param_types import desc_parts, parse_tensordesc, tensordesc_meta_entry
 from pack_validator import cuobjdump_slots, validate_manifest
 
 REPO = Path(__file__).resolve().parents[2]

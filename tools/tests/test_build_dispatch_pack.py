@@ -14,8 +14,9 @@ import pytest
 
 from kpack_tools import build_dispatch_pack
 from kpack_tools.cubin import read_cubin
-from kpack_tools.pack import (Kernel, Variant, check_grid_expression,
-                              evaluate_grid_expression, parse_grid_expression, write_pack)
+from kpack_tools.grid_expr import (check_grid_expression, evaluate_grid_expression,
+                                   parse_grid_expression)
+from kpack_tools.pack import Kernel, Variant, write_pack
 from pack_validator import (CUOBJDUMP, bucket_of, choose_variant, cuobjdump_slots,
                             validate_manifest)
 
