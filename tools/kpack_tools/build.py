@@ -74,7 +74,7 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kpack_tools.build_test_pack import _line_info_disabled
+    from kpack_tools.fixed_pack import line_info_disabled
 
     signature = dict(spec.params_for(config))
     constexprs = dict(spec.constexprs(config))
@@ -86,7 +86,7 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     src = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {**spec.options, "num_warps": config.num_warps,
                "num_stages": config.num_stages, "num_ctas": config.num_ctas}
-    with _line_info_disabled():
+    with line_info_disabled():
         compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
     match = _TT_FUNC.search(compiled.asm["ttir"])
     if match is None:
