@@ -16,7 +16,7 @@ pack: manifest (layouts read back from the cubins, each kernel's ``source``),
 cubins with sha256, and ``tuning.json`` (every candidate's check and time per
 bucket, or why no tuning happened).  Compiling needs no GPU.  Only Triton
 3.6.0 is supported: its JIT's specialization and ABI are what the variants
-reproduce (``../shared/TRITON_ABI.md``).
+reproduce (``docs/pack-format.md``, ``include/kpack/arg.h``).
 
 A spec's ``grid_tolerant`` flag is proven on the GPU (``kpack_tools.grid_proof``)
 before the manifest says ``grid_tolerance``; without a GPU it is written as

@@ -7,7 +7,7 @@ Triton's own launchers (``bench/triton_launch_bench.py`` JIT-compiles these same
 functions, imported from this module).  The kernels' math is deliberately
 trivial: ``out[i] = sum_j in_j[i] + sum_j s_j`` for ``i < n``, fp32 data and
 i32 scalars -- no fp32 scalar, since Triton's AOT C stub would pass it as a
-``double`` (../shared/TRITON_ABI.md) and the comparison must run the same
+``double`` (``include/kpack/arg.h``) and the comparison must run the same
 kernel correctly on every path.
 
 Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
