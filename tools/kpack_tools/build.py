@@ -208,12 +208,12 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         backend, why_not = autotune.cuda_backend()
     device = backend.device if tune and backend is not None else None
     tuning = {"format": TUNING_FORMAT, "tuned": device is not None, "device": device,
-              "reason": None if device else f"not tuned: {why_not}; each bucket uses the "
-                                            f"spec's default config",
+              "reason": None if device else
+              f"not tuned: {why_not}; {_configs_from(specs, reused, reuse_tuning)}",
               "reps": reps if device else None, "target": target,
               "triton_version": triton.__version__, "kernels": []}
     if device is None:
-        log(f"not tuning ({why_not}): using each spec's default configs")
+        log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning)}")
 
     kernels = []
     compiled_cache = {}
@@ -274,6 +274,20 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     return manifest, tuning
 
 
+def _configs_from(specs, reused, reuse_tuning) -> str:
+    """Where an untuned build's configs come from: ``--reuse-tuning``'s file for the
+    kernels it lists, the spec's default configs for the others."""
+    taken = [spec.name for spec in specs if spec.name in reused]
+    default = [spec.name for spec in specs if spec.name not in reused]
+    parts = []
+    if taken:
+        parts.append(f"configs of {', '.join(taken)} from {reuse_tuning}")
+    if default:
+        parts.append(("each bucket uses the spec's default config" if not taken else
+                      f"the spec's default configs for {', '.join(default)}"))
+    return "; ".join(parts)
+
+
 def _log_summary(manifest, tuning, out_dir, log) -> None:
     chosen = {(k["name"], tuple(b["bucket"])): b for k in tuning["kernels"] for b in k["buckets"]}
     log(f"{'kernel':16} {'variant':16} {'config':22} {'warps':>5} {'stages':>6} {'shared':>6} "
@@ -292,9 +306,11 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
         f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
+    """The command line; ``prog`` is how it was started (``kpack-build`` from the console
+    script)."""
     parser = argparse.ArgumentParser(
-        prog="python -m kpack_tools.build",
+        prog=prog,
         description="Compile (and autotune) the kernels of build specs into a kpack pack "
                     "(docs/build-spec.md).")
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s) (Python)")
@@ -315,7 +331,7 @@ def main(argv=None) -> int:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
               reps=args.tune_reps, reuse_tuning=args.reuse_tuning)
     except (SpecError, BuildError, ValueError) as err:
-        print(f"kpack_tools.build: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -395,9 +395,11 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m kpack_tools.record") -> int:
+    """The command line; ``prog`` is how it was started (``kpack-record`` from the console
+    script)."""
     parser = argparse.ArgumentParser(
-        prog="python -m kpack_tools.record",
+        prog=prog,
         description="Run a Triton program unmodified and export every kernel it compiled "
                     "into a kpack pack (docs/record.md).",
         usage="%(prog)s --out PACK [--force] [--max-launches N] [--grid-tolerant NAME] "
