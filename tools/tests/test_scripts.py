@@ -39,3 +39,14 @@ def test_a_quiet_pip_install_is_announced(script):
 
 def test_the_scripts_are_found():
     assert {"run.sh", "setup.sh", "test.sh"} <= {s.name for s in SCRIPTS}
+
+
+def test_the_tests_show_what_opening_a_pack_costs():
+    """ctest shows a passing test's output only with -V: tools/test.sh runs the Open
+    benchmark itself, after a CPU tier that leaves it out, so CI prints its figures."""
+    text = (TOOLS / "test.sh").read_text(encoding="utf-8")
+    commands = [t for _, t in _commands(text.splitlines())]
+    assert any("ctest" in t and "-L cpu" in t and "-E '^kpack_open_bench$'" in t
+               for t in commands), "the CPU tier runs kpack_open_bench, which hides its output"
+    assert any(t.startswith("KPACK_CUDA_DRIVER=") and "build/bench/kpack_open_bench" in t
+               for t in commands)
