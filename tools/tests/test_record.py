@@ -540,6 +540,31 @@ def test_an_autotune_key_naming_no_parameter_is_ignored_with_a_warning(fake_driv
     assert validate_manifest(report.manifest, tmp_path / "pack") == []
 
 
+@triton.jit
+def maybe_scaled_kernel(x_ptr, out_ptr, n, scale_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    if scale_ptr is not None:
+        x = x * tl.load(scale_ptr)
+    tl.store(out_ptr + offs, x, mask=offs < n)
+
+
+def test_a_none_argument_is_a_constexpr_none_of_the_kernel(fake_driver, tmp_path):
+    """What Triton compiles in for a None argument is part of the configuration: the pack
+    kernel has that parameter as a constexpr whose value is null in every variant (the
+    shape the drop-in serves such calls by: tests/python/test_dropin.py)."""
+    with record.Recorder(log=None) as recorder:
+        maybe_scaled_kernel[(4,)](A, C, 1000, None, BLOCK=128)
+    report = record.export(recorder.recording, tmp_path / "pack", log=None)
+    kernel = _kernel(report.manifest, "maybe_scaled_kernel")
+    assert [(p["name"], p["type"]) for p in kernel["params"]] == [
+        ("x_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"), ("scale_ptr", "constexpr"),
+        ("BLOCK", "constexpr")]
+    assert [v["constexprs"] for v in kernel["variants"]] == \
+        [{"scale_ptr": None, "BLOCK": 128}] * len(kernel["variants"])
+    assert report.record["launches"][0]["args"]["scale_ptr"] == {"value": None}
+
+
 def _set_desc_blocks(nargs):
     # Triton's tutorials (09-persistent-matmul): the config's tile becomes the descriptors'
     # block shape before each launch.
