@@ -80,9 +80,9 @@ def test_links_and_named_paths_resolve(doc):
 
 
 def test_no_tracked_file_names_a_path_that_is_not_there():
-    """A relative path with `..` (`../shared/TRITON_ABI.md`, a note its writers kept beside
-    the repository) must name a file of the repository, relative to the file that names it
-    or to the repository root: a reader of a clone has nothing else."""
+    """A relative path with `..` must name a file of the repository, relative to the file
+    that names it or to the repository root: a reader of a clone has nothing else
+    (docs/pack-format.md linked a note its writers kept beside the repository)."""
     dangling = []
     for pattern in ("*.md", "*.py", "*.cc", "*.h", "*.sh", "*.txt", "*.cmake", "*.toml"):
         for path in _tracked(pattern):
