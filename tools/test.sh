@@ -37,9 +37,11 @@ echo "   installed in $((SECONDS - started)) s"
 echo "== CPU tier"
 # kpack_open_bench runs on its own below, where its figures are shown.
 ctest --test-dir build -L cpu -E '^kpack_open_bench$' --output-on-failure -j"$(nproc)"
-echo "== What opening a pack costs (bench/open_bench.cc, against the fake driver)"
-KPACK_CUDA_DRIVER=build/tests/fake_driver/libkpack_fake_cuda.so build/bench/kpack_open_bench \
-  --benchmark_min_time=0.2
+if [ -x build/bench/kpack_open_bench ]; then  # absent with -DKPACK_BUILD_BENCH=OFF
+  echo "== What opening a pack costs (bench/open_bench.cc, against the fake driver)"
+  KPACK_CUDA_DRIVER=build/tests/fake_driver/libkpack_fake_cuda.so build/bench/kpack_open_bench \
+    --benchmark_min_time=0.2
+fi
 echo "== Python tools"
 PYTHONPATH=tools "$venv/bin/python" -m pytest -q -p no:cacheprovider tools/tests
 echo "== Python package (against the fake driver)"
