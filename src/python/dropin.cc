@@ -2,6 +2,7 @@
 
 #include "dropin.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -77,6 +78,11 @@ struct LaunchObject {  // fn[grid]
 
 PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                            PyObject* kwnames);
+
+// The dtype code of a None argument (kpack/_dropin.py's NONE_DTYPE): no DLPack dtype is
+// (255, 255). The resolver picks for it a kernel that has the parameter as a constexpr
+// None, so the argument is not passed to it.
+constexpr uint16_t kNoneDType = 0xFFFF;
 
 PyTypeObject* g_dropin_type = nullptr;
 PyTypeObject* g_launch_type = nullptr;
@@ -264,9 +270,10 @@ PyObject* Target(LaunchObject* l, Shape* s, PyObject* const* args, PyObject* con
   }
   for (size_t i = 0; i < s->dtype_params.size(); ++i) {
     uint8_t code = 0, bits = 0;
-    dtypes[i] = TensorDType(call[s->dtype_params[i]], &code, &bits)
-                    ? static_cast<uint16_t>(code << 8 | bits)
-                    : 0;
+    PyObject* arg = call[s->dtype_params[i]];
+    dtypes[i] = arg == Py_None                     ? kNoneDType
+                : TensorDType(arg, &code, &bits) ? static_cast<uint16_t>(code << 8 | bits)
+                                                 : 0;
     same = same && dtypes[i] == s->last_dtypes[i];
   }
   if (ABSL_PREDICT_TRUE(same)) return s->last_target;
@@ -360,7 +367,17 @@ PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
   if (ABSL_PREDICT_FALSE(PyUnicode_Check(target))) {
     return Fallback(l, target, args, nargsf, kwnames);
   }
-  PyObject* r = LaunchObjects(target, l->grid, call, n);
+  // A None argument is a constexpr None of the target kernel: it is not passed.
+  bool none = false;
+  for (size_t i = 0; i < ndt; ++i) {
+    if (ABSL_PREDICT_FALSE(dtypes[i] == kNoneDType)) {
+      call[s->dtype_params[i]] = nullptr;
+      none = true;
+    }
+  }
+  size_t launched = n;
+  if (ABSL_PREDICT_FALSE(none)) launched = std::remove(call, call + n, nullptr) - call;
+  PyObject* r = LaunchObjects(target, l->grid, call, launched);
   if (r != nullptr) ++e->kpack_calls;
   return r;
 }

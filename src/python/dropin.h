@@ -22,6 +22,9 @@
 // shape and the key values launches with no Python frame -- a hash lookup, the key
 // compared with the last one, the tensors' dtypes read through their DLPack exchange
 // table, then kpack's eager launch (launcher.h: LaunchObjects). The GIL guards all of it.
+// A dtype is DLPack's (code << 8 | bits), 0 for an argument that is not a tensor read
+// through the exchange table, 0xFFFF for None: the target the resolver gives for a None
+// has that parameter as a constexpr None, and the argument is left out of the launch.
 
 #ifndef KPACK_SRC_PYTHON_DROPIN_H_
 #define KPACK_SRC_PYTHON_DROPIN_H_

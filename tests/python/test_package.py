@@ -54,6 +54,8 @@ def test_console_scripts_run(name):
     r = subprocess.run([_script(name), "--help"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "--out" in r.stdout
+    # The usage names the command the user typed, not `python -m kpack_tools...`.
+    assert r.stdout.startswith(f"usage: {name} "), r.stdout
 
 
 def test_console_scripts_refuse_a_missing_or_wrong_triton(monkeypatch, capsys):

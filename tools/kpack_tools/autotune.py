@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from kpack_tools.pack import parse_tensordesc
+from kpack_tools.param_types import parse_tensordesc
 from kpack_tools.spec import Config, KernelSpec, describe_bucket
 
 # (rtol, atol) per output dtype when the spec states no tolerance: what a different

@@ -16,7 +16,7 @@ pack: manifest (layouts read back from the cubins, each kernel's ``source``),
 cubins with sha256, and ``tuning.json`` (every candidate's check and time per
 bucket, or why no tuning happened).  Compiling needs no GPU.  Only Triton
 3.6.0 is supported: its JIT's specialization and ABI are what the variants
-reproduce (``../shared/TRITON_ABI.md``).
+reproduce (``docs/pack-format.md``, ``include/kpack/arg.h``).
 
 A spec's ``grid_tolerant`` flag is proven on the GPU (``kpack_tools.grid_proof``)
 before the manifest says ``grid_tolerance``; without a GPU it is written as
@@ -74,7 +74,7 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kpack_tools.build_test_pack import _line_info_disabled
+    from kpack_tools.fixed_pack import line_info_disabled
 
     signature = dict(spec.params_for(config))
     constexprs = dict(spec.constexprs(config))
@@ -86,7 +86,7 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     src = ASTSource(fn=spec.fn, signature=signature, constexprs=constexprs, attrs=attrs)
     options = {**spec.options, "num_warps": config.num_warps,
                "num_stages": config.num_stages, "num_ctas": config.num_ctas}
-    with _line_info_disabled():
+    with line_info_disabled():
         compiled = triton.compile(src, target=GPUTarget("cuda", target, 32), options=options)
     match = _TT_FUNC.search(compiled.asm["ttir"])
     if match is None:
@@ -208,12 +208,12 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         backend, why_not = autotune.cuda_backend()
     device = backend.device if tune and backend is not None else None
     tuning = {"format": TUNING_FORMAT, "tuned": device is not None, "device": device,
-              "reason": None if device else f"not tuned: {why_not}; each bucket uses the "
-                                            f"spec's default config",
+              "reason": None if device else
+              f"not tuned: {why_not}; {_configs_from(specs, reused, reuse_tuning)}",
               "reps": reps if device else None, "target": target,
               "triton_version": triton.__version__, "kernels": []}
     if device is None:
-        log(f"not tuning ({why_not}): using each spec's default configs")
+        log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning)}")
 
     kernels = []
     compiled_cache = {}
@@ -274,6 +274,20 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     return manifest, tuning
 
 
+def _configs_from(specs, reused, reuse_tuning) -> str:
+    """Where an untuned build's configs come from: ``--reuse-tuning``'s file for the
+    kernels it lists, the spec's default configs for the others."""
+    taken = [spec.name for spec in specs if spec.name in reused]
+    default = [spec.name for spec in specs if spec.name not in reused]
+    parts = []
+    if taken:
+        parts.append(f"configs of {', '.join(taken)} from {reuse_tuning}")
+    if default:
+        parts.append(("each bucket uses the spec's default config" if not taken else
+                      f"the spec's default configs for {', '.join(default)}"))
+    return "; ".join(parts)
+
+
 def _log_summary(manifest, tuning, out_dir, log) -> None:
     chosen = {(k["name"], tuple(b["bucket"])): b for k in tuning["kernels"] for b in k["buckets"]}
     log(f"{'kernel':16} {'variant':16} {'config':22} {'warps':>5} {'stages':>6} {'shared':>6} "
@@ -292,9 +306,11 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
         f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
+    """The command line; ``prog`` is how it was started (``kpack-build`` from the console
+    script)."""
     parser = argparse.ArgumentParser(
-        prog="python -m kpack_tools.build",
+        prog=prog,
         description="Compile (and autotune) the kernels of build specs into a kpack pack "
                     "(docs/build-spec.md).")
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec file(s) (Python)")
@@ -315,7 +331,7 @@ def main(argv=None) -> int:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
               reps=args.tune_reps, reuse_tuning=args.reuse_tuning)
     except (SpecError, BuildError, ValueError) as err:
-        print(f"kpack_tools.build: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {err}", file=sys.stderr)
         return 1
     return 0
 
