@@ -434,9 +434,9 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
-    rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a row
-    reduces them in program order, writes tokens[m], adds `advance` to pos[m] and resets
-    counters[m]."""
+    rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
+    rows (counted in counters[its first row]) reduces them in program order, writes
+    tokens[m], adds `advance` to pos[m] and resets the counter."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     n_prog = tl.cdiv(V, BLOCK_N)
@@ -462,18 +462,21 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
         tl.debug_barrier()
-        done = tl.atomic_add(counters + rows, 1, mask=rows_ok, sem="acq_rel", scope="gpu")
-        last = rows_ok & (done == n_prog - 1)
-        if tl.max(last.to(tl.int32), 0) > 0:
-            _argmax_finish(part_max, part_idx, counters, tokens, pos, rows, last, V, n_prog,
+        # One counter per block of rows (its first row's): the programs of a block finish
+        # all its rows together; a scalar atomic is one thread's, its result the CTA's.
+        counter = counters + pid_m * BLOCK_M
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if done == n_prog - 1:
+            _argmax_finish(part_max, part_idx, tokens, pos, rows, rows_ok, V, n_prog,
                            advance, BLOCK_M)
+            tl.store(counter, 0)
 
 
 @triton.jit
-def _argmax_finish(part_max, part_idx, counters, tokens, pos, rows, last, V, n_prog, advance,
+def _argmax_finish(part_max, part_idx, tokens, pos, rows, last, V, n_prog, advance,
                    BLOCK_M: tl.constexpr):
     """For the rows in `last`: the max over the n_prog partials (read through L2), the
-    smallest index among equal maxima; token out, position advanced, counter reset."""
+    smallest index among equal maxima; token out, position advanced."""
     CHUNK: tl.constexpr = _ARGMAX_CHUNK // BLOCK_M
     base = rows.to(tl.int64)[:, None] * V
     best = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -492,4 +495,3 @@ def _argmax_finish(part_max, part_idx, counters, tokens, pos, rows, last, V, n_p
         best = tl.where(take, top, best)
     tl.store(tokens + rows, best_idx, mask=last)
     tl.store(pos + rows, tl.load(pos + rows, mask=last, other=0) + advance, mask=last)
-    tl.store(counters + rows, tl.zeros([BLOCK_M], tl.int32), mask=last)
