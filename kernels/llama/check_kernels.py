@@ -458,8 +458,12 @@ def bench(pdl, out_json=None):
             args["pos"][:] = ctx - 1
             config = _chosen("llama_attn_decode", llama_spec._bucket(m))
             grid = spec.grid_for(args, config)
-            us = _time_graph(lambda i=0: launch("llama_attn_decode", args, config, grid, pdl),
-                             20)
+            try:
+                us = _time_graph(
+                    lambda i=0: launch("llama_attn_decode", args, config, grid, pdl), 20)
+            except Exception as err:  # noqa: BLE001 - report and go on
+                print(f"{m:3} {ctx:6} failed: {type(err).__name__}: {err}")
+                continue
             moved = m * model["NKV"] * ctx * 64 * 2 * 2
             gbs = moved / us / 1e3
             attn_rows.append({"M": m, "ctx": ctx, "S": args["S"], "config": config.name,
