@@ -144,6 +144,58 @@ def precompile(spec_paths: Sequence, keys: Sequence[tuple], target: int, jobs: i
         f"{sum(seconds) / max(1, len(seconds)):.1f} s per variant)")
 
 
+def _warm_in_worker(spec_paths, name, bucket, config_names) -> float:
+    """In a pool process with a CUDA device: JIT-compile (``warmup``, no launch) ``config_names``
+    of kernel ``name`` on bucket ``bucket``'s representative inputs, filling Triton's on-disk
+    cache for the tuner; return the seconds it took."""
+    import time
+    from kpack_tools import autotune
+    paths = tuple(str(p) for p in spec_paths)
+    if paths not in _WORKER_SPECS:
+        _WORKER_SPECS[paths] = {s.name: s for path in paths for s in load_specs(path)}
+    spec = _WORKER_SPECS[paths][name]
+    args = dict(spec.make_inputs(dict(spec.representatives[bucket]), "cuda"))
+    start = time.perf_counter()
+    for config_name in config_names:
+        try:
+            autotune.jit_launcher(spec, spec.config(config_name), args, warm=True)()
+        except Exception:  # noqa: BLE001 - the tuner runs the config itself and records why
+            pass
+    return time.perf_counter() - start
+
+
+def prewarm_tuning(spec_paths: Sequence, specs: Sequence[KernelSpec], jobs: int,
+                   log: Callable[[str], None]) -> None:
+    """JIT-compile every candidate the tuner will run, in ``jobs`` spawned processes (one
+    task per kernel and bucket), so that the tuner's own compiles, serial in its process,
+    find them in Triton's on-disk cache: the same compiled kernels (the cache key covers
+    source, specialization, constexprs and options), tuned ``jobs`` times sooner. A
+    failure here only costs the time saved: the tuner compiles and checks every candidate
+    itself."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+    tasks = [(spec.name, number, [c.name for c in spec.configs if spec.allowed(shape, c)])
+             for spec in specs for number, shape in enumerate(spec.representatives)]
+    tasks = [t for t in tasks if t[2]]
+    if not tasks:
+        return
+    start = time.perf_counter()
+    workers = min(jobs, len(tasks))
+    compiles = sum(len(t[2]) for t in tasks)
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_warm_in_worker, [str(p) for p in spec_paths], *task): task
+                   for task in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                future.result()
+            except Exception as err:  # noqa: BLE001 - the tuner reports it properly
+                log(f"prewarm of {futures[future][:2]} failed ({type(err).__name__}: {err})")
+    log(f"JIT-compiled {compiles} tuning candidates in {time.perf_counter() - start:.1f} s "
+        f"with {workers} processes")
+
+
 def _untuned_results(spec: KernelSpec) -> List[Dict[str, Any]]:
     return [{"bucket": list(index), "range": describe_bucket(spec, index),
              "representative": dict(shape), "chosen": spec.default_config(i).name,
@@ -261,6 +313,9 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     if device is None:
         log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning)}")
 
+    from kpack_tools import autotune
+    if device is not None and jobs > 1 and isinstance(backend, autotune.CudaBackend):
+        prewarm_tuning(spec_paths, [s for s in specs if s.name not in reused], jobs, log)
     chosen = []  # per spec: (bucket results, grid tolerance entry)
     for spec in specs:
         entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
@@ -377,7 +432,8 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
     parser.add_argument("--tune-reps", type=int, default=25, metavar="N",
                         help="timed launches per config and bucket (median; default 25)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
-                        help="compile the pack's variants in N processes (default 1)")
+                        help="compile the pack's variants, and the tuning candidates, in N "
+                             "processes (default 1)")
     parser.add_argument("--reuse-tuning", metavar="TUNING_JSON",
                         help="take the configs of every kernel this tuning.json lists from it "
                              "(e.g. the pack's own, to add a kernel without retuning the rest)")
