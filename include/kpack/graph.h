@@ -53,9 +53,12 @@
 // from the grid expressions: that one is launched with the grid evaluated at the upper
 // edge of its bucket parameters' buckets (or the pack's `max` for an open-ended last
 // bucket), so every size inside a bucket shares one graph and patches arguments only. An
-// open-ended last bucket without a maximum, a value above the maximum, and an explicit
-// grid keep the exact grid. PinGrid fixes the graph grid of a tolerant launch whose grid
-// the caller gives (e.g. a recorded kernel, which has no grid expressions).
+// open-ended last bucket without a maximum, a value above the maximum, a value below 1 (the
+// builder's proof of the tolerance starts every bucket at 1), and an explicit grid keep the
+// exact grid. Empty work stays empty: a launch whose exact grid is empty has no node, as
+// an eager launch sends nothing (also when pinned). PinGrid fixes the graph grid of a
+// tolerant launch whose grid the caller gives (e.g. a recorded kernel, which has no grid
+// expressions).
 //
 // A signature never seen: built by default (Unseen::kBuild). Once Build() has covered the
 // declared shapes, set_unseen(Unseen::kError) makes any other signature an error that

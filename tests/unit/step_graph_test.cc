@@ -24,6 +24,7 @@
 #include "fake_driver.h"
 #include "fake_runtime.h"
 #include "gmock/gmock.h"
+#include "graph/graph_grid.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
@@ -615,6 +616,38 @@ TEST_F(StepGraphTest, AFailedPatchIsRetriedByTheNextReplay) {
   ASSERT_EQ(fake::NodeUpdates().size(), 1u);
 }
 
+
+TEST_F(StepGraphTest, EmptyWorkKeepsAnEmptyGridWhereTheGridToleranceProofStarts) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(0);
+  StepGraph& g = MakeGraph();
+  // n = 0: an eager launch sends nothing, and the graph has no node (the pack's proof of
+  // grid tolerance starts its buckets at 1: the padded grid is unproven at 0).
+  KP_ASSERT_OK(a.Launch());
+  EXPECT_EQ(fake::LaunchCount(), 0);
+  EXPECT_THAT(*g.Signature(), HasSubstr("[0,1,1]"));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.graphs()[0].nodes, 0u);
+  EXPECT_EQ(fake::LaunchCount(), 0) << "the replay launched no program";
+  KP_ASSERT_OK(a.Set(3, 1));
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,1,1]") << "from 1 on: padded";
+  // A pinned grid too keeps empty work empty.
+  KP_ASSERT_OK(g.PinGrid(0, Grid{32}));
+  KP_ASSERT_OK(a.Set(3, 0));
+  EXPECT_THAT(*g.Signature(), HasSubstr("[0,1,1]"));
+}
+
+TEST_F(StepGraphTest, GraphPaddingIntervalsStartAtOneAndCoverTheBucket) {
+  using internal::PaddingInterval;
+  const std::vector<int64_t> edges = {16, 64};
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 0), (std::pair<int64_t, int64_t>{1, 16}));
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 1), (std::pair<int64_t, int64_t>{17, 64}));
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 2), std::nullopt) << "open-ended";
+  EXPECT_EQ(PaddingInterval(edges, 100, 2), (std::pair<int64_t, int64_t>{65, 100}));
+  const std::vector<int64_t> from_zero = {0, 8};
+  EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 0), std::nullopt) << "only sizes < 1";
+  EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 1), (std::pair<int64_t, int64_t>{1, 8}));
+}
 
 TEST_F(StepGraphTest, AnEagerStepPreparesEveryLaunchBeforeSendingAny) {
   Open(KPACK_TEST_PACK_DIR);
