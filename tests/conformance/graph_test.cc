@@ -429,26 +429,32 @@ TEST_P(GraphTest, AReplayCapturedIntoTheCallersGraphOutlivesTheStepGraph) {
   AwaitScratchInGraphs(*rt, 0);
 }
 
-// Build() loads the variants, allocates the graph's scratch and instantiates while another
-// thread holds a capture in global mode, which forbids such calls to threads in the
-// default mode: StepGraph makes them in RELAXED mode, so neither refuses the other.
+// Build() loads the variants, allocates the graph's scratch and instantiates, and a
+// StepGraph is destroyed, while another thread holds a capture in global mode, which
+// forbids such calls to threads in the default mode: StepGraph makes them in RELAXED mode,
+// so neither refuses the other. The graph built then replays correctly afterwards.
 TEST_P(GraphTest, BuildingWhileAnotherThreadCapturesInGlobalMode) {
   auto rt = Open(KPACK_TEST_PACK_DIR);  // nothing loaded yet
   ASSERT_NE(rt, nullptr);
   constexpr int kDim = 64;
   const std::vector<float> input = RandomFloats(kDim * kDim, 91);
-  const CUdeviceptr x = Upload(input), out = Alloc(kDim * kDim * 4);
+  const CUdeviceptr x = Upload(input), out = Alloc(kDim * kDim * 4), other_out = Alloc(16 * 4);
   const Streams other = NewStreams();
   absl::StatusOr<BoundLaunch> b =
       rt->Find("scratch")->BindArgs(Grid{2, 2}, main_.stream, x, out, kDim, kDim, kDim);
-  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<BoundLaunch> add =
+      rt->Find("add")->BindArgs(Grid{1}, main_.stream, x, x, other_out, 16);
+  ASSERT_TRUE(b.ok() && add.ok());
   BoundLaunch* step[] = {&*b};
-  std::optional<StepGraph> graph;
+  BoundLaunch* doomed_step[] = {&*add};
+  absl::StatusOr<StepGraph> graph = StepGraph::Create(step);
+  std::optional<StepGraph> doomed;
   {
-    absl::StatusOr<StepGraph> g = StepGraph::Create(step);
-    ASSERT_TRUE(g.ok()) << g.status();
-    graph.emplace(*std::move(g));
+    absl::StatusOr<StepGraph> g = StepGraph::Create(doomed_step);
+    ASSERT_TRUE(graph.ok() && g.ok());
+    doomed.emplace(*std::move(g));
   }
+  KP_ASSERT_OK(doomed->Build());  // a graph to destroy during the capture
   std::latch capturing(1), done(1);
   CUresult began = CUDA_ERROR_UNKNOWN, ended = CUDA_ERROR_UNKNOWN;
   std::thread capturer([&] {
@@ -462,14 +468,14 @@ TEST_P(GraphTest, BuildingWhileAnotherThreadCapturesInGlobalMode) {
   });
   capturing.wait();
   const absl::Status built = graph->Build();
-  const absl::Status replayed = built.ok() ? graph->Replay(main_.replay) : built;
-  graph.reset();  // destroying the executable, too
+  doomed.reset();  // cuGraphExecDestroy, cuGraphDestroy
   done.count_down();
   capturer.join();
   ASSERT_EQ(began, CUDA_SUCCESS);
   EXPECT_EQ(ended, CUDA_SUCCESS) << "the other thread's capture was invalidated";
   KP_ASSERT_OK(built);
-  KP_ASSERT_OK(replayed);
+  KP_ASSERT_OK(graph->Replay(main_.replay));
+  EXPECT_EQ(graph->stats().graphs_built, 1u);
   std::vector<float> want(input.size());
   for (size_t i = 0; i < input.size(); ++i) want[i] = input[i] * 2;
   EXPECT_TRUE(Download<float>(out, want.size()) == want);
