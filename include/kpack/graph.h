@@ -38,8 +38,9 @@
 // there as the driver captures them, and the rules of any kpack launch in a capture apply
 // (kpack/runtime.h, "CUDA graphs"): the variants must be loaded in the context (built
 // graphs loaded them; else Preload()), and the scratch of kernels that need it comes from
-// the capture's own arena (ReserveScratch(stream, bytes) before the capture), which the
-// caller's graph owns. The caller's graph therefore uses nothing of the StepGraph's: it
+// the BoundLaunch's ScratchAllocator if it has one, else from the capture's own arena
+// (ReserveScratch(stream, bytes) before the capture), which the caller's graph owns. The
+// caller's graph therefore uses nothing of the StepGraph's: it
 // may outlive it, and runs concurrently with its replays. No graph is built or launched,
 // whatever Unseen says; refusals are FAILED_PRECONDITION naming what to call beforehand,
 // and leave the capture valid. Replay on the legacy stream while a blocking stream of the
