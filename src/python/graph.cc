@@ -10,13 +10,18 @@
 #include "graph.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "graph/graph_grid.h"
 #include "kpack/kpack.h"
 #include "launcher.h"
 
@@ -185,6 +190,15 @@ void InitGraph(nb::module_& m) {
         nb::arg("max_graphs") = 256, nb::rv_policy::take_ownership,
         "graph(launches, unseen='build', max_graphs=256) -> StepGraph over kpack.BoundLaunch "
         "objects (kernel.bind(...)) of one pack, in launch order.");
+  // The builder's grid proof (tools/kpack_tools/grid_proof.py) proves what this rule pads.
+  m.def("graph_padding",
+        [](const std::vector<int64_t>& edges, std::optional<int64_t> grid_max, size_t index) {
+          return internal::PaddingInterval(edges, grid_max, index);
+        },
+        nb::arg("edges"), nb::arg("grid_max").none(), nb::arg("index"),
+        "graph_padding(edges, grid_max, index) -> (low, high) or None: the values of bucket "
+        "`index` of a bucket dimension that step graphs launch with the grid at `high` "
+        "(src/graph/graph_grid.h, PaddingInterval).");
 }
 
 }  // namespace kpack::python

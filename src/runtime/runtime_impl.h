@@ -215,8 +215,12 @@ class RuntimeImpl {
   };
   absl::Status Prepare(const VariantData& v, const Grid& grid, CUstream stream,
                        const ScratchAllocator* scratch, std::byte* buf, DriverLaunch* p) const;
-  // Sends a packed buffer: Prepare, an NVTX range around cuLaunchKernelEx, and the
-  // counters (launches, and whether it was a fallback).
+  // Sends a prepared launch (nothing for an empty grid): an NVTX range around
+  // cuLaunchKernelEx, and the counters (launches, and whether it was a fallback). `p`'s
+  // extra array must point at its own param_bytes (Prepare's does, as long as `p` stays
+  // where Prepare wrote it).
+  absl::Status Send(const VariantData& v, const DriverLaunch& p, bool fallback) const;
+  // Sends a packed buffer: Prepare, then Send.
   absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
                             const ScratchAllocator* scratch, std::byte* buf, bool fallback) const;
 
@@ -230,6 +234,8 @@ class RuntimeImpl {
 
  private:
   RuntimeImpl() = default;
+  // Send's body, defined in launch.cc and used only there.
+  absl::Status SendInline(const VariantData& v, const DriverLaunch& p, bool fallback) const;
   // Prepare's scratch step, for variants with scratch (out of line: they pay driver calls).
   absl::Status FillScratch(const VariantData& v, const Grid& grid, uint64_t context,
                            CUstream stream, const ScratchAllocator* scratch, std::byte* buf) const;

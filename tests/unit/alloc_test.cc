@@ -276,5 +276,37 @@ TEST_F(LaunchPathTest, StepGraphReplaysAllocateLockAndLogNothing) {
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages per replay";
 }
 
+// Unseen::kLaunchEagerly: a step whose signature has no graph, every launch prepared
+// before any is sent, allocates, locks and logs nothing either.
+TEST_F(LaunchPathTest, EagerStepsAllocateLockAndLogNothing) {
+  auto rt = kpack::testing::OpenFake(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rt->Preload().ok());
+  AttachSink();
+  Kernel axpy = *rt->Find("axpy");
+  auto a = axpy.BindArgs(nullptr, kX, kY, kOut, 17, 3, 2.0f);
+  auto b = axpy.BindArgs(nullptr, kX, kY, kOut, 33, 3, 2.0f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  BoundLaunch* step[] = {&*a, &*b};
+  StepGraph::Options options;
+  options.unseen = StepGraph::Unseen::kLaunchEagerly;
+  auto graph = StepGraph::Create(step, options);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto eager = [&](int i) {
+    const int n = 17 + 16 * (i % 8);
+    return a->Set(3, n).ok() && b->Set(3, n + 16).ok() && graph->Replay(nullptr).ok();
+  };
+  bool ok = eager(0);
+  Counts before = Snapshot();
+  for (int i = 0; i < 1000; ++i) ok &= eager(i);
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(graph->stats().eager_steps, 1001u);
+  EXPECT_EQ(graph->stats().graphs_built, 0u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per eager step";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per eager step";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per eager step";
+}
+
 }  // namespace
 }  // namespace kpack
