@@ -427,7 +427,7 @@ class LlamaEngine:
             s.pseq[:P].fill_(b)
             self.backend.run(s.prefill_calls(b, P))
             if keep_logits:
-                kept.append(s.logits[b].float().cpu())
+                kept.append(s.logits[b].to("cpu", torch.float32, copy=True))
         B = len(prompts)
         s.pos[:B].copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
@@ -487,7 +487,7 @@ class LlamaEngine:
                 s.tokens[:B].copy_(forced[t], non_blocking=True)
             self.backend.decode()
             if per_step:
-                rows = s.logits[:B].float().cpu()
+                rows = s.logits[:B].to("cpu", torch.float32, copy=True)
                 hist[t + 1].copy_(s.tokens[:B])
                 if digests:
                     step_digests.append(logits_digest(rows))
