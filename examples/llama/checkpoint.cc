@@ -52,9 +52,9 @@ absl::Status ReadIndex(const std::string& dir, std::vector<std::string>* shards,
     const std::string file = it->get<std::string>();
     // Shards live beside the index: a path that leaves the directory is refused.
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": weight_map puts tensor '", it.key(), "' in '", file,
-          "', which is not a file name in the checkpoint directory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": weight_map puts tensor '", it.key(), "' in '", file,
+                       "', which is not a file name in the checkpoint directory"));
     }
     (*weight_map)[it.key()] = file;
     if (seen.insert(file).second) shards->push_back(file);
@@ -133,15 +133,15 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
   for (const ExpectedTensor& e : ExpectedTensors(ck.config_)) {
     auto it = located.find(e.name);
     if (it == located.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          dir, ": tensor '", e.name, "' is missing (config.json: num_hidden_layers ",
-          ck.config_.num_hidden_layers, ", tie_word_embeddings ",
-          ck.config_.tie_word_embeddings ? "true" : "false", ")"));
+      return absl::NotFoundError(
+          absl::StrCat(dir, ": tensor '", e.name, "' is missing (config.json: num_hidden_layers ",
+                       ck.config_.num_hidden_layers, ", tie_word_embeddings ",
+                       ck.config_.tie_word_embeddings ? "true" : "false", ")"));
     }
     const auto& [file, tensor] = it->second;
     if (tensor->dtype != "BF16") {
-      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor '", e.name,
-                                                     "' is ", tensor->dtype,
+      return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor '", e.name, "' is ",
+                                                     tensor->dtype,
                                                      "; the engine needs BF16 weights"));
     }
     if (tensor->shape != e.shape) {
@@ -156,19 +156,20 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir) {
   std::vector<std::string> unused;
   for (const SafetensorsFile& f : ck.files_) {
     for (const TensorInfo& t : f.tensors()) {
-      if (!used.contains(t.name)) unused.push_back(absl::StrCat(f.path(), ": tensor '", t.name, "'"));
+      if (!used.contains(t.name))
+        unused.push_back(absl::StrCat(f.path(), ": tensor '", t.name, "'"));
     }
   }
   std::sort(unused.begin(), unused.end());
   for (size_t i = 0; i < unused.size() && i < kMaxWarnings; ++i) {
-    const bool tied_head = ck.config_.tie_word_embeddings &&
-                           unused[i].ends_with("'lm_head.weight'");
-    ck.warnings_.push_back(absl::StrCat(unused[i], " is not used",
-                                        tied_head ? " (tie_word_embeddings is true)" : ""));
+    const bool tied_head =
+        ck.config_.tie_word_embeddings && unused[i].ends_with("'lm_head.weight'");
+    ck.warnings_.push_back(
+        absl::StrCat(unused[i], " is not used", tied_head ? " (tie_word_embeddings is true)" : ""));
   }
   if (unused.size() > kMaxWarnings) {
-    ck.warnings_.push_back(absl::StrCat("and ", unused.size() - kMaxWarnings,
-                                        " more unused tensors"));
+    ck.warnings_.push_back(
+        absl::StrCat("and ", unused.size() - kMaxWarnings, " more unused tensors"));
   }
   return ck;
 }

@@ -57,17 +57,17 @@ absl::Status Run(const Args& args, std::ostream& out, std::ostream& err) {
 
   const LlamaConfig& c = model->config();
   out << "kpack-llama: " << (*device)->name() << "; model H " << c.hidden_size << ", L "
-      << c.num_hidden_layers << ", heads " << c.num_attention_heads << "/"
-      << c.num_key_value_heads << ", V " << c.vocab_size << "; batch " << run.batch << ", "
-      << run.steps << " steps, graphs " << args.graphs << "\n";
+      << c.num_hidden_layers << ", heads " << c.num_attention_heads << "/" << c.num_key_value_heads
+      << ", V " << c.vocab_size << "; batch " << run.batch << ", " << run.steps << " steps, graphs "
+      << args.graphs << "\n";
   for (size_t b = 0; b < result->generated.size(); ++b) {
     out << "row " << b << " (prompt " << result->prompt_lens[b]
         << "): " << absl::StrJoin(result->generated[b], " ") << "\n";
   }
   out << "decode: " << result->us_per_step << " us/step, " << result->tokens_per_s
-      << " tokens/s, host " << result->host_us_per_step << " us/step to issue ("
-      << run.timed_seqs << " timed sequences after " << run.warmup_seqs << " warm-up; "
-      << result->graphs_built << " graphs built)\n";
+      << " tokens/s, host " << result->host_us_per_step << " us/step to issue (" << run.timed_seqs
+      << " timed sequences after " << run.warmup_seqs << " warm-up; " << result->graphs_built
+      << " graphs built)\n";
   if (!args.json.empty()) {
     std::ofstream file(args.json);
     file << ResultJson(c, run, *result, (*device)->name()).dump(1) << "\n";
@@ -97,8 +97,9 @@ int KpackLlamaMain(int argc, const char* const* argv, std::ostream& out, std::os
   app.add_option("--warmup-seqs", args.run.warmup_seqs, "untimed sequences first (default 1)");
   app.add_option("--timed-seqs", args.run.timed_seqs, "timed sequences (default 1)");
   app.add_option("--json", args.json, "write the results as JSON to this file");
-  app.add_flag("--digests", args.run.digests,
-               "sha256 of the logits after prefill and every step (reads them back: not for timing)");
+  app.add_flag(
+      "--digests", args.run.digests,
+      "sha256 of the logits after prefill and every step (reads them back: not for timing)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

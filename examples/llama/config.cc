@@ -111,13 +111,13 @@ absl::Status ParseRopeScaling(const Fields& top, LlamaConfig& config) {
   KPACK_RETURN_IF_ERROR(f.String("rope_type", &type));
   if (type == "default") return absl::OkStatus();
   if (type != "llama3") {
-    return absl::UnimplementedError(absl::StrCat(
-        top.where(), ": field 'rope_scaling.rope_type' is '", type,
-        "'; the kernels implement \"llama3\" scaling (or none: null or \"default\")"));
+    return absl::UnimplementedError(
+        absl::StrCat(top.where(), ": field 'rope_scaling.rope_type' is '", type,
+                     "'; the kernels implement \"llama3\" scaling (or none: null or \"default\")"));
   }
   Llama3RopeScaling s;
-  for (absl::string_view name : {"factor", "low_freq_factor", "high_freq_factor",
-                                "original_max_position_embeddings"}) {
+  for (absl::string_view name :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
     KPACK_RETURN_IF_ERROR(f.Required(name));
   }
   KPACK_RETURN_IF_ERROR(f.Double("factor", &s.factor));
@@ -147,8 +147,7 @@ absl::StatusOr<LlamaConfig> ParseConfig(absl::string_view json_text, absl::strin
   try {
     json = Json::parse(json_text);
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON (", e.what(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON (", e.what(), ")"));
   }
   if (!json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
@@ -212,13 +211,13 @@ absl::StatusOr<LlamaConfig> ParseConfig(absl::string_view json_text, absl::strin
   }
   KPACK_RETURN_IF_ERROR(CheckSize(f, "head_dim", c.head_dim));
   if (c.head_dim % 2 != 0) {
-    return f.Error("head_dim", absl::StrCat("must be even for the rotary embedding, not ",
-                                            c.head_dim));
+    return f.Error("head_dim",
+                   absl::StrCat("must be even for the rotary embedding, not ", c.head_dim));
   }
   if (c.num_attention_heads % c.num_key_value_heads != 0) {
     return f.Error("num_key_value_heads",
-                   absl::StrCat("(", c.num_key_value_heads,
-                                ") must divide num_attention_heads (", c.num_attention_heads, ")"));
+                   absl::StrCat("(", c.num_key_value_heads, ") must divide num_attention_heads (",
+                                c.num_attention_heads, ")"));
   }
   if (c.num_attention_heads / c.num_key_value_heads > 16) {
     return f.Error("num_key_value_heads",

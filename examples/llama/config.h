@@ -39,13 +39,13 @@ struct Llama3RopeScaling {
 };
 
 struct LlamaConfig {
-  int64_t hidden_size = 4096;               // H
-  int64_t num_hidden_layers = 32;           // L
-  int64_t num_attention_heads = 32;         // NH
-  int64_t num_key_value_heads = 32;         // NKV
-  int64_t head_dim = 128;                   // D
-  int64_t intermediate_size = 11008;        // I
-  int64_t vocab_size = 32000;               // V
+  int64_t hidden_size = 4096;         // H
+  int64_t num_hidden_layers = 32;     // L
+  int64_t num_attention_heads = 32;   // NH
+  int64_t num_key_value_heads = 32;   // NKV
+  int64_t head_dim = 128;             // D
+  int64_t intermediate_size = 11008;  // I
+  int64_t vocab_size = 32000;         // V
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;

@@ -18,12 +18,12 @@ absl::StatusOr<std::unique_ptr<Device>> Device::Open(const std::string& driver_p
         absl::StrCat("device ", ordinal, " does not exist (the driver has ", count, ")"));
   }
   KPACK_RETURN_IF_ERROR(cu.Check(cu.DeviceGet(&d->device_, ordinal), "cuDeviceGet"));
-  KPACK_RETURN_IF_ERROR(cu.Check(cu.DevicePrimaryCtxRetain(&d->context_, d->device_),
-                                 "cuDevicePrimaryCtxRetain"));
+  KPACK_RETURN_IF_ERROR(
+      cu.Check(cu.DevicePrimaryCtxRetain(&d->context_, d->device_), "cuDevicePrimaryCtxRetain"));
   KPACK_RETURN_IF_ERROR(d->MakeCurrent());
   char name[256] = {};
-  KPACK_RETURN_IF_ERROR(cu.Check(cu.DeviceGetName(name, sizeof(name) - 1, d->device_),
-                                 "cuDeviceGetName"));
+  KPACK_RETURN_IF_ERROR(
+      cu.Check(cu.DeviceGetName(name, sizeof(name) - 1, d->device_), "cuDeviceGetName"));
   d->name_ = name;
   return d;
 }
@@ -92,7 +92,8 @@ PinnedBuffer::~PinnedBuffer() {
 
 absl::StatusOr<Stream> Stream::Create(const Device& device) {
   Stream s;
-  KPACK_RETURN_IF_ERROR(device.Check(device.driver().StreamCreate(&s.stream_, 0), "cuStreamCreate"));
+  KPACK_RETURN_IF_ERROR(
+      device.Check(device.driver().StreamCreate(&s.stream_, 0), "cuStreamCreate"));
   s.device_ = &device;
   return s;
 }
@@ -146,8 +147,8 @@ absl::Status Event::Synchronize() const {
 
 absl::StatusOr<float> Event::MillisecondsSince(const Event& start) const {
   float ms = 0;
-  KPACK_RETURN_IF_ERROR(device_->Check(device_->driver().EventElapsedTime(&ms, start.event_, event_),
-                                       "cuEventElapsedTime"));
+  KPACK_RETURN_IF_ERROR(device_->Check(
+      device_->driver().EventElapsedTime(&ms, start.event_, event_), "cuEventElapsedTime"));
   return ms;
 }
 

@@ -30,8 +30,7 @@ class Device {
  public:
   // UNAVAILABLE when no driver loads or initializes (the message says what was tried),
   // INVALID_ARGUMENT for an ordinal the driver does not have.
-  static absl::StatusOr<std::unique_ptr<Device>> Open(const std::string& driver_path,
-                                                      int ordinal);
+  static absl::StatusOr<std::unique_ptr<Device>> Open(const std::string& driver_path, int ordinal);
   ~Device();  // releases the primary context
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

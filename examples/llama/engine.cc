@@ -25,9 +25,9 @@ struct Signature {
   size_t m_arg;  // the index of M (rows of the step)
 };
 constexpr absl::string_view kEmbed = "llama_embed", kQkvRope = "llama_qkv_rope",
-                           kAttnDecode = "llama_attn_decode", kAttnPrefill = "llama_attn_prefill",
-                           kOProj = "llama_o_proj", kGateUp = "llama_gate_up",
-                           kDownProj = "llama_down_proj", kLmHead = "llama_lm_head";
+                            kAttnDecode = "llama_attn_decode", kAttnPrefill = "llama_attn_prefill",
+                            kOProj = "llama_o_proj", kGateUp = "llama_gate_up",
+                            kDownProj = "llama_down_proj", kLmHead = "llama_lm_head";
 const Signature kSignatures[] = {
     {kEmbed, {"*i32", "*bf16", "*fp32", "i32", "i32"}, 3},
     {kQkvRope,
@@ -149,8 +149,8 @@ Engine::~Engine() {
   if (stream_.get() != nullptr) stream_.Synchronize().IgnoreError();
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime,
-                                                       const Device& device, const Model& model,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime, const Device& device,
+                                                       const Model& model,
                                                        const EngineOptions& options) {
   const LlamaConfig& c = model.config();
   if (options.max_prompt > options.capacity) {
@@ -172,11 +172,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime,
                          KvCache::Allocate(device, c, options.max_batch, options.capacity));
   KPACK_ASSIGN_OR_RETURN(
       StepBuffers buffers,
-      StepBuffers::Allocate(device, c, {.max_batch = options.max_batch,
-                                        .max_prompt = options.max_prompt}));
+      StepBuffers::Allocate(device, c,
+                            {.max_batch = options.max_batch, .max_prompt = options.max_prompt}));
   KPACK_ASSIGN_OR_RETURN(Stream stream, Stream::Create(device));
-  std::unique_ptr<Engine> e(
-      new Engine(runtime, device, model, options, std::move(kv), std::move(buffers), std::move(stream)));
+  std::unique_ptr<Engine> e(new Engine(runtime, device, model, options, std::move(kv),
+                                       std::move(buffers), std::move(stream)));
   e->kernels_ = k;
 
   const size_t batch = static_cast<size_t>(options.max_batch);
@@ -220,8 +220,7 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
   bk->launches.reserve(static_cast<size_t>(launches_per_step()));
   const int32_t m = batch, h = I32(c.hidden_size), nh = I32(c.num_attention_heads),
                 nkv = I32(c.num_key_value_heads), cap = kv_.capacity(),
-                inter = I32(c.intermediate_size), v = I32(c.vocab_size),
-                qd = I32(c.q_rows());
+                inter = I32(c.intermediate_size), v = I32(c.vocab_size), qd = I32(c.q_rows());
   const double eps = c.rms_norm_eps;
   const double sm_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   auto add = [&](absl::string_view kernel, absl::StatusOr<BoundLaunch> bound) -> absl::Status {
@@ -231,28 +230,26 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
     return absl::OkStatus();
   };
   const Kernels& k = kernels_;
-  KPACK_RETURN_IF_ERROR(
-      add(kEmbed, k.embed.BindArgs(s, b.tokens(), model_.embed(), b.h(), m, h)));
+  KPACK_RETURN_IF_ERROR(add(kEmbed, k.embed.BindArgs(s, b.tokens(), model_.embed(), b.h(), m, h)));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
-    KPACK_RETURN_IF_ERROR(add(kQkvRope, k.qkv_rope.BindArgs(s, b.h(), w.ln1, w.wqkv,
-                                                              model_.inv_freq(), b.pos(), b.seq(),
-                                                              b.q(), kv_.k(l), kv_.v(l), m, h, nh,
-                                                              nkv, cap, eps)));
     KPACK_RETURN_IF_ERROR(add(
-        kAttnDecode, k.attn_decode.BindArgs(s, b.q(), kv_.k(l), kv_.v(l), b.pos(), b.seq(),
-                                            b.o_part(), b.ml_part(), b.attn_counters(), b.attn(), m,
-                                            nh, nkv, cap, bk->splits, sm_scale)));
+        kQkvRope, k.qkv_rope.BindArgs(s, b.h(), w.ln1, w.wqkv, model_.inv_freq(), b.pos(), b.seq(),
+                                      b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap, eps)));
+    KPACK_RETURN_IF_ERROR(
+        add(kAttnDecode, k.attn_decode.BindArgs(s, b.q(), kv_.k(l), kv_.v(l), b.pos(), b.seq(),
+                                                b.o_part(), b.ml_part(), b.attn_counters(),
+                                                b.attn(), m, nh, nkv, cap, bk->splits, sm_scale)));
     KPACK_RETURN_IF_ERROR(add(kOProj, k.o_proj.BindArgs(s, b.attn(), w.wo, b.h(), m, h, qd)));
     KPACK_RETURN_IF_ERROR(
         add(kGateUp, k.gate_up.BindArgs(s, b.h(), w.ln2, w.wgu, b.act(), m, h, inter, eps)));
     KPACK_RETURN_IF_ERROR(
         add(kDownProj, k.down_proj.BindArgs(s, b.act(), w.wd, b.h(), m, h, inter)));
   }
-  KPACK_RETURN_IF_ERROR(add(
-      kLmHead, k.lm_head.BindArgs(s, b.h(), model_.norm_f(), model_.lm_head(), b.logits(),
-                                  b.part_max(), b.part_idx(), b.lm_counters(), b.tokens(), b.pos(),
-                                  m, v, h, eps, int32_t{1})));
+  KPACK_RETURN_IF_ERROR(
+      add(kLmHead, k.lm_head.BindArgs(s, b.h(), model_.norm_f(), model_.lm_head(), b.logits(),
+                                      b.part_max(), b.part_idx(), b.lm_counters(), b.tokens(),
+                                      b.pos(), m, v, h, eps, int32_t{1})));
   for (BoundLaunch& launch : bk->launches) bk->order.push_back(&launch);
   ++stats_.buckets_bound;
   return bk;
@@ -271,8 +268,8 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
   const LlamaConfig& c = model_.config();
   const int64_t m64 = static_cast<int64_t>(prompt.size());
   if (row < 0 || row >= options_.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill of row ", row, ": the engine has rows 0..",
-                                                   options_.max_batch - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill of row ", row, ": the engine has rows 0..", options_.max_batch - 1));
   }
   if (m64 > options_.max_prompt) {
     return absl::InvalidArgumentError(absl::StrCat("prefill of row ", row, ": a prompt of ", m64,
@@ -282,8 +279,8 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] < 0 || prompt[i] >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat("prefill of row ", row, ": prompt token ", i,
-                                                     " is ", prompt[i], ", outside the vocabulary of ",
-                                                     c.vocab_size));
+                                                     " is ", prompt[i],
+                                                     ", outside the vocabulary of ", c.vocab_size));
     }
   }
   // Slot `row` starts over (the checks of an empty or too long prompt are its).
@@ -296,7 +293,8 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
     KPACK_RETURN_IF_ERROR(staged_[r].Synchronize());
     staged_pending_[r] = false;
   }
-  int32_t* staged_prompt = prompt_staging_.as<int32_t>() + r * static_cast<size_t>(options_.max_prompt);
+  int32_t* staged_prompt =
+      prompt_staging_.as<int32_t>() + r * static_cast<size_t>(options_.max_prompt);
   std::memcpy(staged_prompt, prompt.data(), prompt.size() * sizeof(int32_t));
   pos_staging_.as<int32_t>()[r] = m;
   const internal::Driver& cu = device_.driver();
@@ -323,8 +321,8 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
     const LayerWeights& w = model_.layer(l);
     KPACK_RETURN_IF_ERROR(k.qkv_rope.Launch(s, b.h(), w.ln1, w.wqkv, model_.inv_freq(), pos, seq,
                                             b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap, eps));
-    KPACK_RETURN_IF_ERROR(k.attn_prefill.Launch(s, b.q(), kv_.k(l), kv_.v(l), pos, seq, b.attn(),
-                                                m, nh, nkv, cap, sm_scale));
+    KPACK_RETURN_IF_ERROR(k.attn_prefill.Launch(s, b.q(), kv_.k(l), kv_.v(l), pos, seq, b.attn(), m,
+                                                nh, nkv, cap, sm_scale));
     KPACK_RETURN_IF_ERROR(k.o_proj.Launch(s, b.attn(), w.wo, b.h(), m, h, qd));
     KPACK_RETURN_IF_ERROR(k.gate_up.Launch(s, b.h(), w.ln2, w.wgu, b.act(), m, h, inter, eps));
     KPACK_RETURN_IF_ERROR(k.down_proj.Launch(s, b.act(), w.wd, b.h(), m, h, inter));
@@ -332,11 +330,11 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
   // The LM head on the last prompt row, into the sequence's decode row; advance 0 (the
   // decode row's position was set to the prompt length above).
   const size_t vocab_row = r * static_cast<size_t>(v) * 4;
-  KPACK_RETURN_IF_ERROR(k.lm_head.Launch(
-      s, b.h() + static_cast<size_t>(m - 1) * static_cast<size_t>(h) * 4, model_.norm_f(),
-      model_.lm_head(), b.logits() + vocab_row, b.part_max() + vocab_row, b.part_idx() + vocab_row,
-      b.lm_counters() + r * 4, b.tokens() + r * 4, b.pos() + r * 4, int32_t{1}, v, h, eps,
-      int32_t{0}));
+  KPACK_RETURN_IF_ERROR(
+      k.lm_head.Launch(s, b.h() + static_cast<size_t>(m - 1) * static_cast<size_t>(h) * 4,
+                       model_.norm_f(), model_.lm_head(), b.logits() + vocab_row,
+                       b.part_max() + vocab_row, b.part_idx() + vocab_row, b.lm_counters() + r * 4,
+                       b.tokens() + r * 4, b.pos() + r * 4, int32_t{1}, v, h, eps, int32_t{0}));
   ++stats_.prefills;
   return absl::OkStatus();
 }
@@ -344,7 +342,7 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
 absl::Status Engine::Decode(int batch, Mode mode) {
   NvtxRange range(nvtx_, Nvtx::kDecodeStep, static_cast<int64_t>(stats_.decode_steps));
   KPACK_RETURN_IF_ERROR(sequences_.CheckDecode(batch));
-  KPACK_ASSIGN_OR_RETURN(Bucket* bk, BucketFor(batch));
+  KPACK_ASSIGN_OR_RETURN(Bucket * bk, BucketFor(batch));
   if (bk->batch != batch) {
     NvtxRange set(nvtx_, Nvtx::kSetBatch, batch);
     bk->batch = 0;
@@ -380,14 +378,15 @@ absl::Status Engine::EnqueueReadback(int slot, int rows) {
   const internal::Driver& cu = device_.driver();
   const CUstream s = stream_.get();
   const size_t i = static_cast<size_t>(slot);
-  KPACK_RETURN_IF_ERROR(device_.Check(
-      cu.MemcpyDtoHAsync(readback_tokens_[i].as<int32_t>(), buffers_.tokens(),
-                         static_cast<size_t>(rows) * 4, s),
-      "reading tokens back"));
+  KPACK_RETURN_IF_ERROR(
+      device_.Check(cu.MemcpyDtoHAsync(readback_tokens_[i].as<int32_t>(), buffers_.tokens(),
+                                       static_cast<size_t>(rows) * 4, s),
+                    "reading tokens back"));
   if (options_.read_logits) {
     KPACK_RETURN_IF_ERROR(device_.Check(
-        cu.MemcpyDtoHAsync(readback_logits_[i].as<float>(), buffers_.logits(),
-                           static_cast<size_t>(rows) * static_cast<size_t>(model_.config().vocab_size) * 4, s),
+        cu.MemcpyDtoHAsync(
+            readback_logits_[i].as<float>(), buffers_.logits(),
+            static_cast<size_t>(rows) * static_cast<size_t>(model_.config().vocab_size) * 4, s),
         "reading logits back"));
   }
   KPACK_RETURN_IF_ERROR(readback_ready_[i].Record(s));
@@ -402,7 +401,8 @@ absl::StatusOr<Engine::Readback> Engine::WaitReadback(int slot) {
   }
   const size_t i = static_cast<size_t>(slot);
   if (readback_rows_[i] == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("read-back slot ", slot, " was never filled"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("read-back slot ", slot, " was never filled"));
   }
   KPACK_RETURN_IF_ERROR(readback_ready_[i].Synchronize());
   const size_t rows = static_cast<size_t>(readback_rows_[i]);

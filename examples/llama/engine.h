@@ -1,9 +1,9 @@
 // llama/engine.h: the Llama decode engine on kpack -- prefill and decode steps of a batch
 // of sequences, eager or through step graphs (docs/llama.md, "Steps").
 //
-//   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(runtime, device, model, options);
-//   for (int row = 0; row < batch; ++row) engine->Prefill(row, prompts[row]);
-//   for (int step = 0; step < n; ++step) {
+//   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(runtime, device, model,
+//   options); for (int row = 0; row < batch; ++row) engine->Prefill(row, prompts[row]); for (int
+//   step = 0; step < n; ++step) {
 //     engine->Decode(batch, Engine::Mode::kGraph);   // enqueued; tokens stay on the device
 //     engine->EnqueueReadback(step % 2, batch);       // async copy to pinned memory
 //     if (step > 0) engine->WaitReadback((step - 1) % 2);  // the previous step's tokens
@@ -114,12 +114,12 @@ class Engine {
   absl::Status Synchronize();
 
   struct Stats {
-    uint64_t buckets_bound = 0;   // batch buckets whose launches were bound
-    uint64_t graphs_built = 0;    // over all buckets' step graphs
+    uint64_t buckets_bound = 0;  // batch buckets whose launches were bound
+    uint64_t graphs_built = 0;   // over all buckets' step graphs
     uint64_t replays = 0;
-    uint64_t nodes_patched = 0;   // over all replays
+    uint64_t nodes_patched = 0;  // over all replays
     uint64_t last_nodes_patched = 0;
-    uint64_t batch_sets = 0;      // steps that had to Set a new batch size
+    uint64_t batch_sets = 0;  // steps that had to Set a new batch size
     uint64_t prefills = 0;
     uint64_t decode_steps = 0;
   };

@@ -10,8 +10,8 @@ namespace kpack::llama {
 absl::StatusOr<KvCache> KvCache::Allocate(const Device& device, const LlamaConfig& config,
                                           int max_seqs, int capacity) {
   if (max_seqs < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache: ", max_seqs,
-                                                   " sequence slots; at least 1 is needed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: ", max_seqs, " sequence slots; at least 1 is needed"));
   }
   if (capacity < 1) {
     return absl::InvalidArgumentError(
@@ -69,14 +69,14 @@ absl::Status SequenceTable::CheckDecode(int batch) const {
   for (int s = 0; s < batch; ++s) {
     const int p = positions_[static_cast<size_t>(s)];
     if (p < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("decode row ", s, ": sequence slot ", s, " holds no sequence (prefill it first)"));
+      return absl::FailedPreconditionError(absl::StrCat("decode row ", s, ": sequence slot ", s,
+                                                        " holds no sequence (prefill it first)"));
     }
     if (p >= capacity_) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "decode row ", s, ": sequence slot ", s, " is at position ", p,
-          ", and the KV cache holds ", capacity_,
-          " positions per sequence: one more token would not fit (raise --capacity)"));
+      return absl::OutOfRangeError(
+          absl::StrCat("decode row ", s, ": sequence slot ", s, " is at position ", p,
+                       ", and the KV cache holds ", capacity_,
+                       " positions per sequence: one more token would not fit (raise --capacity)"));
     }
   }
   return absl::OkStatus();

@@ -87,18 +87,19 @@ absl::StatusOr<Model> Model::Upload(const Device& device, const Checkpoint& chec
   KPACK_RETURN_IF_ERROR(put("model.embed_tokens.weight", o.embed));
   if (!c.tie_word_embeddings) KPACK_RETURN_IF_ERROR(put("lm_head.weight", o.lm_head));
   const std::vector<float> inv_freq = RopeInvFreq(c);
-  KPACK_RETURN_IF_ERROR(device.Check(
-      device.driver().MemcpyHtoD(base + o.inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float)),
-      "uploading inv_freq"));
+  KPACK_RETURN_IF_ERROR(device.Check(device.driver().MemcpyHtoD(base + o.inv_freq, inv_freq.data(),
+                                                                inv_freq.size() * sizeof(float)),
+                                     "uploading inv_freq"));
 
   m.embed_ = base + o.embed;
   m.lm_head_ = base + o.lm_head;
   m.norm_f_ = base + o.norm_f;
   m.inv_freq_ = base + o.inv_freq;
   const size_t v = static_cast<size_t>(c.vocab_size);
-  const size_t per_layer = (2 * h + static_cast<size_t>(c.qkv_rows()) * h +
-                            h * static_cast<size_t>(c.q_rows()) +
-                            3 * static_cast<size_t>(c.intermediate_size) * h) * kBf16;
+  const size_t per_layer =
+      (2 * h + static_cast<size_t>(c.qkv_rows()) * h + h * static_cast<size_t>(c.q_rows()) +
+       3 * static_cast<size_t>(c.intermediate_size) * h) *
+      kBf16;
   m.step_weight_bytes_ =
       per_layer * static_cast<size_t>(c.num_hidden_layers) + h * kBf16 + v * h * kBf16;
   return m;

@@ -9,7 +9,8 @@ std::vector<float> RopeInvFreq(const LlamaConfig& config) {
   const int64_t d = config.head_dim;
   std::vector<float> out(static_cast<size_t>(d / 2));
   for (int64_t j = 0; j < d / 2; ++j) {
-    double f = std::pow(config.rope_theta, -(2.0 * static_cast<double>(j)) / static_cast<double>(d));
+    double f =
+        std::pow(config.rope_theta, -(2.0 * static_cast<double>(j)) / static_cast<double>(d));
     if (config.rope_scaling.has_value()) {
       const Llama3RopeScaling& s = *config.rope_scaling;
       const double original = static_cast<double>(s.original_max_position_embeddings);

@@ -31,9 +31,10 @@ absl::Status SameAsFirst(const RunResult& first, const RunResult& now, int seque
     }
   }
   if (first.step_digests != now.step_digests || first.prefill_digests != now.prefill_digests) {
-    return absl::InternalError(absl::StrCat("sequence ", sequence,
-                                            " computed other logits than sequence 0: the steps "
-                                            "are not deterministic, or state leaks between sequences"));
+    return absl::InternalError(
+        absl::StrCat("sequence ", sequence,
+                     " computed other logits than sequence 0: the steps "
+                     "are not deterministic, or state leaks between sequences"));
   }
   return absl::OkStatus();
 }
@@ -58,7 +59,8 @@ absl::StatusOr<std::vector<int>> RowPromptLens(const RunOptions& o) {
   for (int b = 0; b < o.batch; ++b) {
     const int len = o.prompt_lens[static_cast<size_t>(b) % o.prompt_lens.size()];
     if (len < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("--prompt-lens: ", len, " is not a prompt length"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-lens: ", len, " is not a prompt length"));
     }
     lens.push_back(len);
   }
@@ -70,15 +72,15 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
   const LlamaConfig& c = engine.config();
   const int longest = *std::max_element(lens.begin(), lens.end());
   if (o.steps < 0 || o.warmup_seqs < 0 || o.timed_seqs < 0 || o.warmup_seqs + o.timed_seqs < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps ", o.steps, ", --warmup-seqs ",
-                                                   o.warmup_seqs, ", --timed-seqs ", o.timed_seqs,
-                                                   ": none may be negative, and one sequence must run"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--steps ", o.steps, ", --warmup-seqs ", o.warmup_seqs, ", --timed-seqs ",
+                     o.timed_seqs, ": none may be negative, and one sequence must run"));
   }
   if (static_cast<int64_t>(longest) + o.steps > engine.kv_cache().capacity()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a prompt of ", longest, " tokens and ", o.steps, " decode steps need ", longest + o.steps,
-        " KV positions per sequence; the capacity is ", engine.kv_cache().capacity(),
-        " (raise --capacity)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a prompt of ", longest, " tokens and ", o.steps, " decode steps need ",
+                     longest + o.steps, " KV positions per sequence; the capacity is ",
+                     engine.kv_cache().capacity(), " (raise --capacity)"));
   }
   if (o.digests && !engine.options().read_logits) {
     return absl::InvalidArgumentError("digests need an engine that reads logits back");
@@ -104,7 +106,8 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
     RunResult now;
     now.prompt_lens = lens;
     now.generated.assign(static_cast<size_t>(o.batch), {});
-    for (int b = 0; b < o.batch; ++b) KPACK_RETURN_IF_ERROR(engine.Prefill(b, prompts[static_cast<size_t>(b)]));
+    for (int b = 0; b < o.batch; ++b)
+      KPACK_RETURN_IF_ERROR(engine.Prefill(b, prompts[static_cast<size_t>(b)]));
     KPACK_RETURN_IF_ERROR(engine.EnqueueReadback(0, o.batch));
     KPACK_ASSIGN_OR_RETURN(Engine::Readback prefill, engine.WaitReadback(0));
     for (int b = 0; b < o.batch; ++b) {
@@ -158,12 +161,8 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
 nlohmann::json ResultJson(const LlamaConfig& c, const RunOptions& o, const RunResult& r,
                           const std::string& device) {
   nlohmann::json j = {
-      {"config", ConfigToJson(c)},
-      {"batch", o.batch},
-      {"prompt_lens", r.prompt_lens},
-      {"steps", o.steps},
-      {"graphs", o.graphs},
-      {"generated", r.generated},
+      {"config", ConfigToJson(c)}, {"batch", o.batch},   {"prompt_lens", r.prompt_lens},
+      {"steps", o.steps},          {"graphs", o.graphs}, {"generated", r.generated},
   };
   if (o.digests) {
     j["step_digests"] = r.step_digests;

@@ -42,13 +42,13 @@ struct RunOptions {
 };
 
 struct RunResult {
-  std::vector<int> prompt_lens;                // per row
+  std::vector<int> prompt_lens;                 // per row
   std::vector<std::vector<int32_t>> generated;  // per row: prefill's token, then one per step
-  std::vector<std::string> prefill_digests;    // per row (with digests)
-  std::vector<std::string> step_digests;       // per step (with digests)
-  double us_per_step = 0;                      // GPU µs per decode step, timed mean
-  double tokens_per_s = 0;                     // batch / us_per_step
-  double host_us_per_step = 0;                 // host µs to issue a decode step
+  std::vector<std::string> prefill_digests;     // per row (with digests)
+  std::vector<std::string> step_digests;        // per step (with digests)
+  double us_per_step = 0;                       // GPU µs per decode step, timed mean
+  double tokens_per_s = 0;                      // batch / us_per_step
+  double host_us_per_step = 0;                  // host µs to issue a decode step
   uint64_t graphs_built = 0;
 };
 

@@ -75,8 +75,8 @@ absl::StatusOr<TensorInfo> ParseEntry(absl::string_view source, const std::strin
   t.dtype = dtype->get<std::string>();
   t.dtype_size = DtypeBytes(t.dtype);
   if (t.dtype_size == 0) {
-    return BadTensor(source, name, absl::StrCat("has an unknown or unsupported dtype '", t.dtype,
-                                                "'"));
+    return BadTensor(source, name,
+                     absl::StrCat("has an unknown or unsupported dtype '", t.dtype, "'"));
   }
   auto shape = entry.find("shape");
   if (shape == entry.end() || !shape->is_array()) {
@@ -87,9 +87,9 @@ absl::StatusOr<TensorInfo> ParseEntry(absl::string_view source, const std::strin
   for (const Json& dim : *shape) {
     uint64_t n = 0;
     if (!AsCount(dim, &n) || n > uint64_t{std::numeric_limits<int64_t>::max()}) {
-      return BadTensor(source, name,
-                       absl::StrCat("has a shape entry that is not a non-negative integer: ",
-                                    shape->dump()));
+      return BadTensor(
+          source, name,
+          absl::StrCat("has a shape entry that is not a non-negative integer: ", shape->dump()));
     }
     t.shape.push_back(static_cast<int64_t>(n));
     if (n != 0 && elements > std::numeric_limits<uint64_t>::max() / n) overflow = true;
@@ -102,8 +102,9 @@ absl::StatusOr<TensorInfo> ParseEntry(absl::string_view source, const std::strin
     return BadTensor(source, name, "has no \"data_offsets\" pair of non-negative integers");
   }
   if (begin > end) {
-    return BadTensor(source, name,
-                     absl::StrCat("has data_offsets [", begin, ", ", end, "] that end before they begin"));
+    return BadTensor(
+        source, name,
+        absl::StrCat("has data_offsets [", begin, ", ", end, "] that end before they begin"));
   }
   if (end > data_bytes) {
     return BadTensor(
@@ -113,11 +114,11 @@ absl::StatusOr<TensorInfo> ParseEntry(absl::string_view source, const std::strin
   }
   const bool fits = !overflow && elements <= std::numeric_limits<uint64_t>::max() / t.dtype_size;
   if (!fits || elements * t.dtype_size != end - begin) {
-    return BadTensor(source, name,
-                     absl::StrCat("has data_offsets [", begin, ", ", end, "] covering ",
-                                  end - begin, " bytes, but dtype ", t.dtype, " and shape ",
-                                  ShapeString(t.shape), " need ",
-                                  fits ? absl::StrCat(elements * t.dtype_size) : "more than 2^64"));
+    return BadTensor(
+        source, name,
+        absl::StrCat("has data_offsets [", begin, ", ", end, "] covering ", end - begin,
+                     " bytes, but dtype ", t.dtype, " and shape ", ShapeString(t.shape), " need ",
+                     fits ? absl::StrCat(elements * t.dtype_size) : "more than 2^64"));
   }
   t.begin = begin;
   t.end = end;
@@ -153,8 +154,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::span<const std::byte
                                     file.size(), " bytes (truncated?)"));
   }
   if (header_bytes > kMaxHeaderBytes) {
-    return Bad(source, absl::StrCat("header length ", header_bytes, " exceeds the format's limit of ",
-                                    kMaxHeaderBytes, " bytes"));
+    return Bad(source, absl::StrCat("header length ", header_bytes,
+                                    " exceeds the format's limit of ", kMaxHeaderBytes, " bytes"));
   }
   const auto* text = reinterpret_cast<const char*>(file.data() + 8);
   Json header;
@@ -195,26 +196,26 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::span<const std::byte
   const TensorInfo* previous = nullptr;
   for (const TensorInfo* t : by_offset) {
     if (t->begin < covered) {
-      return BadTensor(source, t->name,
-                       absl::StrCat("(data_offsets [", t->begin, ", ", t->end,
-                                    "]) overlaps tensor '", previous->name, "' ([",
-                                    previous->begin, ", ", previous->end, "])"));
+      return BadTensor(
+          source, t->name,
+          absl::StrCat("(data_offsets [", t->begin, ", ", t->end, "]) overlaps tensor '",
+                       previous->name, "' ([", previous->begin, ", ", previous->end, "])"));
     }
     if (t->begin > covered) {
-      return BadTensor(source, t->name,
-                       absl::StrCat("(data_offsets [", t->begin, ", ", t->end, "]) leaves bytes [",
-                                    covered, ", ", t->begin, ") of the data region unused",
-                                    previous != nullptr
-                                        ? absl::StrCat(" after tensor '", previous->name, "'")
-                                        : std::string()));
+      return BadTensor(
+          source, t->name,
+          absl::StrCat("(data_offsets [", t->begin, ", ", t->end, "]) leaves bytes [", covered,
+                       ", ", t->begin, ") of the data region unused",
+                       previous != nullptr ? absl::StrCat(" after tensor '", previous->name, "'")
+                                           : std::string()));
     }
     covered = t->end;
     previous = t;
   }
   if (covered != f.data_.size()) {
     return Bad(source, absl::StrCat("the data region has ", f.data_.size() - covered,
-                                    " bytes after the last tensor's data (",
-                                    f.data_.size(), " bytes in all)"));
+                                    " bytes after the last tensor's data (", f.data_.size(),
+                                    " bytes in all)"));
   }
   std::sort(f.tensors_.begin(), f.tensors_.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
@@ -240,8 +241,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     if (address == MAP_FAILED) {
       const int error = errno;
       ::close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(path, ": mmap of ", mapping->size, " bytes failed (", std::strerror(error), ")"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          path, ": mmap of ", mapping->size, " bytes failed (", std::strerror(error), ")"));
     }
     mapping->address = address;
   }

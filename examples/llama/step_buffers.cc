@@ -46,8 +46,8 @@ absl::StatusOr<StepBuffers> StepBuffers::Allocate(const Device& device, const Ll
   KPACK_ASSIGN_OR_RETURN(b.memory_, DeviceBuffer::Allocate(device, carve.size(),
                                                            "the activations and per-row arrays"));
   const internal::Driver& cu = device.driver();
-  KPACK_RETURN_IF_ERROR(device.Check(cu.MemsetD8(b.memory_.get(), 0, carve.size()),
-                                     "zeroing the step buffers"));
+  KPACK_RETURN_IF_ERROR(
+      device.Check(cu.MemsetD8(b.memory_.get(), 0, carve.size()), "zeroing the step buffers"));
   std::vector<int32_t> values(std::max(batch * prompt, prompt));
   for (size_t i = 0; i < batch; ++i) values[i] = static_cast<int32_t>(i);
   KPACK_RETURN_IF_ERROR(
@@ -56,9 +56,9 @@ absl::StatusOr<StepBuffers> StepBuffers::Allocate(const Device& device, const Ll
   KPACK_RETURN_IF_ERROR(device.Check(cu.MemcpyHtoD(b.prefill_pos(), values.data(), prompt * 4),
                                      "uploading the prefill positions"));
   for (size_t i = 0; i < batch * prompt; ++i) values[i] = static_cast<int32_t>(i / prompt);
-  KPACK_RETURN_IF_ERROR(device.Check(
-      cu.MemcpyHtoD(b.at(b.prefill_seq_), values.data(), batch * prompt * 4),
-      "uploading the prefill sequence slots"));
+  KPACK_RETURN_IF_ERROR(
+      device.Check(cu.MemcpyHtoD(b.at(b.prefill_seq_), values.data(), batch * prompt * 4),
+                   "uploading the prefill sequence slots"));
   return b;
 }
 

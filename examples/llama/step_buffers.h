@@ -44,10 +44,10 @@ class StepBuffers {
   int max_prompt() const { return sizes_.max_prompt; }
   int rows() const { return rows_; }  // activation rows
 
-  CUdeviceptr h() const { return at(h_); }        // fp32 [rows, H]
-  CUdeviceptr q() const { return at(q_); }        // bf16 [rows, NH, D]
-  CUdeviceptr attn() const { return at(attn_); }  // bf16 [rows, NH·D]
-  CUdeviceptr act() const { return at(act_); }    // bf16 [rows, I]
+  CUdeviceptr h() const { return at(h_); }            // fp32 [rows, H]
+  CUdeviceptr q() const { return at(q_); }            // bf16 [rows, NH, D]
+  CUdeviceptr attn() const { return at(attn_); }      // bf16 [rows, NH·D]
+  CUdeviceptr act() const { return at(act_); }        // bf16 [rows, I]
   CUdeviceptr logits() const { return at(logits_); }  // fp32 [max_batch, V]
   CUdeviceptr tokens() const { return at(tokens_); }  // i32 [max_batch], decode rows
   CUdeviceptr pos() const { return at(pos_); }
@@ -58,8 +58,8 @@ class StepBuffers {
   CUdeviceptr prefill_seq(int row) const {
     return at(prefill_seq_) + static_cast<size_t>(row) * static_cast<size_t>(sizes_.max_prompt) * 4;
   }
-  CUdeviceptr o_part() const { return at(o_part_); }    // fp32 [max_batch, NH, S_MAX, D]
-  CUdeviceptr ml_part() const { return at(ml_part_); }  // fp32 [max_batch, NH, S_MAX, 2]
+  CUdeviceptr o_part() const { return at(o_part_); }      // fp32 [max_batch, NH, S_MAX, D]
+  CUdeviceptr ml_part() const { return at(ml_part_); }    // fp32 [max_batch, NH, S_MAX, 2]
   CUdeviceptr part_max() const { return at(part_max_); }  // fp32 [max_batch, V]
   CUdeviceptr part_idx() const { return at(part_idx_); }  // i32 [max_batch, V]
   CUdeviceptr attn_counters() const { return at(attn_counters_); }  // i32 [max_batch, NKV]

@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cubin/cubin_reader.h"
 
 namespace kpack::fake {
@@ -670,7 +671,9 @@ void DestroyStream(State& s, Stream* stream, Destructors& destructors)
   s.dead_streams.push_back(s.streams.Take(stream));
 }
 
-KernelEmulator FindEmulator(const State& s, const std::string& entry)
+// By string_view: a graph replay looks up every node's entry, and must not allocate a
+// string for a name past the small-string size.
+KernelEmulator FindEmulator(const State& s, absl::string_view entry)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   auto it = s.emulators.find(entry);
   return it == s.emulators.end() ? nullptr : it->second;
@@ -1566,8 +1569,7 @@ CUresult FakeMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t
   return CUDA_SUCCESS;
 }
 
-CUresult FakeMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t size,
-                             CUstream stream) {
+CUresult FakeMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t size, CUstream stream) {
   if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
   void* host = nullptr;
   if (CUresult r = AsyncCopy(Fn::kMemcpyDtoHAsync, stream, source, size, &host);
@@ -1867,7 +1869,7 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
       replay.captured = false;
       replay.graph_replay = true;
       RecordLaunch(s, replay, stream);
-      if (KernelEmulator emulator = FindEmulator(s, std::string(replay.entry.data()));
+      if (KernelEmulator emulator = FindEmulator(s, absl::string_view(replay.entry.data()));
           emulator != nullptr && !captured) {
         executed.emplace_back(emulator, replay);
       }
@@ -2201,7 +2203,11 @@ CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
   record.num_attrs = current.num_attrs;
   record.attrs = current.attrs;
   current = record;
-  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times), in
+  // storage reserved at the first update, so that later ones allocate nothing.
+  if (s.node_updates.capacity() == 0) {
+    s.node_updates.reserve(2 * static_cast<size_t>(kLaunchRingCapacity));
+  }
   if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
     s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
   }

@@ -50,8 +50,9 @@ TEST_F(LlamaCheckpointTest, LoadsEveryTensorTheModelNeeds) {
   const std::vector<ExpectedTensor> expected = ExpectedTensors(config_);
   EXPECT_EQ(expected.size(), 1u + 9u * 2 + 1u);  // tied: no lm_head.weight
   for (const ExpectedTensor& e : expected) {
-    EXPECT_EQ(ck->Bytes(e.name).size(), 2u * static_cast<size_t>(e.shape[0]) *
-                                            (e.shape.size() > 1 ? static_cast<size_t>(e.shape[1]) : 1))
+    EXPECT_EQ(ck->Bytes(e.name).size(),
+              2u * static_cast<size_t>(e.shape[0]) *
+                  (e.shape.size() > 1 ? static_cast<size_t>(e.shape[1]) : 1))
         << e.name;
   }
   const std::span<const std::byte> up = ck->Bytes("model.layers.1.mlp.up_proj.weight");
@@ -218,7 +219,8 @@ TEST_F(LlamaShardedCheckpointTest, ShardOutsideTheDirectoryIsRefused) {
 }
 
 TEST_F(LlamaShardedCheckpointTest, MissingShardAndMalformedIndex) {
-  WriteShards(CheckpointTensors(config_), {{"model.norm.weight", "model-00003-of-00002.safetensors"}});
+  WriteShards(CheckpointTensors(config_),
+              {{"model.norm.weight", "model-00003-of-00002.safetensors"}});
   const absl::Status missing = OpenError();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("model-00003-of-00002.safetensors: cannot open"));

@@ -156,8 +156,9 @@ TEST(LlamaConfigTest, SizesOutOfRangeNameTheField) {
 TEST(LlamaConfigTest, HeadsMustFitTheKernels) {
   EXPECT_THAT(ParseError(R"({"num_attention_heads": 32, "num_key_value_heads": 6})").message(),
               HasSubstr("field 'num_key_value_heads' (6) must divide num_attention_heads (32)"));
-  EXPECT_THAT(ParseError(R"({"num_attention_heads": 64, "num_key_value_heads": 2})").message(),
-              HasSubstr("leaves 32 query heads per KV head; the attention kernels take at most 16"));
+  EXPECT_THAT(
+      ParseError(R"({"num_attention_heads": 64, "num_key_value_heads": 2})").message(),
+      HasSubstr("leaves 32 query heads per KV head; the attention kernels take at most 16"));
   EXPECT_THAT(ParseError(R"({"head_dim": 63})").message(),
               HasSubstr("field 'head_dim' must be even"));
   EXPECT_THAT(ParseError(R"({"hidden_size": 100, "num_attention_heads": 3,
@@ -173,8 +174,7 @@ TEST(LlamaConfigTest, RefusesOtherMath) {
               HasSubstr("field 'hidden_act' is 'gelu'"));
   EXPECT_THAT(ParseError(R"({"attention_bias": true})").message(),
               HasSubstr("field 'attention_bias' is true"));
-  EXPECT_THAT(ParseError(R"({"mlp_bias": true})").message(),
-              HasSubstr("field 'mlp_bias' is true"));
+  EXPECT_THAT(ParseError(R"({"mlp_bias": true})").message(), HasSubstr("field 'mlp_bias' is true"));
   EXPECT_THAT(ParseError(R"({"torch_dtype": "float16"})").message(),
               HasSubstr("field 'torch_dtype' is 'float16'"));
   EXPECT_THAT(ParseError(R"({"dtype": "float32"})").message(),

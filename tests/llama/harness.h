@@ -41,13 +41,29 @@ struct Rig {
 RunResult ExpectGraphEqualsEager(const Rig& rig, int batch, const std::vector<int>& prompt_lens,
                                  int steps, int capacity);
 
-// Teacher-forced against numpy_model.py's run in `oracle_dir` (--batch 3 --prompt-lens
-// 5,9,3 --steps 16 --seed 0 --teacher-force): every row's prefill and step logits within
-// `relative_tolerance` of the largest oracle logit, and the same argmax wherever the
-// oracle's top two logits are further apart than `margin` of it. Returns the worst
-// relative difference seen.
-double ExpectMatchesOracle(Engine& engine, const Device& device, const std::string& oracle_dir,
-                           double relative_tolerance, double margin);
+// The engine teacher-forced against numpy_model.py's run in `oracle_dir` (--batch 3
+// --prompt-lens 5,9,3 --steps 16 --seed 0 --teacher-force): prefill, then each step with
+// the oracle's input tokens written over the ones the LM head wrote. Per row and step,
+// the largest |Δlogit| relative to the largest oracle logit; and the argmax compared
+// wherever the oracle's top two logits are further apart than `margin` of it.
+// `position_offset` is added to row 0's device position after its prefill: a negative
+// control, the off-by-one a real bug would make.
+struct OracleComparison {
+  double worst = 0;      // the largest relative |Δlogit| of any row and step
+  int compared = 0;      // row-steps compared (prefill included)
+  int decided = 0;       // those with a clear oracle argmax
+  int agreed = 0;        // of those, where the engine's argmax is the oracle's
+  std::string worst_at;  // "step 3 row 2"
+};
+absl::StatusOr<OracleComparison> CompareWithOracle(Engine& engine, const Device& device,
+                                                   const std::string& oracle_dir, double margin,
+                                                   int position_offset = 0);
+
+// CompareWithOracle, expecting every row-step within `relative_tolerance` and every clear
+// argmax the oracle's. Returns the comparison.
+OracleComparison ExpectMatchesOracle(Engine& engine, const Device& device,
+                                     const std::string& oracle_dir, double relative_tolerance,
+                                     double margin);
 
 }  // namespace kpack::llama::testing
 

@@ -115,7 +115,8 @@ void RmsNorm(const float* x, const uint16_t* g, int64_t h, float eps, float* xn)
   for (int64_t k = 0; k < h; ++k) sum += x[k] * x[k];
   const float r = 1.0f / std::sqrt(sum / static_cast<float>(h) + eps);
   for (int64_t k = 0; k < h; ++k) {
-    xn[k] = Bf16ToFloat(FloatToBf16(Bf16ToFloat(FloatToBf16(x[k] * r)) * Bf(g, static_cast<size_t>(k))));
+    xn[k] = Bf16ToFloat(
+        FloatToBf16(Bf16ToFloat(FloatToBf16(x[k] * r)) * Bf(g, static_cast<size_t>(k))));
   }
 }
 
@@ -133,15 +134,17 @@ void Embed(const EmulatedLaunch& l) {
   if (l.grid[0] < static_cast<unsigned>(m)) {
     Error(absl::StrCat("llama_embed: grid.x ", l.grid[0], " < M ", m));
   }
-  const int32_t* tokens = DeviceArray<int32_t>(a.Ptr("tokens"), static_cast<size_t>(m), "embed tokens");
+  const int32_t* tokens =
+      DeviceArray<int32_t>(a.Ptr("tokens"), static_cast<size_t>(m), "embed tokens");
   if (tokens == nullptr) return;
   for (int32_t r = 0; r < m; ++r) {
     if (tokens[r] < 0) return Error(absl::StrCat("llama_embed: token ", tokens[r], " in row ", r));
     const uint16_t* row = DeviceArray<uint16_t>(
         a.Ptr("table") + static_cast<size_t>(tokens[r]) * static_cast<size_t>(h) * 2,
         static_cast<size_t>(h), "embed table row");
-    float* out = DeviceArray<float>(a.Ptr("h") + static_cast<size_t>(r) * static_cast<size_t>(h) * 4,
-                                    static_cast<size_t>(h), "embed h row");
+    float* out =
+        DeviceArray<float>(a.Ptr("h") + static_cast<size_t>(r) * static_cast<size_t>(h) * 4,
+                           static_cast<size_t>(h), "embed h row");
     if (row == nullptr || out == nullptr) return;
     for (int32_t k = 0; k < h; ++k) out[k] = Bf(row, static_cast<size_t>(k));
   }
@@ -155,9 +158,12 @@ void QkvRope(const EmulatedLaunch& l) {
   const float eps = a.F32("eps");
   const int64_t heads = nh + 2 * nkv;
   const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "qkv h");
-  const uint16_t* norm = DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "qkv norm_w");
-  const uint16_t* w = DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(heads * d * h), "qkv w");
-  const float* inv = DeviceArray<float>(a.Ptr("inv_freq"), static_cast<size_t>(d / 2), "qkv inv_freq");
+  const uint16_t* norm =
+      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "qkv norm_w");
+  const uint16_t* w =
+      DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(heads * d * h), "qkv w");
+  const float* inv =
+      DeviceArray<float>(a.Ptr("inv_freq"), static_cast<size_t>(d / 2), "qkv inv_freq");
   const int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "qkv pos");
   const int32_t* seq = DeviceArray<int32_t>(a.Ptr("seq"), static_cast<size_t>(m), "qkv seq");
   uint16_t* q = DeviceArray<uint16_t>(a.Ptr("q"), static_cast<size_t>(m * nh * d), "qkv q");
@@ -167,7 +173,8 @@ void QkvRope(const EmulatedLaunch& l) {
     if (pos[r] < 0) return Error(absl::StrCat("llama_qkv_rope: row ", r, " position ", pos[r]));
     const bool append = pos[r] < cap;  // docs/llama.md: past the cache, nothing is appended
     RmsNorm(hs + r * h, norm, h, eps, xn.data());
-    for (int64_t n = 0; n < heads * d; ++n) y[static_cast<size_t>(n)] = Dot(xn.data(), w + n * h, h);
+    for (int64_t n = 0; n < heads * d; ++n)
+      y[static_cast<size_t>(n)] = Dot(xn.data(), w + n * h, h);
     for (int64_t head = 0; head < heads; ++head) {
       uint16_t* out;
       const bool v_head = head >= nh + nkv;
@@ -207,7 +214,8 @@ void AttendRange(const uint16_t* qh, const uint16_t* keys, const uint16_t* value
   *mx = -std::numeric_limits<float>::infinity();
   for (int64_t p = lo; p < hi; ++p) {
     float acc = 0;
-    for (int64_t i = 0; i < d; ++i) acc += Bf(qh, static_cast<size_t>(i)) * Bf(keys, static_cast<size_t>(p * d + i));
+    for (int64_t i = 0; i < d; ++i)
+      acc += Bf(qh, static_cast<size_t>(i)) * Bf(keys, static_cast<size_t>(p * d + i));
     scores[static_cast<size_t>(p - lo)] = acc * scale;
     *mx = std::max(*mx, acc * scale);
   }
@@ -233,13 +241,16 @@ void AttnDecode(const EmulatedLaunch& l) {
   }
   const int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "attn pos");
   const int32_t* seq = DeviceArray<int32_t>(a.Ptr("seq"), static_cast<size_t>(m), "attn seq");
-  int32_t* counters = DeviceArray<int32_t>(a.Ptr("counters"), static_cast<size_t>(m * nkv), "attn counters");
+  int32_t* counters =
+      DeviceArray<int32_t>(a.Ptr("counters"), static_cast<size_t>(m * nkv), "attn counters");
   const uint16_t* q = DeviceArray<uint16_t>(a.Ptr("q"), static_cast<size_t>(m * nh * d), "attn q");
   float* o_part = nullptr;
   float* ml_part = nullptr;
   if (s_count > 1) {
-    o_part = DeviceArray<float>(a.Ptr("o_part"), static_cast<size_t>(m * nh * s_count * d), "attn o_part");
-    ml_part = DeviceArray<float>(a.Ptr("ml_part"), static_cast<size_t>(m * nh * s_count * 2), "attn ml_part");
+    o_part = DeviceArray<float>(a.Ptr("o_part"), static_cast<size_t>(m * nh * s_count * d),
+                                "attn o_part");
+    ml_part = DeviceArray<float>(a.Ptr("ml_part"), static_cast<size_t>(m * nh * s_count * 2),
+                                 "attn ml_part");
     if (!o_part || !ml_part) return;
   }
   uint16_t* out = DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * nh * d), "attn out");
@@ -249,7 +260,8 @@ void AttnDecode(const EmulatedLaunch& l) {
   for (int64_t r = 0; r < m; ++r) {
     const int64_t len = pos[r] + 1;
     if (pos[r] < 0 || pos[r] >= cap) {
-      return Error(absl::StrCat("llama_attn_decode: row ", r, " position ", pos[r], " outside CAP"));
+      return Error(
+          absl::StrCat("llama_attn_decode: row ", r, " position ", pos[r], " outside CAP"));
     }
     const int64_t chunk = Cdiv(Cdiv(len, s_count), block_n) * block_n;
     for (int64_t g = 0; g < nkv; ++g) {
@@ -267,7 +279,8 @@ void AttnDecode(const EmulatedLaunch& l) {
         if (s_count == 1) {  // docs/llama.md: the one program writes out, no partials
           float mx, sum;
           AttendRange(q + (r * nh + head) * d, keys, values, 0, len, d, scale, o.data(), &mx, &sum);
-          for (int64_t i = 0; i < d; ++i) out[(r * nh + head) * d + i] = FloatToBf16(o[static_cast<size_t>(i)] / sum);
+          for (int64_t i = 0; i < d; ++i)
+            out[(r * nh + head) * d + i] = FloatToBf16(o[static_cast<size_t>(i)] / sum);
           continue;
         }
         const int64_t base = (r * nh + head) * s_count;
@@ -288,9 +301,11 @@ void AttnDecode(const EmulatedLaunch& l) {
           if (ml_part[(base + s) * 2 + 1] == 0) continue;
           const float f = std::exp(ml_part[(base + s) * 2] - top);
           den += ml_part[(base + s) * 2 + 1] * f;
-          for (int64_t i = 0; i < d; ++i) num[static_cast<size_t>(i)] += o_part[(base + s) * d + i] * f;
+          for (int64_t i = 0; i < d; ++i)
+            num[static_cast<size_t>(i)] += o_part[(base + s) * d + i] * f;
         }
-        for (int64_t i = 0; i < d; ++i) out[(r * nh + head) * d + i] = FloatToBf16(num[static_cast<size_t>(i)] / den);
+        for (int64_t i = 0; i < d; ++i)
+          out[(r * nh + head) * d + i] = FloatToBf16(num[static_cast<size_t>(i)] / den);
       }
     }
   }
@@ -305,15 +320,18 @@ void AttnPrefill(const EmulatedLaunch& l) {
   if (l.grid[1] < nh) Error(absl::StrCat("llama_attn_prefill: grid.y ", l.grid[1], " < NH ", nh));
   const int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "prefill pos");
   const int32_t* seq = DeviceArray<int32_t>(a.Ptr("seq"), static_cast<size_t>(m), "prefill seq");
-  const uint16_t* q = DeviceArray<uint16_t>(a.Ptr("q"), static_cast<size_t>(m * nh * d), "prefill q");
-  uint16_t* out = DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * nh * d), "prefill out");
+  const uint16_t* q =
+      DeviceArray<uint16_t>(a.Ptr("q"), static_cast<size_t>(m * nh * d), "prefill q");
+  uint16_t* out =
+      DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * nh * d), "prefill out");
   if (!pos || !seq || !q || !out) return;
   const int64_t group = nh / nkv;
   std::vector<float> o(static_cast<size_t>(d));
   for (int64_t r = 0; r < m; ++r) {
     const int64_t len = pos[r] + 1;
     if (pos[r] < 0 || pos[r] >= cap) {
-      return Error(absl::StrCat("llama_attn_prefill: row ", r, " position ", pos[r], " outside CAP"));
+      return Error(
+          absl::StrCat("llama_attn_prefill: row ", r, " position ", pos[r], " outside CAP"));
     }
     if (seq[r] != seq[0]) Error("llama_attn_prefill: rows of one call in different sequences");
     for (int64_t head = 0; head < nh; ++head) {
@@ -321,12 +339,13 @@ void AttnPrefill(const EmulatedLaunch& l) {
       const size_t cache_row = static_cast<size_t>((seq[r] * nkv + g) * cap * d) * 2;
       const uint16_t* keys = DeviceArray<uint16_t>(a.Ptr("k_cache") + cache_row,
                                                    static_cast<size_t>(len * d), "prefill k_cache");
-      const uint16_t* values = DeviceArray<uint16_t>(a.Ptr("v_cache") + cache_row,
-                                                     static_cast<size_t>(len * d), "prefill v_cache");
+      const uint16_t* values = DeviceArray<uint16_t>(
+          a.Ptr("v_cache") + cache_row, static_cast<size_t>(len * d), "prefill v_cache");
       if (!keys || !values) return;
       float mx, sum;
       AttendRange(q + (r * nh + head) * d, keys, values, 0, len, d, scale, o.data(), &mx, &sum);
-      for (int64_t i = 0; i < d; ++i) out[(r * nh + head) * d + i] = FloatToBf16(o[static_cast<size_t>(i)] / sum);
+      for (int64_t i = 0; i < d; ++i)
+        out[(r * nh + head) * d + i] = FloatToBf16(o[static_cast<size_t>(i)] / sum);
     }
   }
 }
@@ -341,7 +360,8 @@ void ProjResidual(const EmulatedLaunch& l) {
   if (!x || !w || !h) return;
   std::vector<float> xf(static_cast<size_t>(k));
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < k; ++i) xf[static_cast<size_t>(i)] = Bf(x, static_cast<size_t>(r * k + i));
+    for (int64_t i = 0; i < k; ++i)
+      xf[static_cast<size_t>(i)] = Bf(x, static_cast<size_t>(r * k + i));
     for (int64_t c = 0; c < n; ++c) h[r * n + c] += Dot(xf.data(), w + c * k, k);
   }
 }
@@ -352,9 +372,12 @@ void GateUp(const EmulatedLaunch& l) {
   const int64_t m = a.I32("M"), h = a.I32("H"), inter = a.I32("I");
   const float eps = a.F32("eps");
   const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "gate_up h");
-  const uint16_t* norm = DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "gate_up norm_w");
-  const uint16_t* w = DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(2 * inter * h), "gate_up w");
-  uint16_t* out = DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * inter), "gate_up out");
+  const uint16_t* norm =
+      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "gate_up norm_w");
+  const uint16_t* w =
+      DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(2 * inter * h), "gate_up w");
+  uint16_t* out =
+      DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * inter), "gate_up out");
   if (!hs || !norm || !w || !out) return;
   std::vector<float> xn(static_cast<size_t>(h));
   for (int64_t r = 0; r < m; ++r) {
@@ -374,10 +397,12 @@ void LmHead(const EmulatedLaunch& l) {
   const int32_t advance = a.I32("advance");
   const std::optional<int64_t> block_n = a.Constexpr("BLOCK_N");
   const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "lm_head h");
-  const uint16_t* norm = DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "lm_head norm_w");
+  const uint16_t* norm =
+      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "lm_head norm_w");
   const uint16_t* w = DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(v * h), "lm_head w");
   float* logits = DeviceArray<float>(a.Ptr("logits"), static_cast<size_t>(m * v), "lm_head logits");
-  int32_t* counters = DeviceArray<int32_t>(a.Ptr("counters"), static_cast<size_t>(m), "lm_head counters");
+  int32_t* counters =
+      DeviceArray<int32_t>(a.Ptr("counters"), static_cast<size_t>(m), "lm_head counters");
   int32_t* tokens = DeviceArray<int32_t>(a.Ptr("tokens"), static_cast<size_t>(m), "lm_head tokens");
   int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "lm_head pos");
   if (!hs || !norm || !w || !logits || !counters || !tokens || !pos) return;
@@ -385,13 +410,16 @@ void LmHead(const EmulatedLaunch& l) {
   float* part_max = nullptr;
   int32_t* part_idx = nullptr;
   if (programs > 0) {
-    part_max = DeviceArray<float>(a.Ptr("part_max"), static_cast<size_t>((m - 1) * v + programs), "lm_head part_max");
-    part_idx = DeviceArray<int32_t>(a.Ptr("part_idx"), static_cast<size_t>((m - 1) * v + programs), "lm_head part_idx");
+    part_max = DeviceArray<float>(a.Ptr("part_max"), static_cast<size_t>((m - 1) * v + programs),
+                                  "lm_head part_max");
+    part_idx = DeviceArray<int32_t>(a.Ptr("part_idx"), static_cast<size_t>((m - 1) * v + programs),
+                                    "lm_head part_idx");
     if (!part_max || !part_idx) return;
   }
   std::vector<float> xn(static_cast<size_t>(h));
   for (int64_t r = 0; r < m; ++r) {
-    if (counters[r] != 0) Error(absl::StrCat("llama_lm_head: counter of row ", r, " is ", counters[r]));
+    if (counters[r] != 0)
+      Error(absl::StrCat("llama_lm_head: counter of row ", r, " is ", counters[r]));
     RmsNorm(hs + r * h, norm, h, eps, xn.data());
     int32_t best = 0;
     for (int64_t c = 0; c < v; ++c) {
@@ -461,7 +489,8 @@ absl::Status InstallLlamaEmulators(const Pack& pack, int64_t head_dim) {
     for (const VariantInfo& v : k.variants) {
       Layout layout;
       for (const LayoutSlotInfo& slot : v.layout) {
-        layout.slots.emplace_back(static_cast<uint16_t>(slot.offset), static_cast<uint16_t>(slot.size));
+        layout.slots.emplace_back(static_cast<uint16_t>(slot.offset),
+                                  static_cast<uint16_t>(slot.size));
         layout.names.push_back(slot.name);
       }
       const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs_json);
@@ -499,7 +528,8 @@ absl::Status InstallLlamaEmulators(const Pack& pack, int64_t head_dim) {
     r.errors.clear();
     r.launches.store(0);
   }
-  for (const auto& [entry, emulator] : emulators) fake::SetKernelEmulator(entry, CountedFor(emulator));
+  for (const auto& [entry, emulator] : emulators)
+    fake::SetKernelEmulator(entry, CountedFor(emulator));
   return absl::OkStatus();
 }
 

@@ -115,25 +115,26 @@ TEST_F(LlamaSafetensorsTest, MissingDtype) {
 TEST_F(LlamaSafetensorsTest, UnknownDtype) {
   const absl::Status s =
       OpenHeader(R"({"w": {"dtype": "BF17", "shape": [2], "data_offsets": [0, 4]}})", 4);
-  EXPECT_THAT(s.message(), HasSubstr(path_ + ": tensor 'w' has an unknown or unsupported dtype 'BF17'"));
+  EXPECT_THAT(s.message(),
+              HasSubstr(path_ + ": tensor 'w' has an unknown or unsupported dtype 'BF17'"));
 }
 
 TEST_F(LlamaSafetensorsTest, BadShape) {
   EXPECT_THAT(OpenHeader(R"({"w": {"dtype": "BF16", "shape": [2, -1], "data_offsets": [0, 4]}})", 4)
                   .message(),
               HasSubstr("tensor 'w' has a shape entry that is not a non-negative integer"));
-  EXPECT_THAT(OpenHeader(R"({"w": {"dtype": "BF16", "shape": "2", "data_offsets": [0, 4]}})", 4)
-                  .message(),
-              HasSubstr("tensor 'w' has no \"shape\" array"));
+  EXPECT_THAT(
+      OpenHeader(R"({"w": {"dtype": "BF16", "shape": "2", "data_offsets": [0, 4]}})", 4).message(),
+      HasSubstr("tensor 'w' has no \"shape\" array"));
 }
 
 TEST_F(LlamaSafetensorsTest, BadOffsets) {
-  EXPECT_THAT(OpenHeader(R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0]}})", 4)
-                  .message(),
-              HasSubstr("tensor 'w' has no \"data_offsets\" pair"));
-  EXPECT_THAT(OpenHeader(R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 0]}})", 4)
-                  .message(),
-              HasSubstr("tensor 'w' has data_offsets [4, 0] that end before they begin"));
+  EXPECT_THAT(
+      OpenHeader(R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0]}})", 4).message(),
+      HasSubstr("tensor 'w' has no \"data_offsets\" pair"));
+  EXPECT_THAT(
+      OpenHeader(R"({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [4, 0]}})", 4).message(),
+      HasSubstr("tensor 'w' has data_offsets [4, 0] that end before they begin"));
 }
 
 TEST_F(LlamaSafetensorsTest, OffsetsPastTheData) {
@@ -158,22 +159,25 @@ TEST_F(LlamaSafetensorsTest, OffsetsDisagreeWithDtypeAndShape) {
 }
 
 TEST_F(LlamaSafetensorsTest, OverlappingTensors) {
-  const absl::Status s = OpenHeader(R"({"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
+  const absl::Status s =
+      OpenHeader(R"({"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]},
                                        "b": {"dtype": "BF16", "shape": [4], "data_offsets": [4, 12]}})",
-                                    12);
-  EXPECT_THAT(s.message(), HasSubstr("tensor 'b' (data_offsets [4, 12]) overlaps tensor 'a' ([0, 8])"));
+                 12);
+  EXPECT_THAT(s.message(),
+              HasSubstr("tensor 'b' (data_offsets [4, 12]) overlaps tensor 'a' ([0, 8])"));
 }
 
 TEST_F(LlamaSafetensorsTest, BytesBelongingToNoTensor) {
-  const absl::Status gap = OpenHeader(R"({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
+  const absl::Status gap =
+      OpenHeader(R"({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
                                          "b": {"dtype": "BF16", "shape": [2], "data_offsets": [6, 10]}})",
-                                      10);
+                 10);
   EXPECT_THAT(gap.message(),
               HasSubstr("tensor 'b' (data_offsets [6, 10]) leaves bytes [4, 6) of the data region "
                         "unused after tensor 'a'"));
-  EXPECT_THAT(OpenHeader(R"({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})", 9)
-                  .message(),
-              HasSubstr("the data region has 5 bytes after the last tensor's data"));
+  EXPECT_THAT(
+      OpenHeader(R"({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}})", 9).message(),
+      HasSubstr("the data region has 5 bytes after the last tensor's data"));
 }
 
 TEST_F(LlamaSafetensorsTest, MetadataMustBeStrings) {

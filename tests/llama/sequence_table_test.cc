@@ -42,7 +42,8 @@ TEST(LlamaSequenceTableTest, BeginAdvanceRelease) {
 
 TEST(LlamaSequenceTableTest, BeginRefusesBadSlotsAndPrompts) {
   SequenceTable t(2, 10);
-  EXPECT_THAT(t.Begin(2, 4).message(), HasSubstr("sequence slot 2 does not exist (the KV cache has 2)"));
+  EXPECT_THAT(t.Begin(2, 4).message(),
+              HasSubstr("sequence slot 2 does not exist (the KV cache has 2)"));
   EXPECT_THAT(t.Begin(-1, 4).message(), HasSubstr("sequence slot -1 does not exist"));
   EXPECT_THAT(t.Begin(0, 0).message(), HasSubstr("slot 0: a prompt of 0 tokens"));
   const absl::Status long_prompt = t.Begin(1, 11);
@@ -56,7 +57,8 @@ TEST(LlamaSequenceTableTest, BeginRefusesBadSlotsAndPrompts) {
 
 TEST(LlamaSequenceTableTest, CheckDecodeNamesTheRow) {
   SequenceTable t(3, 6);
-  EXPECT_THAT(t.CheckDecode(0).message(), HasSubstr("a decode step of 0 rows; the engine has 3 slots"));
+  EXPECT_THAT(t.CheckDecode(0).message(),
+              HasSubstr("a decode step of 0 rows; the engine has 3 slots"));
   EXPECT_THAT(t.CheckDecode(4).message(), HasSubstr("a decode step of 4 rows"));
   ASSERT_TRUE(t.Begin(0, 4).ok());
   const absl::Status empty = t.CheckDecode(2);
@@ -67,8 +69,9 @@ TEST(LlamaSequenceTableTest, CheckDecodeNamesTheRow) {
   t.Advance(2);  // positions 5 and 6: slot 1 is full
   const absl::Status full = t.CheckDecode(2);
   EXPECT_EQ(full.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_THAT(full.message(), HasSubstr("decode row 1: sequence slot 1 is at position 6, and the KV "
-                                        "cache holds 6 positions per sequence"));
+  EXPECT_THAT(full.message(),
+              HasSubstr("decode row 1: sequence slot 1 is at position 6, and the KV "
+                        "cache holds 6 positions per sequence"));
   // Row 0 alone still fits.
   EXPECT_TRUE(t.CheckDecode(1).ok());
 }

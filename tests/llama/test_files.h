@@ -43,7 +43,8 @@ inline std::string Safetensors(const std::string& header, const std::string& dat
                                uint64_t header_length = UINT64_MAX) {
   if (header_length == UINT64_MAX) header_length = header.size();
   std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(header_length >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>(header_length >> (8 * i));
   return out + header + data;
 }
 

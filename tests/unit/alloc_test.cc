@@ -25,9 +25,9 @@
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 #include "model.h"
-#include "test_files.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "test_files.h"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -292,8 +292,9 @@ TEST_F(LaunchPathTest, LlamaDecodeStepsAllocateLockAndLogNothing) {
   config.head_dim = 64;  // the pack's
   llama::testing::TempDir dir;
   llama::testing::WriteFile(dir.file("config.json"), llama::testing::ConfigJson(config));
-  llama::testing::WriteFile(dir.file("model.safetensors"),
-                            llama::testing::SafetensorsOf(llama::testing::CheckpointTensors(config)));
+  llama::testing::WriteFile(
+      dir.file("model.safetensors"),
+      llama::testing::SafetensorsOf(llama::testing::CheckpointTensors(config)));
   auto device = llama::Device::Open(KPACK_FAKE_DRIVER, 0);
   ASSERT_TRUE(device.ok()) << device.status();
   auto rt = kpack::testing::OpenFake(KPACK_LLAMA_PACK_DIR);
