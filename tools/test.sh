@@ -28,6 +28,10 @@ command -v ccache >/dev/null && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAU
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
   ".[tools,test]" numpy
 
+# The Llama tests' fixture (tests/llama/tiny_fixture.py) writes its checkpoint and runs the
+# numpy oracle with this venv's numpy and safetensors.
+cmake -S . -B build -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python" >/dev/null
+
 echo "== CPU tier"
 ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
 echo "== Python tools"
@@ -41,7 +45,8 @@ bash tools/run.sh
 
 jobs="$(nproc)"
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPACK_BUILD_BENCH=OFF
-        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}"
+        -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python")
 echo "== CPU tier under ASan + UBSan (clang)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan "${common[@]}" -DKPACK_SANITIZE=address \
   >/dev/null

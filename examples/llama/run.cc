@@ -82,6 +82,15 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
                      longest + o.steps, " KV positions per sequence; the capacity is ",
                      engine.kv_cache().capacity(), " (raise --capacity)"));
   }
+  // The prompt formula in 64 bits, as the Python engine refuses past them.
+  const __int128 largest = __int128{1} + __int128{7919} * (o.batch - 1) +
+                           __int128{104729} * (longest - 1) + __int128{15485863} * o.seed;
+  if (o.seed < 0 || largest >= (__int128{1} << 63)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seed ", o.seed,
+                     ": the prompt tokens' formula leaves 64 bits (seeds are 0 "
+                     "up to about 5.9e11)"));
+  }
   if (o.digests && !engine.options().read_logits) {
     return absl::InvalidArgumentError("digests need an engine that reads logits back");
   }

@@ -30,6 +30,7 @@
 #include "nvtx_inject/nvtx_inject.h"
 #include "rope.h"
 #include "run.h"
+#include "test_files.h"
 
 namespace kpack::llama {
 namespace {
@@ -233,6 +234,32 @@ TEST_F(LlamaEngineTest, EngineRefusesPromptsLongerThanTheCache) {
               HasSubstr("prompts of up to 65 tokens do not fit a KV capacity of 64 positions"));
 }
 
+// The pack must be docs/llama.md's and built for the checkpoint's head size.
+TEST_F(LlamaEngineTest, EngineRefusesAPackThatDoesNotServeTheModel) {
+  testing::TempDir dir;
+  testing::WriteFile(dir.file("config.json"), testing::ConfigJson(testing::MicroConfig()));
+  testing::WriteFile(dir.file("model.safetensors"),
+                     testing::SafetensorsOf(testing::CheckpointTensors(testing::MicroConfig())));
+  absl::StatusOr<Checkpoint> micro = Checkpoint::Open(dir.path().string());
+  ASSERT_TRUE(micro.ok()) << micro.status();
+  absl::StatusOr<Model> model = Model::Upload(*device_, *micro);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions o;
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(*rig_.runtime, *device_, *model, o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(e.status().message(), HasSubstr("kernel 'llama_qkv_rope' variant"));
+  EXPECT_THAT(e.status().message(),
+              HasSubstr("is built for HEAD_DIM 64, but the checkpoint's head_dim is 4"));
+
+  Options options;
+  options.driver_path = KPACK_FAKE_DRIVER;
+  absl::StatusOr<Runtime> other = Runtime::Open(KPACK_TEST_PACK_DIR, options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  e = Engine::Create(*other, *device_, *model_, o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(e.status().message(), HasSubstr("llama_embed"));
+}
+
 // One graph per batch bucket, built at the bucket's first graph step; nothing built or
 // patched while the context grows; only the batch size patched when it changes.
 TEST_F(LlamaEngineTest, OneGraphPerBatchBucketNoneAsTheContextGrows) {
@@ -414,6 +441,9 @@ TEST_F(LlamaEngineTest, CommandLineErrors) {
             1);
   EXPECT_THAT(err, HasSubstr("a prompt of 30 tokens and 40 decode steps need 70 KV positions "
                              "per sequence; the capacity is 64"));
+  EXPECT_EQ(
+      rc({"--pack", KPACK_LLAMA_PACK_DIR, "--checkpoint", tiny.c_str(), "--seed", "-1"}, &err), 1);
+  EXPECT_THAT(err, HasSubstr("--seed -1: the prompt tokens' formula leaves 64 bits"));
   EXPECT_EQ(rc({"--pack", KPACK_LLAMA_PACK_DIR, "--checkpoint", "/nonexistent"}, &err), 1);
   EXPECT_THAT(err, HasSubstr("/nonexistent/config.json"));
   unsetenv("KPACK_CUDA_DRIVER");
