@@ -34,6 +34,10 @@ started=$SECONDS
   ".[tools,test]" numpy
 echo "   installed in $((SECONDS - started)) s"
 
+# The Llama tests' fixture (tests/llama/tiny_fixture.py) writes its checkpoint and runs the
+# numpy oracle with this venv's numpy and safetensors.
+cmake -S . -B build -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python" >/dev/null
+
 echo "== CPU tier"
 # kpack_open_bench runs on its own below, where its figures are shown.
 ctest --test-dir build -L cpu -E '^kpack_open_bench$' --output-on-failure -j"$(nproc)"
@@ -53,7 +57,8 @@ bash tools/run.sh
 
 jobs="$(nproc)"
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPACK_BUILD_BENCH=OFF
-        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}"
+        -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python")
 echo "== CPU tier under ASan + UBSan (clang)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan "${common[@]}" -DKPACK_SANITIZE=address \
   >/dev/null

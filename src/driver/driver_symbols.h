@@ -83,3 +83,9 @@ KPACK_DRIVER_SYMBOL(EventSynchronize, 2000)
 KPACK_DRIVER_SYMBOL(EventElapsedTime, 2000)
 KPACK_DRIVER_SYMBOL(EventDestroy, 4000)
 KPACK_DRIVER_SYMBOL(MemGetInfo, 3020)
+// Pinned host memory and stream-ordered copies: the Llama engine reads each step's tokens
+// back a step late without stalling the stream (examples/llama).
+KPACK_DRIVER_SYMBOL(MemAllocHost, 3020)
+KPACK_DRIVER_SYMBOL(MemFreeHost, 2000)
+KPACK_DRIVER_SYMBOL(MemcpyHtoDAsync, 3020)
+KPACK_DRIVER_SYMBOL(MemcpyDtoHAsync, 3020)

@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cubin/cubin_reader.h"
 
 namespace kpack::fake {
@@ -309,6 +310,7 @@ struct State {
 
   std::vector<Allocation> allocations ABSL_GUARDED_BY(mu);
   int64_t live_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::vector<void*> host_allocations ABSL_GUARDED_BY(mu);  // cuMemAllocHost
 
   std::vector<KernelAttributeSet> attribute_sets ABSL_GUARDED_BY(mu);
   int64_t library_loads ABSL_GUARDED_BY(mu) = 0;
@@ -347,6 +349,8 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   }
   s.allocations.clear();
   s.live_bytes = 0;
+  for (void* memory : s.host_allocations) std::free(memory);
+  s.host_allocations.clear();
   s.streams.clear();
   s.graphs.clear();
   s.execs.clear();
@@ -680,7 +684,9 @@ void DestroyStream(State& s, Stream* stream, Destructors& destructors)
   s.dead_streams.push_back(s.streams.Take(stream));
 }
 
-KernelEmulator FindEmulator(const State& s, const std::string& entry)
+// By string_view: a graph replay looks up every node's entry, and must not allocate a
+// string for a name past the small-string size.
+KernelEmulator FindEmulator(const State& s, absl::string_view entry)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   auto it = s.emulators.find(entry);
   return it == s.emulators.end() ? nullptr : it->second;
@@ -1463,13 +1469,9 @@ CUresult FakeMemFree(CUdeviceptr pointer) {
   return CUDA_SUCCESS;
 }
 
-// The checks shared by the synchronous memory functions: a context, no capture forbidding
-// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
-CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+// [pointer, pointer + size) inside one live allocation: its host address (null for size 0).
+CUresult LiveRange(const State& s, CUdeviceptr pointer, size_t size, void** host)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   *host = nullptr;
   if (size == 0) return CUDA_SUCCESS;
   for (const Allocation& allocation : s.allocations) {
@@ -1480,6 +1482,16 @@ CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
     }
   }
   return CUDA_ERROR_INVALID_VALUE;
+}
+
+// The checks shared by the synchronous memory functions: a context, no capture forbidding
+// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
+CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, pointer, size, host);
 }
 
 CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size) {
@@ -1511,6 +1523,80 @@ CUresult FakeMemsetD8(CUdeviceptr destination, unsigned char value, size_t count
   void* host = nullptr;
   if (CUresult r = DeviceRange(s, destination, count, &host); r != CUDA_SUCCESS) return r;
   if (count > 0) std::memset(host, value, count);
+  return CUDA_SUCCESS;
+}
+
+// Pinned host memory is plain host memory here; the fake only keeps track of it.
+CUresult FakeMemAllocHost(void** pointer, size_t size) {
+  if (CUresult r = Enter(Fn::kMemAllocHost); r != CUDA_SUCCESS) return r;
+  if (pointer == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (size > kMaxLiveBytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t rounded =
+      (size + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  void* memory = std::aligned_alloc(kAllocationAlignment, rounded);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(memory, kUninitializedByte, rounded);
+  s.host_allocations.push_back(memory);
+  *pointer = memory;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFreeHost(void* pointer) {
+  if (CUresult r = Enter(Fn::kMemFreeHost); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  auto it = std::find(s.host_allocations.begin(), s.host_allocations.end(), pointer);
+  if (it == s.host_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(pointer);
+  *it = s.host_allocations.back();
+  s.host_allocations.pop_back();
+  return CUDA_SUCCESS;
+}
+
+// The asynchronous copies run when issued, like launches: on a live stream of the current
+// context (or a default stream), never into a capture (memcpy nodes are not modelled),
+// the device range inside one live allocation. Legal while another stream captures.
+CUresult AsyncCopy(Fn fn, CUstream handle, CUdeviceptr device, size_t size, void** host) {
+  if (CUresult r = Enter(fn); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
+  if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, device, size, host);
+}
+
+CUresult FakeMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t size,
+                             CUstream stream) {
+  if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyHtoDAsync, stream, destination, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(host, source, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t size, CUstream stream) {
+  if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyDtoHAsync, stream, source, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(destination, host, size);
   return CUDA_SUCCESS;
 }
 
@@ -1811,7 +1897,7 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
       replay.captured = false;
       replay.graph_replay = true;
       RecordLaunch(s, replay, stream);
-      if (KernelEmulator emulator = FindEmulator(s, std::string(replay.entry.data()));
+      if (KernelEmulator emulator = FindEmulator(s, absl::string_view(replay.entry.data()));
           emulator != nullptr) {
         executed.emplace_back(emulator, replay);
       }
@@ -2220,7 +2306,11 @@ CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
   record.num_attrs = current.num_attrs;
   record.attrs = current.attrs;
   current = record;
-  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times), in
+  // storage reserved at the first update, so that later ones allocate nothing.
+  if (s.node_updates.capacity() == 0) {
+    s.node_updates.reserve(2 * static_cast<size_t>(kLaunchRingCapacity));
+  }
   if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
     s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
   }
@@ -2476,6 +2566,12 @@ int64_t LiveBytes() {
   State& s = S();
   MutexLock lock(&s.mu);
   return s.live_bytes;
+}
+
+int64_t LiveHostAllocations() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int64_t>(s.host_allocations.size());
 }
 
 int LoadedLibraries() {

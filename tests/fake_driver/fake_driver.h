@@ -30,6 +30,9 @@
 //  - Device memory is host memory (256-byte aligned), so copies and memsets really happen.
 //    The image pointer given to cuLibraryLoadData/cuModuleLoadData must cover the whole
 //    cubin: like the real driver, the fake reads its extent from the ELF headers.
+//    Pinned host memory (cuMemAllocHost) is host memory, tracked until cuMemFreeHost.
+//    Asynchronous copies run when issued, on a live stream of the current context, and
+//    are refused on a capturing stream (memcpy nodes are not modelled).
 //  - Launches are validated like the real driver (context, handle, grid and block limits,
 //    dynamic shared memory limit, parameter buffer size, cluster shape) and recorded in a
 //    ring of the last kLaunchRingCapacity launches. The launch path does not allocate
@@ -244,6 +247,8 @@ KPACK_FAKE_EXPORT std::vector<KernelAttributeSet> KernelAttributeSets();
 // Device allocations not yet freed, and their requested bytes.
 KPACK_FAKE_EXPORT int64_t LiveAllocations();
 KPACK_FAKE_EXPORT int64_t LiveBytes();
+// Pinned host allocations (cuMemAllocHost) not yet freed.
+KPACK_FAKE_EXPORT int64_t LiveHostAllocations();
 
 // Libraries and modules loaded and not unloaded; successful loads of either since Reset().
 KPACK_FAKE_EXPORT int LoadedLibraries();

@@ -796,6 +796,46 @@ TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
   EXPECT_EQ(LiveBytes(), 0);
 }
 
+TEST_F(FakeDriverTest, PinnedMemoryAndAsyncCopies) {
+  Init();
+  void* pinned = nullptr;
+  ASSERT_EQ(cu.MemAllocHost(&pinned, 100), CUDA_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned) % 256, 0u);
+  EXPECT_EQ(LiveHostAllocations(), 1);
+  EXPECT_EQ(cu.MemAllocHost(&pinned, 0), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr device = 0;
+  ASSERT_EQ(cu.MemAlloc(&device, 100), CUDA_SUCCESS);
+  CUstream stream, capturing;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&capturing, 0), CUDA_SUCCESS);
+
+  auto* bytes = static_cast<uint8_t*>(pinned);
+  for (int i = 0; i < 100; ++i) bytes[i] = static_cast<uint8_t>(i);
+  ASSERT_EQ(cu.MemcpyHtoDAsync(device, pinned, 100, stream), CUDA_SUCCESS);
+  std::vector<uint8_t> out(100);
+  ASSERT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 100, nullptr), CUDA_SUCCESS);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(out[i], i);
+
+  // Outside an allocation, a dead stream, a capturing stream: refused, nothing copied.
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device + 1, pinned, 100, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device + 100, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(nullptr, device, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.StreamBeginCapture(capturing, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 1, capturing), CUDA_ERROR_NOT_SUPPORTED);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device, pinned, 1, stream), CUDA_ERROR_INVALID_HANDLE);
+
+  EXPECT_EQ(cu.MemFreeHost(bytes + 8), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.MemFreeHost(pinned), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(LiveHostAllocations(), 0);
+  ASSERT_EQ(cu.MemFree(device), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(capturing), CUDA_SUCCESS);
+}
+
 TEST_F(FakeDriverTest, CapturedLaunchesReplayWithTheGraph) {
   LoadAdd();
   CUstream stream, other;

@@ -109,6 +109,10 @@ constexpr Classified kClassified[] = {
     {"EventElapsedTime", Use::kToolsOrTests},
     {"EventDestroy", Use::kToolsOrTests},
     {"MemGetInfo", Use::kToolsOrTests},
+    {"MemAllocHost", Use::kToolsOrTests},  // examples/llama
+    {"MemFreeHost", Use::kToolsOrTests},
+    {"MemcpyHtoDAsync", Use::kToolsOrTests},
+    {"MemcpyDtoHAsync", Use::kToolsOrTests},
 };
 
 constexpr const char* kSymbols[] = {
