@@ -100,7 +100,7 @@ class BuiltinConfigs:
             "llama_o_proj": proj, "llama_down_proj": proj, "llama_gate_up": proj,
             "llama_lm_head": dict(proj, BLOCK_N=128),
         }[call.kernel]
-        return dict(c, USE_PDL=False), 4, 1, 1
+        return dict(c, USE_PDL=False), 4, 1, 1, False
 
 
 class NoPdl:
@@ -111,11 +111,11 @@ class NoPdl:
         self.source = chooser.source
 
     def __call__(self, call) -> tuple:
-        constexprs, warps, stages, ctas = self.chooser(call)[:4]
+        constexprs, warps, stages, ctas, _ = self.chooser(call)
         constexprs = dict(constexprs)
         if "USE_PDL" in constexprs:
             constexprs["USE_PDL"] = False
-        return constexprs, warps, stages, ctas
+        return constexprs, warps, stages, ctas, False
 
 
 def main(argv=None) -> int:
