@@ -187,6 +187,13 @@ class TorchArm:
         del self.model, self.step
 
 
+def cudagraph_skips(torch) -> dict:
+    """Inductor's count of functions it ran without CUDA graphs (reduce-overhead's point),
+    so far in this process: a compiled arm whose step was not captured says so."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+    return {"cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0))}
+
+
 def torch_sequences(arm, steps, warmup, timed, prompt=None, context=None):
     us, host = [], []
     for i in range(warmup + timed):
@@ -391,7 +398,7 @@ def main(argv=None) -> int:
                                                    prompt=prompt)
                     finally:
                         t.close()
-                    return summarize(us, host, 1, fl)
+                    return dict(summarize(us, host, 1, fl), **cudagraph_skips(torch))
                 proto["arms"][arm] = attempt(torch_arm)
             r = proto["arms"][arm]
             if "error" not in r:
@@ -450,7 +457,7 @@ def main(argv=None) -> int:
                                                        args.grid_timed, context=context)
                         finally:
                             t.close()
-                        return summarize(us, host, batch, fl)
+                        return dict(summarize(us, host, batch, fl), **cudagraph_skips(torch))
                     cell["arms"][arm] = attempt(torch_arm)
             print(f"grid B={batch} ctx={context}: " + ", ".join(
                 f"{a} {r['us_per_step']:.0f} µs ({100 * r['frac_floor']:.0f}%)"

@@ -129,12 +129,12 @@ class DeviceState:
         for i in range(cfg.L):
             p = f"model.layers.{i}."
             self.ln1.append(dev(weights[p + "input_layernorm.weight"]))
-            self.wqkv.append(dev(torch.cat([weights[p + f"self_attn.{x}_proj.weight"]
-                                            for x in "qkv"])))
+            self.wqkv.append(torch.cat([dev(weights[p + f"self_attn.{x}_proj.weight"])
+                                        for x in "qkv"]))
             self.wo.append(dev(weights[p + "self_attn.o_proj.weight"]))
             self.ln2.append(dev(weights[p + "post_attention_layernorm.weight"]))
-            self.wgu.append(dev(torch.cat([weights[p + "mlp.gate_proj.weight"],
-                                           weights[p + "mlp.up_proj.weight"]])))
+            self.wgu.append(torch.cat([dev(weights[p + "mlp.gate_proj.weight"]),
+                                       dev(weights[p + "mlp.up_proj.weight"])]))
             self.wd.append(dev(weights[p + "mlp.down_proj.weight"]))
         self.inv_freq = torch.from_numpy(rope_inv_freq(cfg)).to(device)
         rows = max(max_batch, max_prompt)
