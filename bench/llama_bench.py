@@ -8,7 +8,9 @@
   each with the constexprs, warps and stages of the variant kpack picks;
 * ``torch-compile``, ``torch-eager``: the PyTorch reference (examples/llama/python/
   reference.py, bf16, static KV cache) under ``torch.compile(mode="reduce-overhead")``
-  and eager.
+  and eager. Like Hugging Face's StaticCache, its decode step attends over the whole
+  cache with a mask (fixed shapes: one CUDA graph), so its attention reads the capacity,
+  not the context; the grid gives it capacity = context + steps + 1.
 
 Protocol row: batch 1, a 32-token prompt, 127 decode steps, KV capacity 16,384; µs/step is
 the mean over 10 timed sequences (after 5 warm-ups) of each sequence's decode time (CUDA
