@@ -41,6 +41,8 @@ _ARGMAX_CHUNK = tl.constexpr(4096)
 # Elements of attention partials ([heads, splits, HEAD_DIM]) the combine reads at once.
 _COMBINE_CHUNK = tl.constexpr(8192)
 _INT32_MAX = tl.constexpr(2147483647)
+# Elements of the fp32 residual stream the RMSNorm prologue reads per iteration.
+_RSTD_CHUNK = tl.constexpr(4096)
 
 
 @triton.jit
@@ -73,12 +75,14 @@ def _pdl_launch(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def _rstd(h, rows, rows_ok, H, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean(h[m]^2) + eps) per row of the fp32 residual stream."""
-    acc = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+def _rstd(h, rows, rows_ok, H, eps, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
+    """1 / sqrt(mean(h[m]^2) + eps) per row of the fp32 residual stream: 16 KB of h per
+    iteration, the loads pipelined (this pass is on every program's critical path)."""
+    CHUNK: tl.constexpr = _RSTD_CHUNK // BLOCK_M
+    acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
     base = rows.to(tl.int64)[:, None] * H
-    for k0 in range(0, H, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
+    for k0 in tl.range(0, H, CHUNK, num_stages=STAGES):
+        cols = k0 + tl.arange(0, CHUNK)
         x = tl.load(h + base + cols[None, :], mask=rows_ok[:, None] & (cols < H)[None, :],
                     other=0.0)
         acc += x * x
@@ -197,7 +201,7 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
         _prefetch_rows(w, row_b, pairs_ok, H, BLOCK_J, _PREFETCH_BYTES // 2)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, BLOCK_K)
+        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         p = tl.load(pos + rows, mask=rows_ok, other=0)
         s = tl.load(seq + rows, mask=rows_ok, other=0)
         _pdl_launch(USE_PDL)
@@ -419,7 +423,7 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
         _prefetch_rows(w, cols + I, cols_ok, H, BLOCK_N, _PREFETCH_BYTES // 2)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, BLOCK_K)
+        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         _pdl_launch(USE_PDL)
         gate, up = _project(h, rows, rows_ok, r, norm_w, w, cols, cols + I, cols_ok, H,
                             True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
@@ -449,7 +453,7 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
         _prefetch_rows(w, cols, cols_ok, H, BLOCK_N, _PREFETCH_BYTES)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, BLOCK_K)
+        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         _pdl_launch(USE_PDL)
         y, _ = _project(h, rows, rows_ok, r, norm_w, w, cols, cols, cols_ok, H,
                         True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)

@@ -71,14 +71,16 @@ def _candidates(per_bucket):
 
 
 # Per bucket: M = 1 GEMV configs; 2-4 multiply-add over 4 rows or tl.dot over 16; tl.dot
-# tiles growing with M. BLOCK_N <= 64 for the kernels that read two row sets (the L2
+# tiles growing with M, with narrow ones among them so that the 2048-row projections (o,
+# down, QKV's 1536 pairs) still spread over all 132 SMs. BLOCK_N <= 64 for the kernels that read two row sets (the L2
 # prefetch splits its bytes between them).
 PROJ_BUCKETS = [
     ["p1_4_k512_w4_s3", "p1_2_k1024_w4_s3", "p1_4_k1024_w4_s2", "p1_8_k256_w4_s4",
      "p1_8_k512_w8_s3"],
     ["p4_4_k256_w4_s3", "p4_8_k128_w4_s3", "p4_4_k512_w8_s2", "p16_16_k128_w4_s4"],
     ["p16_16_k128_w4_s4", "p8_4_k256_w8_s3", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4"],
-    ["p64_32_k128_w4_s3", "p16_32_k128_w4_s4", "p32_32_k128_w4_s3", "p64_64_k64_w4_s4"],
+    ["p64_32_k128_w4_s3", "p16_32_k128_w4_s4", "p16_16_k128_w4_s4", "p32_32_k128_w4_s3",
+     "p64_64_k64_w4_s4"],
     ["p64_64_k64_w4_s4", "p64_64_k64_w8_s3", "p128_64_k64_w8_s3", "p64_32_k128_w4_s3"],
     ["p128_64_k64_w8_s3", "p64_64_k64_w8_s3", "p64_64_k64_w4_s4"],
 ]

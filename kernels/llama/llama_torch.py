@@ -60,27 +60,27 @@ def qkv_rope(a, head_dim):
     return {"q": q, "k_cache": k_cache, "v_cache": v_cache}
 
 
-def _attend(q, k, v, scale):
-    """softmax(q kᵀ scale) v in float64 for q [G, D], k, v [L, D]."""
-    s = (q.double() @ k.double().t()) * scale
+def _attend(q, k, v, scale, mask=None):
+    """softmax(q kᵀ scale) v in float64 for q [..., G, D], k, v [..., L, D]; `mask`
+    (broadcast to [..., G, L]) false where a key is not attended."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v.double()
 
 
 def attn_decode(a, head_dim):
     m, nh, nkv, cap = a["M"], a["NH"], a["NKV"], a["CAP"]
-    group = nh // nkv
-    q = a["q"].view(-1, nh, head_dim)
+    q = a["q"].view(-1, nkv, nh // nkv, head_dim)
     kc = a["k_cache"].view(-1, nkv, cap, head_dim)
     vc = a["v_cache"].view(-1, nkv, cap, head_dim)
     out = a["out"].clone()
-    o = out.view(-1, nh, head_dim)
-    for row in range(m):
+    o = out.view(-1, nkv, nh // nkv, head_dim)
+    for row in range(m):  # all kv heads (and their q heads) of a row at once
         length = int(a["pos"][row]) + 1
         s = int(a["seq"][row])
-        for g in range(nkv):
-            heads = slice(g * group, (g + 1) * group)
-            o[row, heads] = _attend(q[row, heads], kc[s, g, :length], vc[s, g, :length],
-                                    a["sm_scale"]).to(BF16)
+        o[row] = _attend(q[row], kc[s, :, :length], vc[s, :, :length],
+                         a["sm_scale"]).to(BF16)
     return {"out": out, "counters": torch.zeros_like(a["counters"])}
 
 
@@ -91,14 +91,15 @@ def attn_prefill(a, head_dim):
     s = int(a["seq"][0])
     kc = a["k_cache"].view(-1, nkv, cap, head_dim)[s]
     vc = a["v_cache"].view(-1, nkv, cap, head_dim)[s]
+    pos = a["pos"][:m].long()
+    length = int(pos.max()) + 1
+    causal = torch.arange(length, device=pos.device)[None, :] <= pos[:, None]  # [m, L]
     out = a["out"].clone()
     o = out.view(-1, nh, head_dim)
-    for row in range(m):
-        length = int(a["pos"][row]) + 1
-        for head in range(nh):
-            g = head // group
-            o[row, head] = _attend(q[row, head:head + 1], kc[g, :length], vc[g, :length],
-                                   a["sm_scale"])[0].to(BF16)
+    for head in range(nh):  # every row of a head at once, each over its own prefix
+        g = head // group
+        o[:m, head] = _attend(q[:m, head], kc[g, :length], vc[g, :length], a["sm_scale"],
+                              causal).to(BF16)
     return {"out": out}
 
 
