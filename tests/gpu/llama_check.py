@@ -50,14 +50,15 @@ CAPACITY = 256
 
 
 def write_checkpoint(llama_py: Path, out: Path, preset: str) -> None:
-    import checkpoint  # noqa: PLC0415
-    import config  # noqa: PLC0415
-    import torch  # noqa: PLC0415
+    """make_checkpoint.py's command line: numpy for the tiny one, torch on the GPU for the
+    full size (seconds)."""
     t0 = time.perf_counter()
     backend = "numpy" if preset == "tiny" else "torch"
-    checkpoint.write_checkpoint(out, config.preset_dict(preset), seed=11, backend=backend,
-                                device="cuda")
-    torch.cuda.synchronize()
+    cmd = [sys.executable, str(llama_py / "make_checkpoint.py"), "--preset", preset, "--seed",
+           "11", "--out", str(out), "--backend", backend, "--device", "cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
     print(f"[{preset}] checkpoint written in {time.perf_counter() - t0:.1f} s ({backend})")
 
 
