@@ -186,7 +186,10 @@ class TorchArm:
         return 1e3 * start.elapsed_time(end) / steps, 1e6 * host / steps
 
     def close(self):
+        # Each (batch, capacity) is a compile of its own: drop this one's code and graphs
+        # (Dynamo would also stop compiling after its recompile limit).
         del self.model, self.step
+        self.torch._dynamo.reset()
 
 
 def cudagraph_skips(torch) -> dict:
