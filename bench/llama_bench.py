@@ -401,9 +401,10 @@ def main(argv=None) -> int:
                     try:
                         us, host = torch_sequences(t, steps, args.warmup, args.timed,
                                                    prompt=prompt)
+                        skips = cudagraph_skips(torch)
                     finally:
                         t.close()
-                    return dict(summarize(us, host, 1, fl), **cudagraph_skips(torch))
+                    return dict(summarize(us, host, 1, fl), **skips)
                 proto["arms"][arm] = attempt(torch_arm)
             r = proto["arms"][arm]
             if "error" not in r:
@@ -460,9 +461,10 @@ def main(argv=None) -> int:
                         try:
                             us, host = torch_sequences(t, steps, args.grid_warmup,
                                                        args.grid_timed, context=context)
+                            skips = cudagraph_skips(torch)
                         finally:
                             t.close()
-                        return dict(summarize(us, host, batch, fl), **cudagraph_skips(torch))
+                        return dict(summarize(us, host, batch, fl), **skips)
                     cell["arms"][arm] = attempt(torch_arm)
             print(f"grid B={batch} ctx={context}: " + ", ".join(
                 f"{a} {r['us_per_step']:.0f} µs ({100 * r['frac_floor']:.0f}%)"
