@@ -8,7 +8,9 @@
   each with the constexprs, warps and stages of the variant kpack picks;
 * ``torch-compile``, ``torch-eager``: the PyTorch reference (examples/llama/python/
   reference.py, bf16, static KV cache) under ``torch.compile(mode="reduce-overhead")``
-  and eager.
+  and eager. Like Hugging Face's StaticCache, its decode step attends over the whole
+  cache with a mask (fixed shapes: one CUDA graph), so its attention reads the capacity,
+  not the context; the grid gives it capacity = context + steps + 1.
 
 Protocol row: batch 1, a 32-token prompt, 127 decode steps, KV capacity 16,384; µs/step is
 the mean over 10 timed sequences (after 5 warm-ups) of each sequence's decode time (CUDA
@@ -184,7 +186,17 @@ class TorchArm:
         return 1e3 * start.elapsed_time(end) / steps, 1e6 * host / steps
 
     def close(self):
+        # Each (batch, capacity) is a compile of its own: drop this one's code and graphs
+        # (Dynamo would also stop compiling after its recompile limit).
         del self.model, self.step
+        self.torch._dynamo.reset()
+
+
+def cudagraph_skips(torch) -> dict:
+    """Inductor's count of functions it ran without CUDA graphs (reduce-overhead's point),
+    so far in this process: a compiled arm whose step was not captured says so."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+    return {"cudagraph_skips": int(counters["inductor"].get("cudagraph_skips", 0))}
 
 
 def torch_sequences(arm, steps, warmup, timed, prompt=None, context=None):
@@ -389,9 +401,10 @@ def main(argv=None) -> int:
                     try:
                         us, host = torch_sequences(t, steps, args.warmup, args.timed,
                                                    prompt=prompt)
+                        skips = cudagraph_skips(torch)
                     finally:
                         t.close()
-                    return summarize(us, host, 1, fl)
+                    return dict(summarize(us, host, 1, fl), **skips)
                 proto["arms"][arm] = attempt(torch_arm)
             r = proto["arms"][arm]
             if "error" not in r:
@@ -448,9 +461,10 @@ def main(argv=None) -> int:
                         try:
                             us, host = torch_sequences(t, steps, args.grid_warmup,
                                                        args.grid_timed, context=context)
+                            skips = cudagraph_skips(torch)
                         finally:
                             t.close()
-                        return summarize(us, host, batch, fl)
+                        return dict(summarize(us, host, batch, fl), **skips)
                     cell["arms"][arm] = attempt(torch_arm)
             print(f"grid B={batch} ctx={context}: " + ", ".join(
                 f"{a} {r['us_per_step']:.0f} µs ({100 * r['frac_floor']:.0f}%)"

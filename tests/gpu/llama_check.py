@@ -44,17 +44,21 @@ KL_STEPS = 64
 RUNS = [(1, [32]), (8, [32, 17, 40, 5, 64, 23, 1, 100])]
 SEED = 3
 CRITERION = 1.05
+# One KV capacity for every engine of (a), C++ and Python alike: CAP is a kernel argument,
+# and the same values select the same variants (a multiple of 16, as 16384 is).
+CAPACITY = 256
 
 
 def write_checkpoint(llama_py: Path, out: Path, preset: str) -> None:
-    import checkpoint  # noqa: PLC0415
-    import config  # noqa: PLC0415
-    import torch  # noqa: PLC0415
+    """make_checkpoint.py's command line: numpy for the tiny one, torch on the GPU for the
+    full size (seconds)."""
     t0 = time.perf_counter()
     backend = "numpy" if preset == "tiny" else "torch"
-    checkpoint.write_checkpoint(out, config.preset_dict(preset), seed=11, backend=backend,
-                                device="cuda")
-    torch.cuda.synchronize()
+    cmd = [sys.executable, str(llama_py / "make_checkpoint.py"), "--preset", preset, "--seed",
+           "11", "--out", str(out), "--backend", backend, "--device", "cuda"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stderr[-2000:]}")
     print(f"[{preset}] checkpoint written in {time.perf_counter() - t0:.1f} s ({backend})")
 
 
@@ -90,7 +94,6 @@ def bit_identity(llama_py, engines, ckpt, pack, cpp, tmp, preset) -> list:
     from config import prompt_tokens  # noqa: PLC0415
     fails = []
     for batch, lens in RUNS:
-        capacity = max(lens) + STEPS + 1
         prompts = prompt_tokens(batch, lens, SEED, engines["graph"].cfg.V)
         runs = {}
         for name, e in engines.items():
@@ -102,7 +105,7 @@ def bit_identity(llama_py, engines, ckpt, pack, cpp, tmp, preset) -> list:
             for graphs in (True, False):
                 out = tmp / f"cpp_{preset}_{batch}_{int(graphs)}.json"
                 runs[f"c++ {'graph' if graphs else 'eager'}"] = run_cpp(
-                    cpp, pack, ckpt, batch, lens, capacity, graphs, out)
+                    cpp, pack, ckpt, batch, lens, CAPACITY, graphs, out)
         label = f"[{preset}] batch {batch}, prompts {lens}"
         required = [n for n in runs if n != "triton"]
         mine = []
@@ -239,13 +242,13 @@ def main() -> int:
             ckpt = tmp / preset
             if not (ckpt / "model.safetensors").is_file():
                 write_checkpoint(llama_py, ckpt, preset)
-            capacity = max(max(lens) for _, lens in RUNS) + STEPS + 1
+            assert CAPACITY > max(max(lens) for _, lens in RUNS) + STEPS
             engines = {}
             # The Triton JIT arm at the tiny size only (its compiles cost GPU-machine time).
             for backend in ("graph", "eager") + (("triton",) if size == "tiny" else ()):
                 engines[backend] = eng_mod.LlamaEngine(
                     str(ckpt), str(pack), backend, max_batch=8, max_prompt=128,
-                    capacity=capacity, device="cuda")
+                    capacity=CAPACITY, device="cuda")
             t0 = time.perf_counter()
             fails += bit_identity(llama_py, engines, ckpt, pack, cpp, tmp, preset)
             for name in [n for n in engines if n != "graph"]:

@@ -129,12 +129,12 @@ class DeviceState:
         for i in range(cfg.L):
             p = f"model.layers.{i}."
             self.ln1.append(dev(weights[p + "input_layernorm.weight"]))
-            self.wqkv.append(dev(torch.cat([weights[p + f"self_attn.{x}_proj.weight"]
-                                            for x in "qkv"])))
+            self.wqkv.append(torch.cat([dev(weights[p + f"self_attn.{x}_proj.weight"])
+                                        for x in "qkv"]))
             self.wo.append(dev(weights[p + "self_attn.o_proj.weight"]))
             self.ln2.append(dev(weights[p + "post_attention_layernorm.weight"]))
-            self.wgu.append(dev(torch.cat([weights[p + "mlp.gate_proj.weight"],
-                                           weights[p + "mlp.up_proj.weight"]])))
+            self.wgu.append(torch.cat([dev(weights[p + "mlp.gate_proj.weight"]),
+                                       dev(weights[p + "mlp.up_proj.weight"])]))
             self.wd.append(dev(weights[p + "mlp.down_proj.weight"]))
         self.inv_freq = torch.from_numpy(rope_inv_freq(cfg)).to(device)
         rows = max(max_batch, max_prompt)
@@ -211,14 +211,24 @@ class KpackBackend:
     """Launches through kpack: plain calls (``call``), bound launches (``eager``) or
     ``kpack.graph`` replays (``graph``) for the decode step; plain calls for prefill."""
 
-    def __init__(self, pack, mode: str):
+    def __init__(self, pack, mode: str, host_pointers: bool = False):
         import kpack  # noqa: PLC0415
         self.kpack, self.pack, self.mode = kpack, pack, mode
+        # Host tensors passed as their addresses, launched on the legacy stream: for runs
+        # against the fake CUDA driver, whose device memory is host memory (kpack refuses
+        # CPU tensors, and torch, when imported, would be asked for its CUDA stream).
+        self.host_pointers = host_pointers
+        self.kw = {"stream": 0} if host_pointers else {}
         self.kernels = {name: pack[name] for name in PARAMS}
         self.bound: Optional[list] = None
         self.calls: Optional[List[Call]] = None
         self.graph = None
         self.batch: Optional[int] = None
+
+    def _args(self, call: Call) -> list:
+        if not self.host_pointers:
+            return call.args
+        return [a.data_ptr() if hasattr(a, "data_ptr") else a for a in call.args]
 
     def _grid(self, call: Call):
         """None (the manifest's grid expressions) or the contract grid for the variant the
@@ -226,14 +236,14 @@ class KpackBackend:
         k = self.kernels[call.kernel]
         if k.grid:
             return None
-        variant = next(v for v in k.variants if v.name == k.select_variant(*call.args))
+        variant = next(v for v in k.variants if v.name == k.select_variant(*self._args(call)))
         return GRIDS[call.kernel](call.named(), dict(variant.constexprs))
 
     def run(self, calls: Sequence[Call]) -> None:
         for c in calls:
             grid = self._grid(c)
             k = self.kernels[c.kernel]
-            (k if grid is None else k[grid])(*c.args)
+            (k if grid is None else k[grid])(*self._args(c), **self.kw)
 
     def prepare_decode(self, calls: List[Call]) -> None:
         self.calls = calls
@@ -244,23 +254,24 @@ class KpackBackend:
             for c in calls:
                 grid = self._grid(c)
                 k = self.kernels[c.kernel]
-                self.bound.append((k if grid is None else k[grid]).bind(*c.args))
+                self.bound.append((k if grid is None else k[grid]).bind(*self._args(c),
+                                                                        **self.kw))
             self._bound_args = [list(c.args) for c in calls]
             if self.mode == "graph":
                 self.graph = self.kpack.graph(self.bound)
             return
         # A new batch: set only the arguments that changed (M, and S across buckets).
         for b, c, old in zip(self.bound, calls, self._bound_args):
-            for i, (new, was) in enumerate(zip(c.args, old)):
+            for i, (new, was, arg) in enumerate(zip(c.args, old, self._args(c))):
                 if not _same(new, was):
-                    b.set(i, new)
+                    b.set(i, arg)
             if not self.kernels[c.kernel].grid:
                 b.set_grid(self._grid(c))
         self._bound_args = [list(c.args) for c in calls]
 
     def decode(self) -> None:
         if self.mode == "graph":
-            self.graph.replay()
+            self.graph.replay(**self.kw)
         elif self.mode == "eager":
             for b in self.bound:
                 b()
@@ -272,9 +283,9 @@ class KpackBackend:
 
 
 class VariantChooser:
-    """(constexprs, num_warps, num_stages, num_ctas) of the variant a pack kernel would
-    launch for a call: kpack's own choice (``select_variant``) when kpack is open, else the
-    first variant of the manifest's bucket for the call's bucket parameters."""
+    """(constexprs, num_warps, num_stages, num_ctas, launch_pdl) of the variant a pack
+    kernel would launch for a call: kpack's own choice (``select_variant``) when kpack is
+    open, else the first variant of the manifest's bucket for the call's bucket parameters."""
 
     def __init__(self, pack_dir: Path, pack=None):
         self.pack = pack
@@ -298,8 +309,13 @@ class VariantChooser:
             args = [a.data_ptr() if isinstance(a, torch.Tensor) and a.device.type == "cpu"
                     else a for a in call.args]
             name = k.select_variant(*args)
-            v = next(v for v in k.variants if v.name == name)
-            return dict(v.constexprs), v.num_warps, v.num_stages, v.num_ctas
+            v = next(v for v in self.manifest[call.kernel]["variants"] if v["name"] == name)
+        else:
+            v = self._first_of_bucket(call)
+        return (v["constexprs"], v["num_warps"], v.get("num_stages", 3), v["num_ctas"],
+                v["launch_pdl"])
+
+    def _first_of_bucket(self, call: Call) -> Dict[str, Any]:
         spec = self.manifest[call.kernel]
         named = call.named()
         index = []
@@ -309,13 +325,13 @@ class VariantChooser:
                               len(dim["edges"])))
         for v in spec["variants"]:
             if "bucket" not in v or v["bucket"] == index:
-                return v["constexprs"], v["num_warps"], v.get("num_stages", 3), v["num_ctas"]
+                return v
         raise ValueError(f"pack kernel '{call.kernel}': no variant serves bucket {index}")
 
 
 class TritonBackend:
     """The same kernels through Triton's JIT (``fn[grid](*args, **constexprs, num_warps=,
-    num_stages=)``), configured as kpack's chosen variant."""
+    num_stages=, launch_pdl=)``), configured as kpack's chosen variant."""
 
     def __init__(self, chooser: VariantChooser, module):
         self.chooser = chooser
@@ -324,11 +340,13 @@ class TritonBackend:
         self.batch: Optional[int] = None
 
     def _prepare(self, call: Call) -> tuple:
-        constexprs, num_warps, num_stages, num_ctas = self.chooser(call)
+        constexprs, num_warps, num_stages, num_ctas, launch_pdl = self.chooser(call)
         grid = GRIDS[call.kernel](call.named(), constexprs)
         kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
         if num_ctas != 1:
             kw["num_ctas"] = num_ctas
+        if launch_pdl:
+            kw["launch_pdl"] = True
         return self.fns[call.kernel][grid], call.args, kw
 
     def run(self, calls: Sequence[Call]) -> None:
@@ -390,7 +408,8 @@ class LlamaEngine:
             if backend in ("graph", "eager", "call"):
                 if self.pack is None:
                     raise ValueError(f"backend '{backend}' needs kpack")
-                self.backends[backend] = KpackBackend(self.pack, backend)
+                self.backends[backend] = KpackBackend(self.pack, backend,
+                                                      host_pointers=self.device == "cpu")
             elif backend == "triton":
                 if str(REPO / "kernels" / "llama") not in sys.path:
                     sys.path.insert(0, str(REPO / "kernels" / "llama"))

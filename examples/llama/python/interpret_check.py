@@ -18,10 +18,10 @@ the fake driver, when kpack is importable), or ``--configs builtin`` (a small fi
 block sizes: no pack needed). USE_PDL is forced off (the interpreter runs no inline PTX).
 
 Triton 3.6's interpreter needs three fixes to run these kernels as the GPU does, applied
-here (this process only): ``tl.dot`` on bf16 operands multiplies their raw uint16 bits
-(they are converted to fp32 first); an fp32 -> bf16 cast truncates (the GPU rounds to
-nearest even, as bf16.py does); and with numpy >= 2.4 a runtime integer used as a
-``range`` bound fails (``int()`` of a one-element array).
+in this process by kernels/llama/check_kernels.py's ``interpreter_fixes``: ``tl.dot`` on
+bf16 operands multiplies their raw uint16 bits; an fp32 -> bf16 cast truncates (the GPU
+rounds to nearest even); and with numpy >= 2.4 a runtime integer used as a ``range``
+bound fails (``int()`` of a one-element array).
 
     TRITON_INTERPRET=1 python3 interpret_check.py [--pack DIR [--driver LIB]] \
         [--configs builtin] [--steps 4]
@@ -45,39 +45,12 @@ sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 
-import bf16  # noqa: E402
 
-
-def patch_interpreter() -> None:
-    import triton.language as tl  # noqa: PLC0415
-    from triton.runtime import interpreter as itp  # noqa: PLC0415
-
-    dot = itp.InterpreterBuilder.create_dot
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        def f32(x):
-            if x.dtype.scalar == tl.bfloat16:
-                data = itp._convert_float(x.data, tl.bfloat16, tl.float32, None)
-                return itp.TensorHandle(data.view(np.float32), tl.float32)
-            return x
-        return dot(self, f32(a), f32(b), d, input_precision, max_num_imprecise_acc)
-
-    itp.InterpreterBuilder.create_dot = create_dot
-    cast = itp.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            return itp.TensorHandle(bf16.bits_from_f32(src.data), tl.bfloat16)
-        return cast(self, src, dst_type)
-
-    itp.InterpreterBuilder.cast_impl = cast_impl
-    patch_tensor = itp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    itp._patch_lang_tensor = patched
+def patch_interpreter(kernels_dir: str) -> None:
+    """The kernels' own check's fixes to Triton 3.6's interpreter (check_kernels.py)."""
+    sys.path.insert(0, kernels_dir)
+    import check_kernels  # noqa: PLC0415
+    check_kernels.interpreter_fixes()
 
 
 class BuiltinConfigs:
@@ -100,7 +73,7 @@ class BuiltinConfigs:
             "llama_o_proj": proj, "llama_down_proj": proj, "llama_gate_up": proj,
             "llama_lm_head": dict(proj, BLOCK_N=128),
         }[call.kernel]
-        return dict(c, USE_PDL=False), 4, 1, 1
+        return dict(c, USE_PDL=False), 4, 1, 1, False
 
 
 class NoPdl:
@@ -111,11 +84,11 @@ class NoPdl:
         self.source = chooser.source
 
     def __call__(self, call) -> tuple:
-        constexprs, warps, stages, ctas = self.chooser(call)[:4]
+        constexprs, warps, stages, ctas, _ = self.chooser(call)
         constexprs = dict(constexprs)
         if "USE_PDL" in constexprs:
             constexprs["USE_PDL"] = False
-        return constexprs, warps, stages, ctas
+        return constexprs, warps, stages, ctas, False
 
 
 def main(argv=None) -> int:
@@ -128,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--atol", type=float, default=1e-2)
     args = ap.parse_args(argv)
-    patch_interpreter()
+    patch_interpreter(args.kernels)
     import torch  # noqa: PLC0415
 
     import checkpoint  # noqa: PLC0415

@@ -9,7 +9,7 @@ Hugging Face's computation, layer by layer, in the model's dtype (bf16 or fp32):
 - RMSNorm: in fp32, ``x * rsqrt(mean(x^2) + eps)``, cast to the dtype, times the weight.
 - rotary: ``freqs = pos * inv_freq`` in fp32, ``cos``/``sin`` of ``cat(freqs, freqs)``
   cast to the dtype, ``q * cos + rotate_half(q) * sin`` (rotate_half: ``cat(-x2, x1)``).
-- attention: grouped-query, causal, scale 1/sqrt(D), softmax in fp32 (SDPA).
+- attention: grouped-query, causal, scale 1/sqrt(D) (SDPA; softmax in fp32).
 - MLP: ``down(silu(gate(x)) * up(x))``.
 
 One difference from ``LlamaForCausalLM``: positions are per row. The KV cache is static
@@ -101,9 +101,15 @@ class Attention(nn.Module):
         k_cache[rows[:, None], :, positions] = k.transpose(1, 2)
         v_cache[rows[:, None], :, positions] = v.transpose(1, 2)
         keys, values = k_cache[rows], v_cache[rows]
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                           scale=self.cfg.sm_scale, enable_gqa=True)
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        # Grouped-query attention without repeating K and V: the group's q heads (head h
+        # uses kv head h // group, as repeat_kv arranges) become query rows of their kv
+        # head, and the mask's rows repeat per group member.
+        NKV, group = keys.shape[1], q.shape[1] // keys.shape[1]
+        qg = q.reshape(B, NKV, group * T, D)
+        m = mask.repeat(1, 1, group, 1) if T > 1 else mask
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=m,
+                                           scale=self.cfg.sm_scale)
+        return self.o_proj(o.reshape(B, -1, T, D).transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
