@@ -96,6 +96,9 @@ int KpackLlamaMain(int argc, const char* const* argv, std::ostream& out, std::os
   app.add_option("--seed", args.run.seed, "prompt token seed (default 0)");
   app.add_option("--warmup-seqs", args.run.warmup_seqs, "untimed sequences first (default 1)");
   app.add_option("--timed-seqs", args.run.timed_seqs, "timed sequences (default 1)");
+  app.add_option("--context", args.run.context,
+                 "start every row at this position over a synthetic (random) KV cache "
+                 "instead of prefilling its prompt: decode timing at a long context");
   app.add_option("--json", args.json, "write the results as JSON to this file");
   app.add_flag(
       "--digests", args.run.digests,

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -261,6 +262,62 @@ absl::StatusOr<Engine::Bucket*> Engine::BucketFor(int batch) {
     KPACK_ASSIGN_OR_RETURN(slot, Bind(BatchBucket(batch), batch));
   }
   return slot.get();
+}
+
+absl::Status Engine::SyntheticContext(int rows, int context, uint64_t seed, bool fill_cache) {
+  const LlamaConfig& c = model_.config();
+  if (rows < 1 || rows > options_.max_batch) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic context for ", rows,
+                                                   " rows: the engine has rows 1..",
+                                                   options_.max_batch));
+  }
+  if (context < 1 || context >= kv_.capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("synthetic context of ", context,
+                                                   " positions: the KV capacity is ",
+                                                   kv_.capacity(), " (it must leave room "
+                                                   "for the decoded tokens)"));
+  }
+  KPACK_RETURN_IF_ERROR(Synchronize());
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
+  auto next = [&state] {  // xorshift64*
+    state ^= state >> 12;
+    state ^= state << 25;
+    state ^= state >> 27;
+    return state * 0x2545f4914f6cdd1dull;
+  };
+  const internal::Driver& cu = device_.driver();
+  if (fill_cache) {
+    // One block of random bf16 values, copied over the rows' slots of every layer (slots
+    // 0..rows-1 of a layer are contiguous).
+    std::vector<uint16_t> block(size_t{4} << 20);
+    for (uint16_t& value : block) {
+      const float u = static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f;
+      uint32_t bits;
+      std::memcpy(&bits, &u, sizeof(bits));
+      value = static_cast<uint16_t>(bits >> 16);
+    }
+    const size_t region = static_cast<size_t>(rows) * static_cast<size_t>(kv_.capacity()) *
+                          kv_.bytes_per_position_per_layer() / 2;  // K or V alone
+    const size_t block_bytes = block.size() * sizeof(uint16_t);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      for (const CUdeviceptr base : {kv_.k(l), kv_.v(l)}) {
+        for (size_t done = 0; done < region; done += block_bytes) {
+          KPACK_RETURN_IF_ERROR(device_.Check(
+              cu.MemcpyHtoD(base + done, block.data(), std::min(block_bytes, region - done)),
+              "filling the KV cache with a synthetic context"));
+        }
+      }
+    }
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows), context);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(next() % static_cast<uint64_t>(c.vocab_size));
+  const StepBuffers& b = buffers_;
+  KPACK_RETURN_IF_ERROR(device_.Check(cu.MemcpyHtoD(b.tokens(), tokens.data(), tokens.size() * 4),
+                                      "setting synthetic tokens"));
+  KPACK_RETURN_IF_ERROR(device_.Check(cu.MemcpyHtoD(b.pos(), pos.data(), pos.size() * 4),
+                                      "setting synthetic positions"));
+  for (int row = 0; row < rows; ++row) KPACK_RETURN_IF_ERROR(sequences_.Begin(row, context));
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {

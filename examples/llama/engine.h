@@ -99,6 +99,15 @@ class Engine {
   // max_prompt or the capacity, or a token outside the vocabulary.
   absl::Status Prefill(int row, std::span<const int32_t> prompt);
 
+  // Rows 0..rows-1 as if each had prefilled `context` tokens, for benchmarks that need a
+  // long context without the cost of prefilling it: with `fill_cache`, the K and V of
+  // every layer at those rows' slots hold pseudo-random bf16 values (uniform in [-1, 1),
+  // from `seed`; the whole slot, so also positions the decode steps overwrite); each row's
+  // decode token is pseudo-random in the vocabulary and its position is `context`.
+  // Synchronous (it waits for the stream first). INVALID_ARGUMENT for rows outside
+  // [1, max_batch] or a context outside [1, capacity - 1].
+  absl::Status SyntheticContext(int rows, int context, uint64_t seed, bool fill_cache);
+
   // Enqueues one decode step of rows 0..batch-1 (see the top of this file).
   absl::Status Decode(int batch, Mode mode);
 

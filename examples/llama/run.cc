@@ -76,7 +76,17 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
         absl::StrCat("--steps ", o.steps, ", --warmup-seqs ", o.warmup_seqs, ", --timed-seqs ",
                      o.timed_seqs, ": none may be negative, and one sequence must run"));
   }
-  if (static_cast<int64_t>(longest) + o.steps > engine.kv_cache().capacity()) {
+  if (o.context < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, ": not a context"));
+  }
+  if (o.context > 0 && static_cast<int64_t>(o.context) + o.steps >= engine.kv_cache().capacity()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a context of ", o.context, " positions and ", o.steps,
+                     " decode steps need ", o.context + o.steps + 1,
+                     " KV positions per sequence; the capacity is ",
+                     engine.kv_cache().capacity(), " (raise --capacity)"));
+  }
+  if (o.context == 0 && static_cast<int64_t>(longest) + o.steps > engine.kv_cache().capacity()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a prompt of ", longest, " tokens and ", o.steps, " decode steps need ",
                      longest + o.steps, " KV positions per sequence; the capacity is ",
@@ -115,13 +125,18 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
     RunResult now;
     now.prompt_lens = lens;
     now.generated.assign(static_cast<size_t>(o.batch), {});
-    for (int b = 0; b < o.batch; ++b)
-      KPACK_RETURN_IF_ERROR(engine.Prefill(b, prompts[static_cast<size_t>(b)]));
+    if (o.context > 0) {
+      KPACK_RETURN_IF_ERROR(engine.SyntheticContext(o.batch, o.context,
+                                                    static_cast<uint64_t>(o.seed), sequence == 0));
+    } else {
+      for (int b = 0; b < o.batch; ++b)
+        KPACK_RETURN_IF_ERROR(engine.Prefill(b, prompts[static_cast<size_t>(b)]));
+    }
     KPACK_RETURN_IF_ERROR(engine.EnqueueReadback(0, o.batch));
     KPACK_ASSIGN_OR_RETURN(Engine::Readback prefill, engine.WaitReadback(0));
     for (int b = 0; b < o.batch; ++b) {
       now.generated[static_cast<size_t>(b)].push_back(prefill.tokens[static_cast<size_t>(b)]);
-      if (o.digests) {
+      if (o.digests && o.context == 0) {
         now.prefill_digests.push_back(
             Fp32Digest(prefill.logits.subspan(static_cast<size_t>(b) * vocab, vocab)));
       }
@@ -173,6 +188,7 @@ nlohmann::json ResultJson(const LlamaConfig& c, const RunOptions& o, const RunRe
       {"config", ConfigToJson(c)}, {"batch", o.batch},   {"prompt_lens", r.prompt_lens},
       {"steps", o.steps},          {"graphs", o.graphs}, {"generated", r.generated},
   };
+  if (o.context > 0) j["context"] = o.context;  // synthetic: no prefill
   if (o.digests) {
     j["step_digests"] = r.step_digests;
     j["prefill_digests"] = r.prefill_digests;

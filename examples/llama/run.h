@@ -10,6 +10,9 @@
 // same tokens (and, with digests, the same logits) as the first: a difference is an
 // INTERNAL error (nondeterminism, or state leaking from one sequence into the next).
 //
+// With RunOptions::context, rows start over a synthetic context instead of their prompts
+// (benchmarks); the first token of each row is then the synthetic one.
+//
 // Timing per timed sequence: GPU time of its decode steps (an event before the first and
 // after the last) over `steps`, and the host's time to issue each step (Engine::Decode
 // plus enqueueing its read-back), averaged over all timed steps.
@@ -39,6 +42,10 @@ struct RunOptions {
   int warmup_seqs = 1;
   int timed_seqs = 1;
   bool digests = false;  // read the logits back every step and hash them
+  // > 0: no prefill; every row starts at this position over a synthetic KV cache
+  // (Engine::SyntheticContext, filled once, before the first sequence), for timing decode
+  // at a long context without prefilling it. The prompt lengths are then unused.
+  int context = 0;
 };
 
 struct RunResult {

@@ -7,6 +7,7 @@
 
 #include "engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -199,6 +200,42 @@ TEST_F(LlamaEngineTest, DecodeRefusesToStepPastTheCapacity) {
   // A new prompt frees the slot.
   LL_ASSERT_OK(e.Prefill(0, Prompt(0, 2)));
   LL_ASSERT_OK(e.Decode(1, Engine::Mode::kEager));
+}
+
+// The benchmark's way to a long context: rows start at `context` over a random cache,
+// graph and eager steps then agree with each other from there, and the bounds are checked.
+TEST_F(LlamaEngineTest, SyntheticContextStartsRowsAtAPositionOverARandomCache) {
+  Engine& e = MakeEngine(3, /*capacity=*/40);
+  EXPECT_EQ(e.SyntheticContext(0, 8, 1, true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.SyntheticContext(4, 8, 1, true).code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status full = e.SyntheticContext(2, 40, 1, true);
+  EXPECT_EQ(full.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(full.message(), HasSubstr("the KV capacity is 40"));
+
+  LL_ASSERT_OK(e.SyntheticContext(2, 30, 7, true));
+  EXPECT_EQ(e.sequences().position(0), 30);
+  EXPECT_EQ(e.sequences().position(1), 30);
+  EXPECT_FALSE(e.sequences().active(2));
+  EXPECT_EQ(DeviceRead<int32_t>(*device_, e.buffers().pos(), 2), (std::vector<int32_t>{30, 30}));
+  // Row 1's slot of layer 0 holds random values, not zeros, in K and in V.
+  const size_t slot_values = static_cast<size_t>(e.kv_cache().capacity()) *
+                             e.kv_cache().bytes_per_position_per_layer() / 4;
+  for (const CUdeviceptr base : {e.kv_cache().k(0), e.kv_cache().v(0)}) {
+    const std::vector<uint16_t> values =
+        DeviceRead<uint16_t>(*device_, base + slot_values * 2, slot_values);
+    const auto zeros = std::count(values.begin(), values.end(), uint16_t{0});
+    EXPECT_LT(zeros, static_cast<int64_t>(values.size() / 100));
+  }
+  // The same rows decoded eagerly and through the graph, from the same synthetic start.
+  std::vector<std::vector<int32_t>> tokens;
+  for (const Engine::Mode mode : {Engine::Mode::kEager, Engine::Mode::kGraph}) {
+    LL_ASSERT_OK(e.SyntheticContext(2, 30, 7, /*fill_cache=*/false));
+    for (int step = 0; step < 4; ++step) LL_ASSERT_OK(e.Decode(2, mode));
+    LL_ASSERT_OK(e.Synchronize());
+    tokens.push_back(DeviceRead<int32_t>(*device_, e.buffers().tokens(), 2));
+    EXPECT_EQ(e.sequences().position(1), 34);
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
 }
 
 TEST_F(LlamaEngineTest, DecodeRefusesRowsWithoutASequence) {
