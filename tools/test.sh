@@ -27,6 +27,9 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
   ".[tools,test]" numpy
+# pyproject.toml promises that rebuilding the wheel recompiles only what changed: a second
+# install of the unchanged checkout must compile nothing.
+tests/python/check_reinstall.sh "$venv/bin/python" "${launcher[@]}" ".[tools,test]" numpy
 
 echo "== CPU tier"
 ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
