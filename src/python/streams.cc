@@ -50,23 +50,14 @@ void ResolveTorch() {
   g_torch_resolved = true;
 }
 
-bool StreamFromApi(const DLPackExchangeAPI* api, int device, CUstream* stream) {
-  if (api->current_work_stream == nullptr) {
-    *stream = nullptr;
-    return true;
-  }
-  void* s = nullptr;
-  if (api->current_work_stream(kDLCUDA, device, &s) != 0) {
-    if (!PyErr_Occurred()) {
-      PyErr_SetString(PyExc_RuntimeError, "the tensor library's current_work_stream failed");
-    }
-    return false;
-  }
-  *stream = static_cast<CUstream>(s);
-  return true;
-}
-
 }  // namespace
+
+bool CurrentWorkStreamFailed() {
+  if (!PyErr_Occurred()) {
+    PyErr_SetString(PyExc_RuntimeError, "the tensor library's current_work_stream failed");
+  }
+  return false;
+}
 
 const DLPackExchangeAPI* ApiFromCapsule(PyObject* capsule) {
   if (capsule == nullptr || !PyCapsule_IsValid(capsule, kExchangeApiCapsuleName)) return nullptr;
@@ -157,9 +148,7 @@ bool ParseStream(PyObject* o, CUstream* stream) {
   return true;
 }
 
-bool DefaultStream(const RuntimeState& rt, const DLPackExchangeAPI* api, int device,
-                   CUstream* stream) {
-  if (api != nullptr) return StreamFromApi(api, device, stream);
+bool DefaultStreamWithoutApi(const RuntimeState& rt, int device, CUstream* stream) {
   *stream = nullptr;  // the legacy default stream
   ResolveTorch();
   if (g_torch_api == nullptr && g_torch_raw_stream == nullptr) return true;

@@ -23,6 +23,7 @@
 #include <cuda.h>
 #include <nanobind/nanobind.h>
 
+#include "absl/base/optimization.h"
 #include "dlpack.h"
 #include "runtime_state.h"
 
@@ -37,11 +38,35 @@ bool CurrentDevice(const RuntimeState& rt, int hint, int* device, bool* have_con
 // A `stream=` value (see above) into `stream`. False with a TypeError or ValueError set.
 bool ParseStream(PyObject* o, CUstream* stream);
 
+// A producer's current_work_stream failing: sets a RuntimeError unless it raised. False.
+bool CurrentWorkStreamFailed();
+
+// The current stream of `device` of the producer whose exchange API is `api` (null when
+// the API has no current_work_stream). False with a Python exception set.
+inline bool StreamFromApi(const DLPackExchangeAPI* api, int device, CUstream* stream) {
+  if (api->current_work_stream == nullptr) {
+    *stream = nullptr;
+    return true;
+  }
+  void* s = nullptr;
+  if (ABSL_PREDICT_FALSE(api->current_work_stream(kDLCUDA, device, &s) != 0)) {
+    return CurrentWorkStreamFailed();
+  }
+  *stream = static_cast<CUstream>(s);
+  return true;
+}
+
+// DefaultStream when no tensor was read through an exchange API.
+bool DefaultStreamWithoutApi(const RuntimeState& rt, int device, CUstream* stream);
+
 // The stream of a call that named none (see above), given the exchange API of its first
 // tensor (null: none read through one) and its device (-1: not known yet). False with a
-// Python exception set.
-bool DefaultStream(const RuntimeState& rt, const DLPackExchangeAPI* api, int device,
-                   CUstream* stream);
+// Python exception set. Inline: every launch without stream= asks.
+inline bool DefaultStream(const RuntimeState& rt, const DLPackExchangeAPI* api, int device,
+                          CUstream* stream) {
+  if (api == nullptr) return DefaultStreamWithoutApi(rt, device, stream);
+  return StreamFromApi(api, device, stream);
+}
 
 // For nanobind code: `stream` parsed, or for None the stream a launch without stream= and
 // without tensor arguments would use. Throws nanobind's python_error.
