@@ -59,7 +59,8 @@ struct TypeEntry {
 };
 inline constexpr size_t kTypeCacheSize = 8;
 // The tensor types seen, in the order first seen (in practice torch.Tensor first).
-extern std::array<TypeEntry, kTypeCacheSize> g_types;
+// Hidden: the launch path reads it directly, not through the GOT.
+extern std::array<TypeEntry, kTypeCacheSize> g_types __attribute__((visibility("hidden")));
 
 // What one call accumulates while converting its arguments.
 struct CallState {

@@ -23,7 +23,7 @@ struct Interned {
   PyObject* c;                      // torch._C
   PyObject* cuda_get_current_raw_stream;
 };
-extern Interned g_str;
+extern Interned g_str __attribute__((visibility("hidden")));
 
 // False with a Python exception set.
 bool InternStrings();

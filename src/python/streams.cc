@@ -76,16 +76,11 @@ const DLPackExchangeAPI* ApiFromCapsule(PyObject* capsule) {
   return api;
 }
 
-bool CurrentDevice(const RuntimeState& rt, int hint, int* device, bool* have_context) {
-  absl::StatusOr<int> current = rt.runtime.CurrentDevice();
-  if (ABSL_PREDICT_TRUE(current.ok())) {
-    *have_context = true;
-    *device = *current;
-    return true;
-  }
+bool CurrentDeviceFailed(const RuntimeState& rt, const absl::Status& error, int hint, int* device,
+                         bool* have_context) {
   // FAILED_PRECONDITION: no context is current on this thread.
-  if (current.status().code() != absl::StatusCode::kFailedPrecondition) {
-    RaiseStatus(current.status());
+  if (error.code() != absl::StatusCode::kFailedPrecondition) {
+    RaiseStatus(error);
     return false;
   }
   if (hint < 0) {
@@ -97,7 +92,7 @@ bool CurrentDevice(const RuntimeState& rt, int hint, int* device, bool* have_con
     RaiseStatus(s);
     return false;
   }
-  current = rt.runtime.CurrentDevice();
+  absl::StatusOr<int> current = rt.runtime.CurrentDevice();
   if (!current.ok()) {
     RaiseStatus(current.status());
     return false;

@@ -24,16 +24,30 @@
 #include <nanobind/nanobind.h>
 
 #include "absl/base/optimization.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "dlpack.h"
 #include "runtime_state.h"
 
 namespace kpack::python {
 
+// CurrentDevice when Runtime::CurrentDevice failed with `error`.
+bool CurrentDeviceFailed(const RuntimeState& rt, const absl::Status& error, int hint, int* device,
+                         bool* have_context);
+
 // The device ordinal of the calling thread's current CUDA context into `device`. With no
 // context current: `hint` >= 0 (a tensor's device) makes that device's primary context
 // current first; else `*have_context` is false and `*device` -1. False with a Python
-// exception set.
-bool CurrentDevice(const RuntimeState& rt, int hint, int* device, bool* have_context);
+// exception set. Inline: every launch with tensor arguments asks once.
+inline bool CurrentDevice(const RuntimeState& rt, int hint, int* device, bool* have_context) {
+  absl::StatusOr<int> current = rt.runtime.CurrentDevice();
+  if (ABSL_PREDICT_FALSE(!current.ok())) {
+    return CurrentDeviceFailed(rt, current.status(), hint, device, have_context);
+  }
+  *have_context = true;
+  *device = *current;
+  return true;
+}
 
 // A `stream=` value (see above) into `stream`. False with a TypeError or ValueError set.
 bool ParseStream(PyObject* o, CUstream* stream);
