@@ -22,6 +22,7 @@ class NoScratch(Exception):
 
 def test_a_raising_scratch_callable_in_an_eager_step_propagates_and_is_asked_again(
         fake, open_pack):
+    fake.use_primary_context()
     k = open_pack("testpack").scratch
     calls = []
     failing = [True]
@@ -63,6 +64,7 @@ class ProtocolStream:
 
 
 def test_reserve_and_release_scratch_take_the_stream_forms_of_a_launch(fake, driver):
+    fake.use_primary_context()
     pack = kpack.open(KERNELS / "testpack", driver=driver)
     k, args = pack.scratch, (addr(0), addr(1), 64, 64, 64)
     handles = [fake.stream_create() for _ in range(3)]
@@ -96,6 +98,7 @@ from conftest import Fake
 import kpack_testing as _testing
 fake = Fake({driver!r})
 pack = kpack.open({str(KERNELS / 'testpack')!r}, driver={driver!r})
+fake.use_primary_context()
 args = (1 << 20, 2 << 20, 64, 64, 64)
 s = fake.stream_create()
 _testing.set_current_stream(s)
