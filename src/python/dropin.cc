@@ -425,29 +425,6 @@ nb::list DropInStats(const DropInObject& d) {
   return list;
 }
 
-int LaunchTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* l = reinterpret_cast<LaunchObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(l->table);
-  Py_VISIT(l->grid);
-  return 0;
-}
-
-int LaunchClear(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<LaunchObject*>(self)->grid);
-  return 0;
-}
-
-void LaunchDealloc(PyObject* self) {
-  auto* l = reinterpret_cast<LaunchObject*>(self);
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  Py_CLEAR(l->grid);
-  Py_CLEAR(l->table);
-  PyObject_GC_Del(self);
-  Py_DECREF(type);
-}
-
 PyObject* LaunchRepr(PyObject* self) {
   auto* l = reinterpret_cast<LaunchObject*>(self);
   return PyUnicode_FromFormat("<kpack drop-in launch of %R with grid %R>", l->entry->fn,
@@ -461,14 +438,9 @@ void InitDropIn(nb::module_& m) {
       "it has pre-run hooks (JITFunction.add_pre_run_hook), which only Triton's launcher runs");
   g_unhashable_reason = PyUnicode_InternFromString(
       "a constexpr or launch option value of the call is not hashable");
-  g_launch_type = MakeLaunchType(
-      "kpack.DropInLaunch", sizeof(LaunchObject), offsetof(LaunchObject, vectorcall),
-      {{Py_tp_dealloc, reinterpret_cast<void*>(LaunchDealloc)},
-       {Py_tp_traverse, reinterpret_cast<void*>(LaunchTraverse)},
-       {Py_tp_clear, reinterpret_cast<void*>(LaunchClear)},
-       {Py_tp_repr, reinterpret_cast<void*>(LaunchRepr)}},
-      "kernel[grid] under kpack.install: call it with the kernel's arguments.",
-      Py_TPFLAGS_DISALLOW_INSTANTIATION);
+  g_launch_type = MakeLaunchType<LaunchObject, &LaunchObject::table, &LaunchObject::grid>(
+      "kpack.DropInLaunch", {{Py_tp_repr, reinterpret_cast<void*>(LaunchRepr)}},
+      "kernel[grid] under kpack.install: call it with the kernel's arguments.");
   if (g_hooks_reason == nullptr || g_unhashable_reason == nullptr || g_launch_type == nullptr) {
     throw nb::python_error();
   }

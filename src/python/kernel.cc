@@ -101,29 +101,6 @@ PyObject* KernelGetItem(PyObject* self, PyObject* grid_obj) {
   return reinterpret_cast<PyObject*>(g);
 }
 
-int GridTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* g = reinterpret_cast<GridObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(g->kernel);
-  Py_VISIT(g->grid_fn);
-  return 0;
-}
-
-int GridClear(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<GridObject*>(self)->grid_fn);
-  return 0;
-}
-
-void GridDealloc(PyObject* self) {
-  auto* g = reinterpret_cast<GridObject*>(self);
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  Py_CLEAR(g->grid_fn);
-  Py_CLEAR(g->kernel);
-  PyObject_GC_Del(self);
-  Py_DECREF(type);
-}
-
 PyObject* GridRepr(PyObject* self) {
   auto* g = reinterpret_cast<GridObject*>(self);
   const std::string& name = Self<KernelObj>(g->kernel)->plan->name;
@@ -311,15 +288,10 @@ PyObject* LaunchObjects(PyObject* kernel, PyObject* grid_obj, PyObject* const* a
 }
 
 void InitKernel(nb::module_& m) {
-  g_grid_type = MakeLaunchType(
-      "kpack.GridLaunch", sizeof(GridObject), offsetof(GridObject, vectorcall),
-      {{Py_tp_dealloc, reinterpret_cast<void*>(GridDealloc)},
-       {Py_tp_traverse, reinterpret_cast<void*>(GridTraverse)},
-       {Py_tp_clear, reinterpret_cast<void*>(GridClear)},
-       {Py_tp_repr, reinterpret_cast<void*>(GridRepr)},
-       {Py_tp_methods, g_grid_methods}},
-      "kernel[grid]: call it with the kernel's arguments to launch with that grid.",
-      Py_TPFLAGS_DISALLOW_INSTANTIATION);
+  g_grid_type = MakeLaunchType<GridObject, &GridObject::kernel, &GridObject::grid_fn>(
+      "kpack.GridLaunch",
+      {{Py_tp_repr, reinterpret_cast<void*>(GridRepr)}, {Py_tp_methods, g_grid_methods}},
+      "kernel[grid]: call it with the kernel's arguments to launch with that grid.");
   g_variant_stats_type = PyStructSequence_NewType(&g_variant_stats_desc);
   if (g_grid_type == nullptr || g_variant_stats_type == nullptr || !InitMetaTypes(m.ptr())) {
     throw nb::python_error();

@@ -53,15 +53,15 @@ void FinishVectorcallClass(nb::handle type, Py_ssize_t instance_offset,
 }
 
 PyTypeObject* MakeLaunchType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
-                             std::vector<PyType_Slot> slots, const char* doc,
-                             unsigned long flags) {  // NOLINT(runtime/int)
+                             std::vector<PyType_Slot> slots, const char* doc) {
   slots.push_back({Py_tp_members, const_cast<PyMemberDef*>(VectorcallMember(vectorcall_offset))});
   slots.push_back({Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)});
   slots.push_back({Py_tp_doc, const_cast<char*>(doc)});
   slots.push_back({0, nullptr});
   PyType_Spec spec = {name, basicsize, 0,
                       static_cast<unsigned int>(Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
-                                                Py_TPFLAGS_HAVE_VECTORCALL | flags),
+                                                Py_TPFLAGS_HAVE_VECTORCALL |
+                                                Py_TPFLAGS_DISALLOW_INSTANTIATION),
                       slots.data()};
   return reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&spec));
 }

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kpack::python {
@@ -66,11 +67,46 @@ void FinishVectorcallClass(nanobind::handle type, unsigned long extra_flags = 0)
 }
 
 // A hand-written per-call type: GC-tracked, vectorcall at `vectorcall_offset` (also its
-// tp_call), `slots` besides, `flags` added (e.g. Py_TPFLAGS_DISALLOW_INSTANTIATION). Null
-// with a Python exception set.
+// tp_call), `slots` besides, not instantiable from Python. Null with a Python exception
+// set.
 PyTypeObject* MakeLaunchType(const char* name, int basicsize, Py_ssize_t vectorcall_offset,
-                             std::vector<PyType_Slot> slots, const char* doc,
-                             unsigned long flags);  // NOLINT(runtime/int)
+                             std::vector<PyType_Slot> slots, const char* doc);
+
+// The same for a type T laid out as PyObject_HEAD, `vectorcallfunc vectorcall`, and two
+// strong references: `*kOwner` (what it launches through; kept until it dies) and
+// `*kExtra` (may be null; what the garbage collector clears to break a cycle). `slots`
+// adds the rest (repr, methods).
+template <typename T, PyObject* T::*kOwner, PyObject* T::*kExtra>
+struct LaunchObjectGC {
+  static int Traverse(PyObject* self, visitproc visit, void* arg) {
+    T* o = reinterpret_cast<T*>(self);
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(o->*kOwner);
+    Py_VISIT(o->*kExtra);
+    return 0;
+  }
+  static int Clear(PyObject* self) {
+    Py_CLEAR(reinterpret_cast<T*>(self)->*kExtra);
+    return 0;
+  }
+  static void Dealloc(PyObject* self) {
+    T* o = reinterpret_cast<T*>(self);
+    PyTypeObject* type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(o->*kExtra);
+    Py_CLEAR(o->*kOwner);
+    PyObject_GC_Del(self);
+    Py_DECREF(type);
+  }
+};
+template <typename T, PyObject* T::*kOwner, PyObject* T::*kExtra>
+PyTypeObject* MakeLaunchType(const char* name, std::vector<PyType_Slot> slots, const char* doc) {
+  using GC = LaunchObjectGC<T, kOwner, kExtra>;
+  slots.push_back({Py_tp_dealloc, reinterpret_cast<void*>(GC::Dealloc)});
+  slots.push_back({Py_tp_traverse, reinterpret_cast<void*>(GC::Traverse)});
+  slots.push_back({Py_tp_clear, reinterpret_cast<void*>(GC::Clear)});
+  return MakeLaunchType(name, sizeof(T), offsetof(T, vectorcall), std::move(slots), doc);
+}
 
 // A nanobind method's *args and **kwargs in vectorcall form (positional objects, then the
 // keyword values in the order of `kwnames`), for the hand-written call paths that bind,
