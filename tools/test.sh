@@ -33,6 +33,9 @@ started=$SECONDS
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
   ".[tools,test]" numpy
 echo "   installed in $((SECONDS - started)) s"
+# pyproject.toml promises that rebuilding the wheel recompiles only what changed: a second
+# install of the unchanged checkout must compile nothing.
+tests/python/check_reinstall.sh "$venv/bin/python" "${launcher[@]}" ".[tools,test]" numpy
 
 # The Llama tests' fixture (tests/llama/tiny_fixture.py) writes its checkpoint and runs the
 # numpy oracle with this venv's numpy and safetensors.

@@ -1,5 +1,7 @@
 #include "graph/graph_grid.h"
 
+#include "kpack/graph.h"
+
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -145,3 +147,13 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
 }
 
 }  // namespace kpack::internal
+
+namespace kpack {
+
+std::optional<std::pair<int64_t, int64_t>> GraphPaddingInterval(std::span<const int64_t> edges,
+                                                               std::optional<int64_t> grid_max,
+                                                               size_t index) {
+  return internal::PaddingInterval(edges, grid_max, index);
+}
+
+}  // namespace kpack

@@ -27,6 +27,7 @@
 #include "launch/tensordesc.h"
 #include "manifest/manifest.h"
 #include "pack/pack_state.h"
+#include "runtime/devices.h"
 
 namespace kpack::internal {
 
@@ -177,6 +178,7 @@ class RuntimeImpl {
   const Pack& pack() const { return *pack_; }
   const std::string& dir() const { return pack_->dir(); }
   ScratchArenas& scratch() const { return *scratch_; }
+  const DeviceOrdinals& device_ordinals() const { return device_ordinals_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
   // Options::scratch_allocator; set by Runtime::Open before the runtime is shared.
   void set_scratch_allocator(const ScratchAllocator& allocator) { scratch_allocator_ = allocator; }
@@ -252,6 +254,7 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
   std::unique_ptr<ScratchArenas> scratch_;
+  DeviceOrdinals device_ordinals_;  // Runtime::CurrentDevice
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
   // Kernel::Restrict's views, by (kernel, variants, ignore_buckets).

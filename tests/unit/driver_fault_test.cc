@@ -49,14 +49,14 @@ constexpr Classified kClassified[] = {
     {"GetErrorString", Use::kErrorText},
     {"Init", Use::kLibrary},
     {"DriverGetVersion", Use::kToolsOrTests},  // kpack doctor
-    {"DeviceGet", Use::kToolsOrTests},
-    {"DeviceGetCount", Use::kToolsOrTests},
+    {"DeviceGet", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
+    {"DeviceGetCount", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
     {"DeviceGetAttribute", Use::kLibrary},
     {"DeviceGetName", Use::kToolsOrTests},
-    {"DevicePrimaryCtxRetain", Use::kToolsOrTests},
+    {"DevicePrimaryCtxRetain", Use::kLibrary},  // Runtime::UseDevice
     {"DevicePrimaryCtxRelease", Use::kToolsOrTests},
     {"CtxGetCurrent", Use::kLibrary},
-    {"CtxSetCurrent", Use::kToolsOrTests},
+    {"CtxSetCurrent", Use::kLibrary},  // Runtime::UseDevice
     {"CtxGetDevice", Use::kLibrary},
     {"CtxGetId", Use::kLibrary},
     {"CtxPushCurrent", Use::kLibrary},
@@ -297,6 +297,9 @@ const Operation kOperations[] = {
        return absl::OkStatus();
      },
      nullptr, /*retry=*/false},
+    {"current device, first time in a context", Open,
+     [](World& w) { return w.rt->CurrentDevice().status(); }},
+    {"use device", Open, [](World& w) { return w.rt->UseDevice(0); }},
 };
 
 // Driver calls per function while `op` runs, without faults.
