@@ -1,11 +1,10 @@
 #include "graph/graph_grid.h"
 
-#include "kpack/graph.h"
-
 #include <string>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "kpack/graph.h"
 #include "launch/args.h"
 #include "util/status_macros.h"
 
