@@ -359,6 +359,9 @@ def main(argv=None) -> int:
           f"{cfg.weight_bytes_per_step() / 1e9:.3f} GB per step")
     py_arms = {"py-graph": "graph", "py-eager": "eager", "triton": "triton"}
 
+    def save():  # after every arm and cell, so a run cut short keeps what it measured
+        (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
     def attempt(fn):
         try:
             return fn()
@@ -407,6 +410,7 @@ def main(argv=None) -> int:
                     return dict(summarize(us, host, 1, fl), **skips)
                 proto["arms"][arm] = attempt(torch_arm)
             r = proto["arms"][arm]
+            save()
             if "error" not in r:
                 print(f"protocol {arm}: {r['us_per_step']:.1f} µs/step, host "
                       f"{r['host_us_per_step'] or 0:.1f} µs, {100 * r['frac_floor']:.1f}% of "
@@ -466,6 +470,7 @@ def main(argv=None) -> int:
                             t.close()
                         return dict(summarize(us, host, batch, fl), **skips)
                     cell["arms"][arm] = attempt(torch_arm)
+            save()
             print(f"grid B={batch} ctx={context}: " + ", ".join(
                 f"{a} {r['us_per_step']:.0f} µs ({100 * r['frac_floor']:.0f}%)"
                 for a, r in cell["arms"].items() if "error" not in r))
@@ -475,7 +480,7 @@ def main(argv=None) -> int:
         if not cpp_context and any(a.startswith("cpp") for a in arms):
             grid["note"] = "kpack-llama has no --context option: the cpp arms ran no grid cell"
         del eng
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    save()
     md = render(results)
     (args.out / "results.md").write_text(md + "\n")
     print(md)
