@@ -142,9 +142,9 @@ void Replay(PyStepGraph& g, nb::handle stream) {
 }
 
 // StepGraph::Stats and GraphInfo, every field: a new field must be added here.
-static_assert(sizeof(StepGraph::Stats) == 6 * sizeof(uint64_t),
+static_assert(sizeof(StepGraph::Stats) == 8 * sizeof(uint64_t),
               "StepGraph::Stats changed: expose every field in StepGraph.stats()");
-static_assert(sizeof(StepGraph::GraphInfo) == sizeof(std::string) + 4 * sizeof(uint64_t),
+static_assert(sizeof(StepGraph::GraphInfo) == 2 * sizeof(std::string) + 5 * sizeof(uint64_t),
               "StepGraph::GraphInfo changed: expose every field in StepGraph.graphs()");
 
 nb::dict Stats(const PyStepGraph& g) {
@@ -155,7 +155,9 @@ nb::dict Stats(const PyStepGraph& g) {
   d["nodes_patched"] = s.nodes_patched;
   d["last_nodes_patched"] = s.last_nodes_patched;
   d["eager_steps"] = s.eager_steps;
+  d["captured_steps"] = s.captured_steps;
   d["scratch_bytes"] = s.scratch_bytes;
+  d["pdl_fallbacks"] = s.pdl_fallbacks;
   return d;
 }
 
@@ -168,6 +170,8 @@ nb::list Graphs(const PyStepGraph& g) {
     d["scratch_bytes"] = info.scratch_bytes;
     d["build_us"] = info.build_us;
     d["replays"] = info.replays;
+    d["programmatic_edges"] = info.programmatic_edges;
+    d["pdl_fallback"] = info.pdl_fallback;
     out.append(d);
   }
   return out;
@@ -218,10 +222,12 @@ void InitGraph(nb::module_& m) {
           "The bound launches of the step, in order.")
       .def("stats", &Stats,
            "stats() -> dict of StepGraph::Stats: graphs_built, replays, nodes_patched (all "
-           "replays), last_nodes_patched, eager_steps, scratch_bytes.")
+           "replays), last_nodes_patched, eager_steps, captured_steps, scratch_bytes, "
+           "pdl_fallbacks.")
       .def("graphs", &Graphs,
            "graphs() -> one dict per graph built, in build order (StepGraph::GraphInfo): "
-           "signature, nodes, scratch_bytes, build_us, replays.");
+           "signature, nodes, scratch_bytes, build_us, replays, programmatic_edges, "
+           "pdl_fallback.");
 
   m.def("graph", &MakeGraph, nb::arg("launches"), nb::arg("unseen") = "build",
         nb::arg("max_graphs") = 256,
