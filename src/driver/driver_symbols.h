@@ -62,6 +62,9 @@ KPACK_DRIVER_SYMBOL(StreamGetCaptureInfo, 12030)
 KPACK_DRIVER_SYMBOL(UserObjectCreate, 11030)
 KPACK_DRIVER_SYMBOL(UserObjectRelease, 11030)
 KPACK_DRIVER_SYMBOL(GraphRetainUserObject, 11030)
+// Host functions on a stream: the tests' model of GPU work still in flight (a stream
+// held behind a host function), for scratch that must outlive it.
+KPACK_DRIVER_SYMBOL(LaunchHostFunc, 10000)
 KPACK_DRIVER_SYMBOL(GraphInstantiateWithFlags, 11040)
 KPACK_DRIVER_SYMBOL(GraphLaunch, 10000)
 KPACK_DRIVER_SYMBOL(GraphDestroy, 10000)

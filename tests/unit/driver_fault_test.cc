@@ -93,6 +93,7 @@ constexpr Classified kClassified[] = {
     {"UserObjectCreate", Use::kLibrary},
     {"UserObjectRelease", Use::kCleanup},
     {"GraphRetainUserObject", Use::kLibrary},
+    {"LaunchHostFunc", Use::kToolsOrTests},  // stream work held in flight, in tests
     {"GraphInstantiateWithFlags", Use::kLibrary},  // kpack::StepGraph
     {"GraphLaunch", Use::kLibrary},
     {"GraphDestroy", Use::kCleanup},
