@@ -21,6 +21,11 @@
     absl::Status s_ = (expr);                    \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
+#define KP_EXPECT_OK(expr)                       \
+  do {                                           \
+    absl::Status s_ = (expr);                    \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (0)
 
 namespace kpack::testing {
 
