@@ -29,10 +29,12 @@ absl::StatusOr<CUdeviceptr> GraphArenas::ForCapture(const StreamKey& stream, uin
     std::lock_guard<std::mutex> lock(mu_);
     if (std::optional<Arena> lent = pool_.FindLent(tag)) {
       if (lent->size >= bytes) return lent->aligned;
-      return absl::FailedPreconditionError(absl::StrCat(
-          "needs ", bytes, " bytes of scratch inside a stream capture whose arena has ",
-          lent->size, ", and kpack never allocates during a capture: call "
-          "Runtime::ReserveScratch(stream, ", bytes, ") before beginning the capture"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("needs ", bytes, " bytes of scratch inside a stream capture whose arena has ",
+                       lent->size,
+                       ", and kpack never allocates during a capture: call "
+                       "Runtime::ReserveScratch(stream, ",
+                       bytes, ") before beginning the capture"));
     }
     auto reserved = std::find_if(reserved_.begin(), reserved_.end(),
                                  [&](const Reserved& r) { return r.capture_stream == stream; });
@@ -42,11 +44,13 @@ absl::StatusOr<CUdeviceptr> GraphArenas::ForCapture(const StreamKey& stream, uin
     } else if (std::optional<Arena> idle = pool_.TakeIdle(stream.context, bytes)) {
       arena = *idle;
     } else {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "needs ", bytes, " bytes of scratch inside a stream capture, and no arena of that "
-          "size is reserved for this stream (kpack never allocates during a capture, and a "
-          "captured graph must own its scratch): call Runtime::ReserveScratch(stream, ",
-          bytes, ") before beginning each capture"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("needs ", bytes,
+                       " bytes of scratch inside a stream capture, and no arena of that size is "
+                       "reserved for this stream (kpack never allocates during a capture, and a "
+                       "captured graph must own its scratch): call "
+                       "Runtime::ReserveScratch(stream, ",
+                       bytes, ") before beginning each capture"));
     }
     loan = pool_.Lend(arena, tag);
   }

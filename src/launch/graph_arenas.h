@@ -91,8 +91,7 @@ class GraphArenas {
 
   // Hands the arena lent as `loan` to `graph` through a user object (`object`, if not
   // null, receives it); on failure the loan is returned (the arena goes back to the pool).
-  absl::Status GiveToGraph(CUgraph graph, void* loan, absl::string_view what,
-                           CUuserObject* object);
+  absl::Status GiveToGraph(CUgraph graph, void* loan, absl::string_view what, CUuserObject* object);
 
   const Driver& driver_;
   ArenaPool& pool_;

@@ -19,8 +19,8 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::Get(CUstream stream, uint64_t context
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t capture = 0;
   CUgraph graph = nullptr;
-  CUresult r = driver_.StreamGetCaptureInfo(stream, &status, &capture, &graph, nullptr, nullptr,
-                                            nullptr);
+  CUresult r =
+      driver_.StreamGetCaptureInfo(stream, &status, &capture, &graph, nullptr, nullptr, nullptr);
   if (r != CUDA_SUCCESS) return driver_.Error(r, "cuStreamGetCaptureInfo for scratch memory");
   if (status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
     return graphs_.ForCapture(CaptureKeyOf(stream, context), capture, graph, bytes);
@@ -43,8 +43,8 @@ absl::StatusOr<CUdeviceptr> ScratchArenas::Grow(CUstream stream, const StreamKey
   return streams_.Grow(stream, current, key, bytes);
 }
 
-absl::StatusOr<CUdeviceptr> ScratchArenas::ForGraph(CUgraph graph, uint64_t context,
-                                                    uint64_t bytes, CUuserObject* object) {
+absl::StatusOr<CUdeviceptr> ScratchArenas::ForGraph(CUgraph graph, uint64_t context, uint64_t bytes,
+                                                    CUuserObject* object) {
   CUcontext current = nullptr;
   KPACK_RETURN_IF_ERROR(driver_.Check(driver_.CtxGetCurrent(&current), "cuCtxGetCurrent"));
   return graphs_.ForGraph(graph, current, context, bytes, object);
@@ -61,9 +61,10 @@ absl::StatusOr<std::pair<CUcontext, StreamKey>> ScratchArenas::OutsideCapture(
       driver_.StreamGetCaptureInfo(stream, &status, nullptr, nullptr, nullptr, nullptr, nullptr),
       "cuStreamGetCaptureInfo"));
   if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        call, " on a stream that is being captured: call it before cuStreamBeginCapture or "
-        "after cuStreamEndCapture (kpack never allocates or frees during a capture)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(call,
+                     " on a stream that is being captured: call it before cuStreamBeginCapture or "
+                     "after cuStreamEndCapture (kpack never allocates or frees during a capture)"));
   }
   KPACK_ASSIGN_OR_RETURN(const StreamKey key, KeyOf(driver_, stream, context_id));
   return std::pair{context, key};

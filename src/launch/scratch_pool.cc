@@ -73,8 +73,8 @@ absl::StatusOr<Arena> ArenaPool::TakeOrAllocate(CUcontext context, uint64_t cont
     return driver_.Error(pop, "cuCtxPopCurrent after allocating a scratch arena");
   }
   KPACK_RETURN_IF_ERROR(driver_.Check(
-      alloc, absl::StrCat("cuMemAlloc of a ", arena.size + kScratchAlign - 1,
-                          "-byte scratch arena")));
+      alloc,
+      absl::StrCat("cuMemAlloc of a ", arena.size + kScratchAlign - 1, "-byte scratch arena")));
   arena.aligned = (arena.base + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
   return arena;
 }
@@ -125,7 +125,8 @@ void ArenaPool::Return(void* payload) {
 
 void ArenaPool::DrainLocked() const {
   for (Loan* loan = returns_->head.exchange(nullptr, std::memory_order_acquire); loan != nullptr;) {
-    auto it = std::find_if(lent_.begin(), lent_.end(), [&](const Lent& l) { return l.loan == loan; });
+    auto it =
+        std::find_if(lent_.begin(), lent_.end(), [&](const Lent& l) { return l.loan == loan; });
     if (it != lent_.end()) {
       idle_.push_back(it->arena);
       lent_.erase(it);

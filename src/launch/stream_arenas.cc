@@ -57,7 +57,9 @@ absl::StatusOr<CUdeviceptr> StreamArenas::Grow(CUstream stream, CUcontext contex
     Slot* free_slot;
     if (Slot* slot = find(&free_slot); slot != nullptr) {
       current = slot->size.load(std::memory_order_relaxed);
-      if (current >= bytes) return slot->aligned.load(std::memory_order_relaxed);  // grown meanwhile
+      if (current >= bytes) {  // grown meanwhile
+        return slot->aligned.load(std::memory_order_relaxed);
+      }
     } else if (key.kind == StreamKey::kReal) {
       // A new stream with the handle of one destroyed without ReleaseScratch: that one's
       // arena goes (cuMemFree waits for the work that used it).

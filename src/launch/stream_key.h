@@ -58,8 +58,12 @@ inline size_t HashOf(const StreamKey& key) {
 // The key of `stream` in the current context, whose cuCtxGetId is `context`, outside a
 // capture. A real stream's id costs one cuStreamGetId.
 inline absl::StatusOr<StreamKey> KeyOf(const Driver& driver, CUstream stream, uint64_t context) {
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return StreamKey{context, StreamKey::kLegacy, 0};
-  if (stream == CU_STREAM_PER_THREAD) return StreamKey{context, StreamKey::kPerThread, ThreadToken()};
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) {
+    return StreamKey{context, StreamKey::kLegacy, 0};
+  }
+  if (stream == CU_STREAM_PER_THREAD) {
+    return StreamKey{context, StreamKey::kPerThread, ThreadToken()};
+  }
   unsigned long long id = 0;  // NOLINT(runtime/int)
   if (const CUresult r = driver.StreamGetId(stream, &id); r != CUDA_SUCCESS) {
     return driver.Error(r, "cuStreamGetId for a scratch arena");
@@ -70,8 +74,12 @@ inline absl::StatusOr<StreamKey> KeyOf(const Driver& driver, CUstream stream, ui
 // The key of `stream` as a capture sees it: KeyOf's, but a real stream by its handle (no
 // driver call, so it is safe on a capturing stream).
 inline StreamKey CaptureKeyOf(CUstream stream, uint64_t context) {
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return StreamKey{context, StreamKey::kLegacy, 0};
-  if (stream == CU_STREAM_PER_THREAD) return StreamKey{context, StreamKey::kPerThread, ThreadToken()};
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) {
+    return StreamKey{context, StreamKey::kLegacy, 0};
+  }
+  if (stream == CU_STREAM_PER_THREAD) {
+    return StreamKey{context, StreamKey::kPerThread, ThreadToken()};
+  }
   return StreamKey{context, StreamKey::kHandle, reinterpret_cast<uintptr_t>(stream)};
 }
 

@@ -2491,7 +2491,7 @@ void Reset() {
 void SetAsyncDestructors(bool on) { S().async_destructors.store(on, std::memory_order_release); }
 
 void DrainDriverThread() {
-  if (Worker().OnThisThread()) Die("DrainDriverThread on the driver's thread would wait for itself");
+  if (Worker().OnThisThread()) Die("DrainDriverThread on the driver's thread waits for itself");
   WaitForQueued("DrainDriverThread");
 }
 

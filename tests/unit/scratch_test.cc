@@ -5,6 +5,8 @@
 // it exits (not before its last launch is done, and also when the Runtime is gone
 // first), and all of it under concurrency (run under ThreadSanitizer in CI).
 
+#include "launch/scratch.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -22,7 +24,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
-#include "launch/scratch.h"
 
 namespace kpack {
 namespace {
@@ -145,7 +146,7 @@ class ScratchTest : public ::testing::Test {
   std::atomic<int> finished_{-1};
   std::mutex probes_mu_;
   std::vector<std::future<void>> probes_;  // waited for by the destructor
-  std::atomic<int> exit_state_{0};  // 1: the exit is freeing; 2: the thread is gone
+  std::atomic<int> exit_state_{0};         // 1: the exit is freeing; 2: the thread is gone
   std::thread exiting_, joiner_;
 };
 
@@ -243,7 +244,9 @@ TEST_F(ScratchTest, AGraphsArenaReturnsWhileReleaseScratchWaitsForTheGpu) {
   CUgraph graph = GraphWithScratch(rt);
   fake::OnNextCall("MemFree", [&] {
     ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);  // its destructor is queued...
-    ASSERT_EQ(d().LaunchHostFunc(host, [](void*) {}, nullptr), CUDA_SUCCESS);  // ...before this
+    ASSERT_EQ(d().LaunchHostFunc(
+                  host, [](void*) {}, nullptr),
+              CUDA_SUCCESS);  // ...before this
   });
   KP_EXPECT_OK(rt.ReleaseScratch(stream));
   EXPECT_THAT(fake::Faults(), IsEmpty()) << "the destructor blocked the driver's thread";
