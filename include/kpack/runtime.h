@@ -59,7 +59,8 @@
 //    is freed by `ReleaseScratch(stream)` or the Runtime's destruction; a thread's
 //    CU_STREAM_PER_THREAD arenas (and its reservation) also when the thread exits, on
 //    that thread (cuMemFree, which waits for its launches still in flight: a thread
-//    exiting with work queued waits for it);
+//    exiting with work queued waits for it; in relaxed capture mode, so that another
+//    thread's capture in global mode is not invalidated by it);
 //  - else, inside a capture, an arena owned by the captured graph (see below).
 //
 // CUDA graphs. kpack launches may be captured (cuStreamBeginCapture) and the graph

@@ -59,6 +59,9 @@ KPACK_DRIVER_SYMBOL(StreamBeginCapture, 10010)
 KPACK_DRIVER_SYMBOL(StreamEndCapture, 10000)
 KPACK_DRIVER_SYMBOL(StreamIsCapturing, 10000)
 KPACK_DRIVER_SYMBOL(StreamGetCaptureInfo, 12030)
+// Relaxed around the frees a thread's exit makes (launch/scratch.cc): never a capture's
+// concern, they must not invalidate one another thread runs in global mode.
+KPACK_DRIVER_SYMBOL(ThreadExchangeStreamCaptureMode, 10010)
 KPACK_DRIVER_SYMBOL(UserObjectCreate, 11030)
 KPACK_DRIVER_SYMBOL(UserObjectRelease, 11030)
 KPACK_DRIVER_SYMBOL(GraphRetainUserObject, 11030)

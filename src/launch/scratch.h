@@ -20,8 +20,9 @@
 // arenas freed when it exits). This class routes between them.
 //
 // A thread's CU_STREAM_PER_THREAD arenas (and reservation) are freed when the thread
-// exits, on that thread (cuMemFree waits for its launches still in flight); after the
-// Runtime is destroyed a thread's exit does nothing (the destruction freed them).
+// exits, on that thread (cuMemFree waits for its launches still in flight), in relaxed
+// capture interaction mode (so as not to invalidate another thread's global capture);
+// after the Runtime is destroyed a thread's exit does nothing (the destruction freed them).
 //
 // Thread safety: all methods may be called concurrently (Release must not race with
 // launches on the stream it releases). No lock is held across a driver call, and nothing

@@ -101,14 +101,18 @@ class StreamArenas {
 inline std::pair<CUdeviceptr, uint64_t> StreamArenas::Find(const StreamKey& key) const {
   for (const Slot* s = buckets_[HashOf(key) % kBuckets].load(std::memory_order_acquire);
        s != nullptr; s = s->next) {
+    // A slot being rewritten is skipped: a key is only ever in one slot, so if it is
+    // `key`'s (growing, or being made for it), no later slot has it, and the locked path
+    // decides; if it is another stream's (e.g. an exiting thread's, being freed), `key`'s
+    // may come later.
     const uint32_t before = s->seq.load(std::memory_order_acquire);
-    if (before & 1u) return {0, 0};  // being rewritten: the locked path decides
+    if (before & 1u) continue;
     const StreamKey found{s->context.load(std::memory_order_acquire),
                           s->kind.load(std::memory_order_acquire),
                           s->id.load(std::memory_order_acquire)};
     const uint64_t aligned = s->aligned.load(std::memory_order_acquire);
     const uint64_t size = s->size.load(std::memory_order_acquire);
-    if (s->seq.load(std::memory_order_relaxed) != before) return {0, 0};
+    if (s->seq.load(std::memory_order_relaxed) != before) continue;
     if (found == key) return {aligned, size};
   }
   return {0, 0};

@@ -665,21 +665,29 @@ uint64_t StreamIdentity(State& s, CUstream handle, const Context* context, const
   return per_thread;
 }
 
+// The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode).
+thread_local CUstreamCaptureMode tls_interaction_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
 // The real driver's rule for "potentially unsafe" calls (allocation, synchronous copies,
-// synchronization) during stream capture: forbidden while this thread runs a capture that is
-// not RELAXED, or while any thread runs a GLOBAL one. The call fails, and this thread's
-// capture is invalidated.
+// synchronization) during stream capture, by the calling thread's interaction mode: in
+// RELAXED mode they are allowed; in THREAD_LOCAL mode forbidden while this thread runs a
+// capture that is not RELAXED; in GLOBAL mode (the default) also while any thread runs a
+// GLOBAL one. A forbidden call fails, and invalidates the captures that forbade it (NVIDIA
+// Warp's CaptureMode documents GLOBAL as "capture-unsafe runtime APIs called from any
+// thread invalidate the capture").
 CUresult CheckUnsafeCall(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  if (s.active_captures == 0) return CUDA_SUCCESS;
+  if (s.active_captures == 0 || tls_interaction_mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_SUCCESS;
+  }
   const std::thread::id self = std::this_thread::get_id();
   bool forbidden = false;
   for (auto& [handle, stream] : s.streams) {
     if (stream->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) continue;
     const bool mine = stream->capture_thread == self;
-    if (mine && stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    if ((mine && stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+        (!mine && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+         tls_interaction_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
       stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-      forbidden = true;
-    } else if (!mine && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
       forbidden = true;
     }
   }
@@ -1759,6 +1767,17 @@ CUresult FakeStreamSynchronize(CUstream handle) {
   if (CUresult r = WaitForQueued("cuStreamSynchronize", id); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
   return StickyError(s);
+}
+
+CUresult FakeThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (CUresult r = Enter(Fn::kThreadExchangeStreamCaptureMode); r != CUDA_SUCCESS) return r;
+  if (mode == nullptr || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                          *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                          *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::swap(*mode, tls_interaction_mode);
+  return CUDA_SUCCESS;
 }
 
 // Queued on the driver's thread; later work of the stream runs after it. Host nodes in a

@@ -36,8 +36,10 @@
 //    (except to grow a capture graph past 64 launches).
 //  - Stream capture records launches into a graph; cuGraphLaunch replays them, recording
 //    each again. While a capture is active, cuMemAlloc/Free, synchronous copies, memset and
-//    cuCtxSynchronize fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the capture mode
-//    dictates (and invalidate the calling thread's capture), as the real driver does.
+//    cuCtxSynchronize fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the capture modes
+//    and the calling thread's interaction mode (cuThreadExchangeStreamCaptureMode) dictate,
+//    and invalidate the captures that forbade them (the thread's own, and other threads'
+//    GLOBAL ones), as the real driver does.
 //    cuStreamGetCaptureInfo reports the capture's id and graph. User objects are
 //    reference-counted; a graph holds the references given to it (cuGraphRetainUserObject),
 //    every executable instantiated from it one more per object, and the destructor runs

@@ -1119,6 +1119,54 @@ TEST_F(FakeDriverTest, OnNextCallRunsAHookInsideTheNextCall) {
   EXPECT_EQ(LiveAllocations(), 3);
 }
 
+// Another thread's global capture forbids a thread's unsafe calls, and is invalidated by
+// them, unless the thread's interaction mode (cuThreadExchangeStreamCaptureMode) says
+// otherwise.
+TEST_F(FakeDriverTest, AnotherThreadsGlobalCaptureAndTheInteractionMode) {
+  Init();
+  CUcontext context;
+  ASSERT_EQ(cu.CtxGetCurrent(&context), CUDA_SUCCESS);
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  // In `mode`, on another thread, a cuMemAlloc + cuMemFree during a global capture.
+  auto other_thread = [&](CUstreamCaptureMode mode) {
+    CUresult result = CUDA_SUCCESS;
+    std::thread([&] {
+      ASSERT_EQ(cu.CtxSetCurrent(context), CUDA_SUCCESS);
+      CUstreamCaptureMode previous = mode;
+      ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&previous), CUDA_SUCCESS);
+      EXPECT_EQ(previous, CU_STREAM_CAPTURE_MODE_GLOBAL) << "a thread starts in global mode";
+      CUdeviceptr pointer = 0;
+      result = cu.MemAlloc(&pointer, 64);
+      if (result == CUDA_SUCCESS) result = cu.MemFree(pointer);
+      ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&previous), CUDA_SUCCESS);
+      EXPECT_EQ(previous, mode);
+    }).join();
+    return result;
+  };
+  for (auto [mode, allowed] : {std::pair{CU_STREAM_CAPTURE_MODE_GLOBAL, false},
+                               std::pair{CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, true},
+                               std::pair{CU_STREAM_CAPTURE_MODE_RELAXED, true}}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    EXPECT_EQ(other_thread(mode),
+              allowed ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUgraph graph = nullptr;
+    EXPECT_EQ(cu.StreamEndCapture(stream, &graph),
+              allowed ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    if (graph != nullptr) ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  }
+  // A thread-local capture ignores other threads in any mode.
+  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  EXPECT_EQ(other_thread(CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  CUstreamCaptureMode bad = static_cast<CUstreamCaptureMode>(7);
+  EXPECT_EQ(cu.ThreadExchangeStreamCaptureMode(&bad), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.ThreadExchangeStreamCaptureMode(nullptr), CUDA_ERROR_INVALID_VALUE);
+}
+
 TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {
   Init();
   CUstream stream;

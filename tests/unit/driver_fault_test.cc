@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_driver.h"
@@ -90,6 +91,7 @@ constexpr Classified kClassified[] = {
     {"StreamEndCapture", Use::kToolsOrTests},
     {"StreamIsCapturing", Use::kLibrary},
     {"StreamGetCaptureInfo", Use::kLibrary},
+    {"ThreadExchangeStreamCaptureMode", Use::kCleanup},  // a thread's exit frees its arenas
     {"UserObjectCreate", Use::kLibrary},
     {"UserObjectRelease", Use::kCleanup},
     {"GraphRetainUserObject", Use::kLibrary},
@@ -132,6 +134,7 @@ constexpr size_t kReserve = 1 << 20;
 // are the library's.
 struct World {
   std::optional<Runtime> rt;
+  CUcontext context = nullptr;  // current on the harness's thread
   CUstream stream = nullptr;
   CUcontext second = nullptr;
   bool capturing = false;
@@ -147,12 +150,26 @@ void Open(World& w) {
   auto rt = OpenFake();
   ASSERT_TRUE(rt.ok()) << rt.status();
   w.rt.emplace(*std::move(rt));
+  ASSERT_EQ(FakeDriver().CtxGetCurrent(&w.context), CUDA_SUCCESS);
 }
 absl::Status LaunchAdd(Runtime& rt, CUstream s) {
   return rt.Launch("add", Grid{1}, s, kX, kX, kOut, 1);
 }
 absl::Status LaunchScratch(Runtime& rt, CUstream s) {
   return rt.Launch("scratch", Grid{2, 2}, s, kX, kOut, 64, 64, 64);
+}
+// A scratch launch on the per-thread stream of a thread that then exits: its exit frees
+// the arena, where a failure cannot be reported.
+absl::Status LaunchOnAThreadThatExits(World& w) {
+  absl::Status status;
+  std::thread([&] {
+    if (const CUresult r = FakeDriver().CtxPushCurrent(w.context); r != CUDA_SUCCESS) {
+      status = FakeDriver().Error(r, "cuCtxPushCurrent");
+      return;
+    }
+    status = LaunchScratch(*w.rt, CU_STREAM_PER_THREAD);
+  }).join();
+  return status;
 }
 // kernels/descpack's copy_tma: two CUtensorMaps encoded per launch.
 absl::Status LaunchDescriptors(Runtime& rt, CUstream s) {
@@ -266,6 +283,7 @@ const Operation kOperations[] = {
      },
      [](World& w) { return w.rt->ReleaseScratch(w.stream); }},
     {"step graph: build, replay, patch, replay", BindStep, BuildAndReplay, DropStep},
+    {"a thread's exit frees its per-thread arena", Open, LaunchOnAThreadThatExits},
     {"destroy",
      [](World& w) {
        Open(w);

@@ -313,6 +313,29 @@ TEST_F(ScratchTest, AnExitingThreadsArenaOutlivesItsLastLaunch) {
   EXPECT_EQ(rt.stats().scratch_arenas, 1u);
 }
 
+// A thread's exit frees while another thread captures in global mode, where an unsafe
+// call (cuMemFree) from a thread in the default interaction mode would fail and invalidate
+// that capture: the exit frees in relaxed mode, and the capture goes on.
+TEST_F(ScratchTest, AThreadsExitLeavesAGlobalCaptureAlone) {
+  Runtime rt = Open();
+  CUstream stream = NewStream();
+  Gate launched, go;
+  std::thread t = Thread([&] {
+    EXPECT_TRUE(LaunchScratch(rt, CU_STREAM_PER_THREAD).ok());
+    launched.Open();
+    go.open.wait(false);
+  });
+  launched.open.wait(false);
+  ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  go.Open();
+  t.join();  // its exit frees its arena during the capture
+  CUgraph graph = nullptr;
+  EXPECT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS) << "the exit invalidated it";
+  if (graph != nullptr) EXPECT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(fake::LiveAllocations(), 0) << "freed, not left for the Runtime's destruction";
+  EXPECT_EQ(rt.stats().scratch_bytes, 0u);
+}
+
 // A thread that exits after the Runtime is destroyed: the destruction freed its arena,
 // and the exit does nothing (no call into a destroyed Runtime, no second cuMemFree).
 TEST_F(ScratchTest, AThreadThatExitsAfterTheRuntimeLeavesItAlone) {
