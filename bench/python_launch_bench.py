@@ -26,9 +26,10 @@ and 14 call arguments, ``tools/kpack_tools/build_bench_pack.py``) this measures
 * ``raw_params``: raw ``cuLaunchKernelEx`` from C++ on the same cubin, the floor
   (``bench/launch_bench.cc``, run as a subprocess: ``--kpack-bench``).
 
-Python paths are timed like ``triton_launch_bench.py``: batches of launches between two
-clock reads, the stream synchronized before each batch outside the timed region, paths in
-a random order per repetition; each path's output is checked once first. The targets of
+Python paths are timed as ``triton_launch_bench.py`` times them (``launch_common.py``, one
+implementation for both): batches of launches between two clock reads, the stream
+synchronized before each batch outside the timed region, paths in a random order per
+repetition; each path's output is checked once first. The targets of
 issue 15 are evaluated on the medians and printed (a benchmark, not a test: a missed
 target is reported, not failed).
 
@@ -44,7 +45,8 @@ run (the GPU-tier test). Exits 77 (skipped) without torch or a GPU, unless
 Without a GPU, ``--fake-driver build/tests/fake_driver/libkpack_fake_cuda.so`` measures
 kpack's own Python-side cost instead: the fake driver's launch does nothing
 (KPACK_FAKE_LAUNCH_NOOP=1), the tensors are C stand-ins with a DLPack exchange table
-(kpack._kpack._testing.FakeTensor), and the result is ns per call, best of several rounds.
+(kpack_testing.FakeTensor: tests/python/kpack_testing.cc, built by `pip install .`), and
+the result is ns per call, best of several rounds.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ import datetime
 import json
 import os
 import platform
-import random
 import statistics
 import subprocess
 import sys
@@ -64,19 +65,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launch_common as common  # noqa: E402
+from launch_common import (BLOCK, INPUTS, N, NUM_WARPS, check_launch,  # noqa: E402,F401
+                           looped, make_inputs, skip_or_fail)
+
 REPO = Path(__file__).resolve().parents[1]
 PACK = REPO / "kernels" / "benchpack"
-SKIP = 77
 KERNELS = ("args4", "args14")
-INPUTS = {"args4": 1, "args14": 6}  # input pointers; 2 * inputs + 2 call arguments
-BLOCK, NUM_WARPS, N = 128, 4, 128
 
 
 @dataclass(frozen=True)
 class LaunchPath:
     key: str
     label: str
-    # (torch, pack, kernel name, call args, out) -> a no-argument launch callable
+    # (torch, pack, kernel name, call args, out) -> the path's batch (launch_common.Batch)
     make: Optional[Callable] = None
     # (pack) -> a context manager that the path is checked, warmed up and timed in
     active: Optional[Callable] = None
@@ -86,39 +89,38 @@ class LaunchPath:
 
 def _triton_jit(torch, pack, kernel, args, out):
     from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
-    fn = FUNCTIONS[kernel][0]
-    grid = ((N + BLOCK - 1) // BLOCK,)
-    return lambda: fn[grid](*args, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    return common.triton_paths(FUNCTIONS[kernel][0], args)[0]
 
 
 def _triton_compiled(torch, pack, kernel, args, out):
     from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
-    fn = FUNCTIONS[kernel][0]
-    grid = ((N + BLOCK - 1) // BLOCK,)
-    compiled = fn[grid](*args, BLOCK=BLOCK, num_warps=NUM_WARPS)
-    grid3, full = (grid[0], 1, 1), (*args, BLOCK)
-    return lambda: compiled[grid3](*full)
+    return common.triton_paths(FUNCTIONS[kernel][0], args)[1]
+
+
+def _called(fn, args) -> common.Batch:
+    """The batch of ``fn(*args)``, the call itself in the loop."""
+    def batch(count: int) -> None:
+        for _ in range(count):
+            fn(*args)
+    return batch
 
 
 def _kpack_eager(torch, pack, kernel, args, out):
-    k = pack[kernel]
-    return lambda: k(*args)
+    return _called(pack[kernel], args)
 
 
 def _kpack_bound(torch, pack, kernel, args, out):
-    return pack[kernel].bind(*args)
+    return looped(pack[kernel].bind(*args))
 
 
 def _kpack_torch_ops(torch, pack, kernel, args, out):
     import kpack.torch  # noqa: PLC0415
-    op = kpack.torch.register(pack, "kpack_bench")[kernel]
-    return lambda: op(*args)
+    return _called(kpack.torch.register(pack, "kpack_bench")[kernel], args)
 
 
 def _kpack_torch_overload(torch, pack, kernel, args, out):
     import kpack.torch  # noqa: PLC0415
-    op = kpack.torch.register(pack, "kpack_bench")[kernel].default
-    return lambda: op(*args)
+    return _called(kpack.torch.register(pack, "kpack_bench")[kernel].default, args)
 
 
 _floor_library = None
@@ -135,8 +137,7 @@ def _torch_ops_floor(torch, pack, kernel, args, out):
     if not hasattr(torch.ops.kpack_bench_floor, name):
         _floor_library.define(kpack.torch.op_schema(pack[kernel], name))
         _floor_library.impl(name, lambda *a, grid=None: None, "CUDA")
-    op = getattr(torch.ops.kpack_bench_floor, name)
-    return lambda: op(*args)
+    return _called(getattr(torch.ops.kpack_bench_floor, name), args)
 
 
 _dropin_packs = {}
@@ -226,83 +227,46 @@ TARGETS = [
 ]
 
 
-def make_inputs(torch, kernel):
-    """Inputs as triton_launch_bench makes them: input i holds j * 0.25 + (i + 1), scalar i is
-    2 * i + 3 (never 1 nor a multiple of 16, so Triton's JIT specializes none of them)."""
-    k = INPUTS[kernel]
-    ins = [torch.arange(N, dtype=torch.float32, device="cuda") * 0.25 + (i + 1) for i in range(k)]
-    scalars = [2 * i + 3 for i in range(k)]
-    out = torch.empty(N, dtype=torch.float32, device="cuda")
-    return (*ins, out, N, *scalars), out, sum(ins) + float(sum(scalars))
-
-
-def time_batches(torch, launch, batch: int, iters: int) -> float:
-    total = 0
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(batch):
-            launch()
-        total += time.perf_counter_ns() - t0
-    torch.cuda.synchronize()
-    return total / 1e3 / (batch * iters)
-
-
 def measure_python(torch, paths, args) -> tuple[dict, dict]:
     import kpack  # noqa: PLC0415
     pack = kpack.open(PACK)
     stream = torch.cuda.Stream()  # non-blocking, like the C++ harness's streams
-    results = {p.key: {k: [] for k in KERNELS} for p in paths}
     errors = {p.key: {} for p in paths}
-    launchers = {}
-    active = {p.key: (lambda p=p: p.active(pack) if p.active else contextlib.nullcontext())
-              for p in paths}
+    batches = {}
+    by_key = {p.key: p for p in paths}
+
+    def active(key):
+        p = by_key[key]
+        return p.active(pack) if p.active else contextlib.nullcontext()
+
     with torch.cuda.stream(stream):
         for kernel in KERNELS:
             call, out, expected = make_inputs(torch, kernel)
             for p in paths:
-                launch = p.make(torch, pack, kernel, call, out)
-                out.fill_(float("nan"))
-                with active[p.key]():
-                    launch()
-                torch.cuda.synchronize()
-                if not p.computes:
-                    launchers[(p.key, kernel)] = launch
-                    continue
-                err = (out - expected).abs().max().item()
-                if not err <= 1e-5:
-                    raise SystemExit(f"FAILED: {p.key} {kernel} computed a wrong result "
-                                     f"(max abs error {err})")
-                errors[p.key][kernel] = err
-                launchers[(p.key, kernel)] = launch
-        for (key, _), launch in launchers.items():
-            with active[key]():
-                time_batches(torch, launch, args.batch, args.warmup)
-        order = list(launchers)
-        rng = random.Random(1)
-        for _ in range(args.reps):
-            rng.shuffle(order)
-            for key, kernel in order:
-                with active[key]():
-                    results[key][kernel].append(
-                        time_batches(torch, launchers[(key, kernel)], args.batch, args.iters))
+                batch = p.make(torch, pack, kernel, call, out)
+                with active(p.key):
+                    if p.computes:
+                        errors[p.key][kernel] = check_launch(torch, batch, out, expected,
+                                                             f"{p.key} {kernel}")
+                    else:
+                        batch(1)
+                batches[(p.key, kernel)] = batch
+        results = common.measure(torch, batches, args.batch, args.iters, args.warmup, args.reps,
+                                 active=active)
     return results, errors
 
 
 def measure_raw(args) -> dict:
     """raw_params per repetition from the C++ benchmark (Google Benchmark JSON)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import triton_launch_bench as tlb  # noqa: PLC0415
     out_file = args.out / "kpack_launch_bench.json"
-    cmd = [str(Path(args.kpack_bench).resolve()),
-           f"--benchmark_filter={tlb.gbench_filter(['raw_params'], KERNELS)}",
-           f"--benchmark_repetitions={args.reps}", f"--benchmark_min_time={args.min_time}",
-           f"--benchmark_out={out_file}", "--benchmark_out_format=json"]
+    cmd = common.gbench_command(str(Path(args.kpack_bench).resolve()), str(out_file),
+                                ["raw_params"], KERNELS, args.reps, args.min_time)
     print("+ " + " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"FAILED: kpack_launch_bench exited {r.returncode}:\n{r.stderr[-3000:]}")
-    return tlb.parse_gbench(json.loads(out_file.read_text()), ["raw_params"], KERNELS)["raw_params"]
+    return common.parse_gbench(json.loads(out_file.read_text()), ["raw_params"],
+                               KERNELS)["raw_params"]
 
 
 def render(medians, ranges, keys, labels, verdicts) -> str:
@@ -332,7 +296,11 @@ def gpu_main(args) -> int:
     sys.path.insert(0, str(REPO / "tools"))
     args.out.mkdir(parents=True, exist_ok=True)
     paths = PATHS + EXTRA_PATHS
-    python_results, errors = measure_python(torch, paths, args)
+    try:
+        python_results, errors = measure_python(torch, paths, args)
+    except common.BenchError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        return 1
     results = {**python_results, RAW.key: measure_raw(args)}
     keys = [p.key for p in paths] + [RAW.key]
     labels = {p.key: p.label for p in paths + [RAW]}
@@ -366,7 +334,10 @@ def fake_main(args) -> int:
     """kpack's Python-side cost with no GPU: ns per call against the no-op fake driver."""
     os.environ["KPACK_FAKE_LAUNCH_NOOP"] = "1"
     import kpack  # noqa: PLC0415
-    from kpack._kpack import _testing  # noqa: PLC0415
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+    import kpack_testing_path  # noqa: PLC0415
+    kpack_testing_path.add_to_sys_path()  # the tensor stand-ins: a test-only module
+    import kpack_testing as _testing  # noqa: PLC0415
     from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
     pack = kpack.open(PACK, driver=args.fake_driver, nvtx=False)
     kpack.install(dropin_pack(pack, driver=args.fake_driver), strict=True)
@@ -402,14 +373,6 @@ def _time_ns(fn, n: int) -> float:
     for _ in range(n):
         fn()
     return (time.perf_counter_ns() - t0) / n
-
-
-def skip_or_fail(reason: str) -> int:
-    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
-        print(f"FAILED: {reason} (KPACK_REQUIRE_GPU=1)", file=sys.stderr)
-        return 1
-    print(f"skipped: {reason}")
-    return SKIP
 
 
 def parse_args(argv=None):

@@ -11,9 +11,10 @@ with 4, 14 and 32 call arguments, ``tools/kpack_tools/build_bench_pack.py``) thi
 * ``raw_params`` ... ``kpack_bound``: raw ``cuLaunchKernelEx`` and kpack, from the C++
   benchmark binary (Google Benchmark, ``bench/launch_bench.cc``) on ``kernels/benchpack``.
 
-Every path is timed the same way: a sample is a batch of launches between two clock reads,
-the stream synchronized before the batch and outside the timed region (so the GPU queue
-never fills); the per-launch figure of a repetition is its batches' total time over their
+Every path is timed the same way (``launch_common.py``, shared with
+``python_launch_bench.py``): a sample is a batch of launches between two clock reads, the
+stream synchronized before the batch and outside the timed region (so the GPU queue never
+fills); the per-launch figure of a repetition is its batches' total time over their
 launches; the table gives the median and the min-max over repetitions. Each path's output
 is checked once against a reference before timing.
 
@@ -35,29 +36,26 @@ import datetime
 import json
 import os
 import platform
-import random
-import re
 import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launch_common as common  # noqa: E402
+from launch_common import (BLOCK, INPUTS, N, NUM_WARPS, SKIP, BenchError,  # noqa: E402,F401
+                           check_launch, make_inputs, skip_or_fail)
+
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_SOURCE = REPO / "tools" / "kpack_tools" / "build_bench_pack.py"
 HARNESS = REPO / "bench" / "aot" / "aot_bench.c"
-SKIP = 77
 
 KERNELS = ("args4", "args14", "args32")
-INPUTS = {"args4": 1, "args14": 6, "args32": 15}  # input pointers; 2 * inputs + 2 arguments
-BLOCK = 128
-NUM_WARPS = 4
-N = 128  # one block
 
 
 @dataclass(frozen=True)
@@ -93,10 +91,6 @@ class Target:
 
 TARGETS = (Target("kpack_by_kernel", "triton_jit", 4.0),
            Target("kpack_by_kernel", "triton_compiled", 3.0))
-
-
-class BenchError(RuntimeError):
-    """A measurement could not be made or is not trustworthy; the message says why."""
 
 
 # ---------------------------------------------------------------- statistics and tables
@@ -180,53 +174,21 @@ def render_markdown(summaries: Mapping[str, Mapping[str, Summary]],
 
 # ---------------------------------------------------------------- Google Benchmark JSON
 
-_TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
-
-def gbench_filter(paths: Sequence[str] = CPP_PATHS,
-                  kernels: Sequence[str] = KERNELS) -> str:
-    """The regex naming the C++ rows of this comparison, as --benchmark_filter and for
-    reading the JSON: ``path/kernel``, plus the ``/manual_time`` Google Benchmark appends;
-    nothing else, so rows such as ``raw_params/args4/mt/manual_time/threads:2`` are out."""
-    return "^(" + "|".join(paths) + ")/(" + "|".join(kernels) + ")(/manual_time)?$"
+def gbench_filter(paths: Sequence[str] = CPP_PATHS, kernels: Sequence[str] = KERNELS) -> str:
+    """``launch_common.gbench_filter`` of this comparison's C++ rows."""
+    return common.gbench_filter(paths, kernels)
 
 
 def gbench_command(binary: str, out_file: str, reps: int, min_time: float) -> list[str]:
-    """The C++ benchmark's command line: random interleaving, per-repetition JSON."""
-    return [binary, f"--benchmark_filter={gbench_filter()}", f"--benchmark_repetitions={reps}",
-            f"--benchmark_min_time={min_time}", "--benchmark_enable_random_interleaving=true",
-            f"--benchmark_out={out_file}", "--benchmark_out_format=json"]
+    """The C++ benchmark's command line for this comparison's rows."""
+    return common.gbench_command(binary, out_file, CPP_PATHS, KERNELS, reps, min_time)
 
 
 def parse_gbench(doc: Mapping, paths: Sequence[str] = CPP_PATHS,
                  kernels: Sequence[str] = KERNELS) -> dict[str, dict[str, list[float]]]:
-    """Per-repetition host µs per launch, ``path -> kernel -> [...]``, from a Google
-    Benchmark JSON document. Each iteration is a batch of ``launches_per_iteration``
-    launches (a context key); only ``run_type == "iteration"`` entries are read, so
-    aggregates are ignored. Raises BenchError on a benchmark error or a missing row."""
-    context = doc.get("context", {})
-    if "launches_per_iteration" not in context:
-        raise BenchError("the benchmark JSON has no context key 'launches_per_iteration'")
-    launches = int(context["launches_per_iteration"])
-    if launches <= 0:
-        raise BenchError(f"launches_per_iteration is {launches}")
-    name_re = re.compile(gbench_filter(paths, kernels))
-    out: dict[str, dict[str, list[float]]] = {p: {k: [] for k in kernels} for p in paths}
-    for bench in doc.get("benchmarks", []):
-        m = name_re.match(bench.get("run_name", bench.get("name", "")))
-        if not m or bench.get("run_type", "iteration") != "iteration":
-            continue
-        if bench.get("error_occurred"):
-            raise BenchError(f"benchmark {bench['name']} failed: "
-                             f"{bench.get('error_message', '(no message)')}")
-        unit = bench.get("time_unit", "ns")
-        if unit not in _TIME_UNITS:
-            raise BenchError(f"benchmark {bench['name']}: unknown time_unit {unit!r}")
-        out[m.group(1)][m.group(2)].append(bench["real_time"] * _TIME_UNITS[unit] / launches)
-    missing = [f"{p}/{k}" for p in paths for k in kernels if not out[p][k]]
-    if missing:
-        raise BenchError("the benchmark JSON has no repetitions for " + ", ".join(missing))
-    return out
+    """``launch_common.parse_gbench`` of this comparison's C++ rows."""
+    return common.parse_gbench(doc, paths, kernels)
 
 
 # ---------------------------------------------------------------- Triton AOT commands
@@ -310,43 +272,6 @@ def run_checked(cmd: Sequence[str], what: str, **kwargs) -> subprocess.Completed
 # ---------------------------------------------------------------- GPU measurements
 
 
-def make_inputs(torch, kernel: str, n: int):
-    """Device inputs and the reference output of one kernel: input i holds
-    ``j * 0.25 + (i + 1)``, scalar i is ``2 * i + 3`` (never 1 nor a multiple of 16, so
-    Triton's JIT specializes none of them), every sum exact in fp32."""
-    k = INPUTS[kernel]
-    ins = [torch.arange(n, dtype=torch.float32, device="cuda") * 0.25 + (i + 1)
-           for i in range(k)]
-    scalars = [2 * i + 3 for i in range(k)]
-    out = torch.empty(n, dtype=torch.float32, device="cuda")
-    expected = sum(ins) + float(sum(scalars))
-    return (*ins, out, n, *scalars), out, expected
-
-
-def check_launch(torch, launch: Callable[[], object], out, expected, what: str) -> float:
-    """Launches once into a NaN-filled ``out``; returns the max error, raising on a mismatch."""
-    out.fill_(float("nan"))
-    launch()
-    torch.cuda.synchronize()
-    err = (out - expected).abs().max().item()
-    if not err <= 1e-5:
-        raise BenchError(f"{what} computed a wrong result: max abs error {err}")
-    return err
-
-
-def time_batches(torch, launch_batch: Callable[[int], None], batch: int, iters: int) -> float:
-    """µs per launch over ``iters`` batches of ``batch`` launches, each batch timed with
-    perf_counter_ns and the device synchronized before it, outside the timed region."""
-    total = 0
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        launch_batch(batch)
-        total += time.perf_counter_ns() - t0
-    torch.cuda.synchronize()
-    return total / 1e3 / (batch * iters)
-
-
 def jit_specialization(compiled, kernel: str) -> list[str]:
     """Names of the parameters Triton's JIT compiled with ``tt.divisibility = 16``."""
     from kpack_tools.build_bench_pack import bench_params  # noqa: PLC0415
@@ -363,49 +288,23 @@ def measure_python(torch, triton, args: argparse.Namespace, log: Callable[[str],
     for every kernel, paths and kernels interleaved in a random order per repetition."""
     from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
     stream = torch.cuda.Stream()  # non-blocking, like the C++ and AOT harness streams
-    results = {"triton_jit": {}, "triton_compiled": {}}
     checks: dict[str, dict[str, float]] = {"triton_jit": {}, "triton_compiled": {}}
     hinted: dict[str, list[str]] = {}
-    launchers = {}
+    batches = {}
     with torch.cuda.stream(stream):
         for kernel in KERNELS:
-            fn = FUNCTIONS[kernel][0]
             call_args, out, expected = make_inputs(torch, kernel, args.n)
-            grid = (triton.cdiv(args.n, BLOCK),)
-            grid3 = (grid[0], 1, 1)
-            compiled = fn[grid](*call_args, BLOCK=BLOCK, num_warps=NUM_WARPS)
-            full_args = (*call_args, BLOCK)  # the launcher takes the constexpr too
-
-            def jit_batch(count, fn=fn, grid=grid, call_args=call_args):
-                for _ in range(count):
-                    fn[grid](*call_args, BLOCK=BLOCK, num_warps=NUM_WARPS)
-
-            def compiled_batch(count, compiled=compiled, grid3=grid3, full_args=full_args):
-                for _ in range(count):
-                    compiled[grid3](*full_args)
-
-            checks["triton_jit"][kernel] = check_launch(
-                torch, lambda: jit_batch(1), out, expected, f"triton_jit {kernel}")
-            checks["triton_compiled"][kernel] = check_launch(
-                torch, lambda: compiled_batch(1), out, expected, f"triton_compiled {kernel}")
+            jit, cached, compiled = common.triton_paths(FUNCTIONS[kernel][0], call_args, args.n)
+            for path, batch in (("triton_jit", jit), ("triton_compiled", cached)):
+                checks[path][kernel] = check_launch(torch, batch, out, expected,
+                                                    f"{path} {kernel}")
+                batches[(path, kernel)] = batch
             hinted[kernel] = jit_specialization(compiled, kernel)
             log(f"{kernel}: JIT compiled {compiled.name}, num_warps "
                 f"{compiled.metadata.num_warps}, divisibility 16 on {', '.join(hinted[kernel])}; "
                 f"max error jit {checks['triton_jit'][kernel]:.1e}, compiled "
                 f"{checks['triton_compiled'][kernel]:.1e}")
-            launchers[("triton_jit", kernel)] = jit_batch
-            launchers[("triton_compiled", kernel)] = compiled_batch
-            results["triton_jit"][kernel] = []
-            results["triton_compiled"][kernel] = []
-        for launch_batch in launchers.values():  # warm-up
-            time_batches(torch, launch_batch, args.batch, args.warmup)
-        order = list(launchers)
-        rng = random.Random(1)
-        for _ in range(args.reps):
-            rng.shuffle(order)
-            for path, kernel in order:
-                results[path][kernel].append(
-                    time_batches(torch, launchers[(path, kernel)], args.batch, args.iters))
+        results = common.measure(torch, batches, args.batch, args.iters, args.warmup, args.reps)
     return results, checks, hinted
 
 
@@ -535,14 +434,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.n == 1:
         parser.error("--n 1 would be compiled into the kernel as a constant by Triton's JIT")
     return args
-
-
-def skip_or_fail(reason: str) -> int:
-    if os.environ.get("KPACK_REQUIRE_GPU") == "1":
-        print(f"FAILED: {reason} (KPACK_REQUIRE_GPU=1)", file=sys.stderr)
-        return 1
-    print(f"skipped: {reason}")
-    return SKIP
 
 
 def main(argv=None) -> int:

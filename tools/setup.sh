@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set-up shared by tools/run.sh and tools/test.sh: finds out what is missing from what is
-# there, installs only that, then configures and builds into build/.
+# there, installs only that, then configures and builds into build/ what the profile
+# needs: for run (the default), the kpack command line only (target kpack_cli); for test,
+# everything (library, command line, tests, benchmarks).
 #
 #   tools/setup.sh [--for run|test] [--check]
 #
@@ -225,7 +227,14 @@ while ((${#missing[@]})); do
 done
 
 profile_args=()
-[ "$profile" = test ] && profile_args+=("-DKPACK_EXAMPLE_COMPILERS=g++;clang++-14")
+targets=()  # the main job runs only the kpack command line; the tests need everything
+if [ "$profile" = test ]; then
+  profile_args+=("-DKPACK_EXAMPLE_COMPILERS=g++;clang++-14")
+  echo "kpack setup: building everything (library, command line, tests, benchmarks) in $build/"
+else
+  targets=(--target kpack_cli)
+  echo "kpack setup: building the kpack command line (target kpack_cli) in $build/"
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCUDAToolkit_ROOT="$cuda" \
   "${profile_args[@]}" "${extra_args[@]}" >/dev/null
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"$(nproc)" "${targets[@]}"

@@ -18,6 +18,7 @@ bash tools/setup.sh --for test
 
 venv=build/venv
 if [ ! -x "$venv/bin/python" ]; then
+  echo "== making the Python venv $venv"
   python3 -m venv "$venv"
 fi
 # The kpack Python package from this checkout (pyproject.toml: the extension, built into
@@ -25,11 +26,29 @@ fi
 # Triton and the test runner as its extras.
 launcher=()
 command -v ccache >/dev/null && launcher=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+echo "== pip install .[tools,test] numpy into $venv: compiles the extension kpack._kpack" \
+  "(build/python/) and fetches triton==3.6.0, numpy and pytest when missing; a minute or" \
+  "more the first time, quiet until it is done"
+started=$SECONDS
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
   ".[tools,test]" numpy
+echo "   installed in $((SECONDS - started)) s"
+# pyproject.toml promises that rebuilding the wheel recompiles only what changed: a second
+# install of the unchanged checkout must compile nothing.
+tests/python/check_reinstall.sh "$venv/bin/python" "${launcher[@]}" ".[tools,test]" numpy
+
+# The Llama tests' fixture (tests/llama/tiny_fixture.py) writes its checkpoint and runs the
+# numpy oracle with this venv's numpy and safetensors.
+cmake -S . -B build -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python" >/dev/null
 
 echo "== CPU tier"
-ctest --test-dir build -L cpu --output-on-failure -j"$(nproc)"
+# kpack_open_bench runs on its own below, where its figures are shown.
+ctest --test-dir build -L cpu -E '^kpack_open_bench$' --output-on-failure -j"$(nproc)"
+if [ -x build/bench/kpack_open_bench ]; then  # absent with -DKPACK_BUILD_BENCH=OFF
+  echo "== What opening a pack costs (bench/open_bench.cc, against the fake driver)"
+  KPACK_CUDA_DRIVER=build/tests/fake_driver/libkpack_fake_cuda.so build/bench/kpack_open_bench \
+    --benchmark_min_time=0.2
+fi
 echo "== Python tools"
 PYTHONPATH=tools "$venv/bin/python" -m pytest -q -p no:cacheprovider tools/tests
 echo "== Python package (against the fake driver)"
@@ -41,7 +60,8 @@ bash tools/run.sh
 
 jobs="$(nproc)"
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPACK_BUILD_BENCH=OFF
-        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}"
+        -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python")
 echo "== CPU tier under ASan + UBSan (clang)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan "${common[@]}" -DKPACK_SANITIZE=address \
   >/dev/null

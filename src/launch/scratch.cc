@@ -100,8 +100,8 @@ void ScratchArenas::OnThreadExit(void* self, uint64_t token) {
   const Driver& d = arenas->driver_;
   // Nobody asked for these frees, so they must not disturb a capture another thread runs
   // in global mode (an unsafe call from a thread in the default global interaction mode
-  // fails and invalidates it): they run in relaxed mode, which is safe since no capture
-  // uses a thread's per-thread arenas or reservation. Should the exchange fail, a free
+  // is refused, and documented to invalidate it): they run in relaxed mode, which is safe
+  // since no capture uses a thread's per-thread arenas or reservation. Should the exchange fail, a free
   // that the driver then refuses is kept for the Runtime's destruction.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   const bool relaxed = d.ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;

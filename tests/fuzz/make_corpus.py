@@ -7,6 +7,7 @@ the output is the same on every run.
 """
 
 import copy
+import hashlib
 import io
 import json
 import pathlib
@@ -158,15 +159,16 @@ def manifests():
 
 
 # ---------------------------------------------------------------------------------------
-# grid_expr: kinds byte + three little-endian 64-bit argument values + expression text
+# grid_expr: kinds-and-mode byte + three little-endian 64-bit argument values + the rest
 # (the format grid_expr_fuzz.cc documents). Kinds: 0 int64, 1 uint64, 2 CUdeviceptr,
-# 3 double; 2 bits per argument, argument 0 lowest.
+# 3 double; 2 bits per argument, argument 0 lowest; mode in the top 2 bits: 0 text (the
+# rest an expression), 1-3 oracle (the rest drives the generator of expression trees).
 
-def grid_input(kinds, values, text):
-    header = bytes([kinds[0] | kinds[1] << 2 | kinds[2] << 4])
+def grid_input(kinds, values, rest, mode=0):
+    header = bytes([kinds[0] | kinds[1] << 2 | kinds[2] << 4 | mode << 6])
     for v in values:
         header += struct.pack("<Q", v & (2**64 - 1))
-    return header + text.encode()
+    return header + (rest.encode() if isinstance(rest, str) else rest)
 
 
 def grid_exprs():
@@ -193,6 +195,12 @@ def grid_exprs():
     ]
     for name, kinds, values, text in cases:
         put("grid_expr", name + ".bin", grid_input(kinds, values, text))
+    # Oracle mode: generator bytes (any bytes make a tree), small and huge arguments.
+    for i, (kinds, values) in enumerate([((0, 0, 0), (1000, 64, 3)), ((0, 1, 2), (7, 2**63, 16)),
+                                         ((0, 0, 0), (i64max, i64min, -1)),
+                                         ((3, 0, 0), (0x3ff8000000000000, 5, 0))]):
+        generator = hashlib.sha256(f"grid_expr tree {i}".encode()).digest() * 3
+        put("grid_expr", f"tree_{i}.bin", grid_input(kinds, values, generator, mode=1))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Fixtures for the Python extension's CPU tests: the installed `kpack` package against the
-tests' recording fake CUDA driver (tests/fake_driver, built by CMake).
+tests' recording fake CUDA driver (tests/fake_driver, built by CMake), with tensor stand-ins
+from the test-only module kpack_testing (kpack_testing_path.py says where it is).
 
 The fake is found at $KPACK_FAKE_DRIVER, else build/tests/fake_driver/libkpack_fake_cuda.so;
 without it the tests error (they never skip). `fake` reads what the driver recorded through
@@ -18,8 +19,13 @@ from pathlib import Path
 
 import pytest
 
+import kpack_testing_path
+
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
+
+# The tensor stand-ins (import kpack_testing) are a test-only module, not in the wheel.
+kpack_testing_path.add_to_sys_path()
 
 
 def fake_driver_path() -> str:
@@ -190,6 +196,19 @@ class Fake:
         s = ctypes.c_void_p()
         assert create(ctypes.byref(s), 0) == 0
         return s.value
+
+    def begin_capture(self, stream: int) -> None:
+        """cuStreamBeginCapture in global mode."""
+        begin = self._proc("cuStreamBeginCapture", 10010, ctypes.c_void_p, ctypes.c_int)
+        assert begin(stream, 0) == 0
+
+    def end_capture(self, stream: int) -> None:
+        """cuStreamEndCapture, and the captured graph destroyed."""
+        end = self._proc("cuStreamEndCapture", 10000, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_void_p))
+        graph = ctypes.c_void_p()
+        assert end(stream, ctypes.byref(graph)) == 0
+        assert self._proc("cuGraphDestroy", 10000, ctypes.c_void_p)(graph) == 0
 
     def mem_alloc(self, size: int) -> int:
         alloc = self._proc("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)

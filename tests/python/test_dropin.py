@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction, KernelInterface
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 from conftest import KERNELS
 
@@ -30,6 +30,7 @@ sys.path.insert(0, str(KERNELS / "examples"))
 from layer_norm_train import layer_norm_fwd_kernel  # noqa: E402
 from matmul import matmul_kernel  # noqa: E402
 from matmul_autotuned import matmul_autotuned_kernel  # noqa: E402
+from matmul_tma import matmul_tma_persistent  # noqa: E402
 from vector_add import vector_add_kernel  # noqa: E402
 
 BASE = 0x7F00_0000_0000
@@ -319,3 +320,226 @@ def test_the_resolver_binds_like_triton(pack):
         "the drop-in hashes JITFunction.src as the pack builder did"
     src = textwrap.dedent(vector_add_kernel.src)
     assert src.startswith("def vector_add_kernel(")
+
+
+# ---------------------------------------------------------------------------
+# A pack recorded from the same program: None arguments, descriptor pre-hooks, warmup()
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def scaled_add_kernel(x_ptr, y_ptr, out_ptr, n, scale_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    if scale_ptr is not None:
+        x = x * tl.load(scale_ptr)
+    tl.store(out_ptr + offs, x + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def _relabelled(tmp_path, driver, name, edit):
+    """A copy of the example pack holding only kernel `name`, edited by `edit(kernel)`."""
+    out = tmp_path / f"{name}_pack"
+    shutil.copytree(KERNELS / "examplepack", out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    kernel = next(k for k in manifest["kernels"] if k["name"] == name)
+    edit(kernel)
+    manifest["kernels"] = [kernel]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return kpack.open(out, driver=driver)
+
+
+@pytest.fixture
+def none_pack(tmp_path, driver):
+    """What the recorder writes for `scaled_add_kernel[grid](x, y, out, n, None, ...)`
+    (tools/tests/test_record.py checks the shape): the None argument a constexpr of the
+    kernel, null in every variant. The cubins are the example vector_add's, whose call
+    parameters these are; the fake driver runs no cubin."""
+    def edit(kernel):
+        kernel["name"] = "scaled_add"
+        kernel["params"].insert(4, {"name": "scale_ptr", "type": "constexpr"})
+        for v in kernel["variants"]:
+            v["constexprs"] = {"scale_ptr": None, **v["constexprs"]}
+        kernel["source"] = {"qualname": "test_dropin.scaled_add_kernel",
+                            "sha256": hashlib.sha256(scaled_add_kernel.src.encode()).hexdigest()}
+    yield _relabelled(tmp_path, driver, "vector_add", edit)
+    kpack.uninstall()
+
+
+def test_a_none_argument_is_served_by_the_kernel_compiled_with_it(fake, none_pack, layouts,
+                                                                    jit_runs):
+    inst = kpack.install(none_pack)
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    off = layouts("examplepack", "vector_add", "generic")
+    for call in (lambda: scaled_add_kernel[(5,)](x, y, out, 5000, None, BLOCK=1024),
+                 lambda: scaled_add_kernel[(5,)](x, y, out, 5000, scale_ptr=None, BLOCK=1024),
+                 lambda: scaled_add_kernel[(5,)](x, y, out, 5000, None, 1024)):
+        mark = fake.launch_count()
+        call()
+        launch = fake.last_launch(mark)
+        assert launch.grid == (5, 1, 1)
+        assert [launch.u64(off[p]) for p in ("x_ptr", "y_ptr", "out_ptr")] == \
+            [BASE + 0x10_0000 * i for i in (1, 2, 3)]
+        assert launch.i32(off["n"]) == 5000
+    assert jit_runs == []
+    # A tensor where the pack has None is another configuration: Triton's, said once.
+    with pytest.warns(kpack.DropInWarning, match=r"'scaled_add' was compiled with "
+                                                  r"scale_ptr=None; the call passes a value"):
+        scaled_add_kernel[(5,)](x, y, out, 5000, tensor(3), BLOCK=1024)
+    assert len(jit_runs) == 1
+    # ... and None again is the pack's.
+    scaled_add_kernel[(5,)](x, y, out, 5000, None, BLOCK=1024)
+    row = inst.stats()["test_dropin.scaled_add_kernel"]
+    assert (row["kpack"], row["triton"]) == (4, 1)
+
+
+def test_none_for_a_pointer_the_pack_takes_goes_to_triton_with_the_reason(fake, pack, jit_runs):
+    kpack.install(pack)
+    with pytest.warns(kpack.DropInWarning, match=r"'vector_add' takes y_ptr: \*fp32, the call "
+                                                  r"passes None"):
+        vector_add_kernel[(1,)](tensor(0), None, tensor(2), 64, BLOCK=1024)
+    assert len(jit_runs) == 1
+
+
+def _set_tma_blocks(nargs):
+    # Triton's tutorial 09 (persistent matmul): the config's tile is the descriptors' block.
+    nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["b_desc"].block_shape = [nargs["BLOCK_K"], nargs["BLOCK_N"]]
+    nargs["c_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
+
+
+def _tma_configs(hook):
+    return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
+                          num_warps=4, num_stages=4, pre_hook=hook),
+            triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8},
+                          num_warps=8, num_stages=3, pre_hook=hook)]
+
+
+@pytest.fixture
+def tma_pack(tmp_path, driver):
+    """The example's persistent TMA matmul as the recording of an autotuned program: its two
+    configs bucketed on M (the example pack's), with the key recorded."""
+    def edit(kernel):
+        kernel["autotune_key"] = ["M", "N", "K"]
+    yield _relabelled(tmp_path, driver, "matmul_tma", edit)
+    kpack.uninstall()
+
+
+class Desc:
+    """Duck-typed like triton.tools.tensor_descriptor.TensorDescriptor."""
+
+    def __init__(self, base, shape, block_shape=(1, 1)):
+        self.base, self.shape, self.strides = base, list(shape), [shape[1], 1]
+        self.block_shape, self.padding = list(block_shape), "zero"
+
+
+def _tma_args(m, n, k):
+    return (Desc(tensor(0, **FP16), (m, k)), Desc(tensor(1, **FP16), (k, n)),
+            Desc(tensor(2, **FP16), (m, n)), m, n, k, 132)
+
+
+def test_a_pre_hook_that_sets_descriptor_blocks_is_served(fake, tma_pack, jit_runs):
+    tuned = triton.autotune(configs=_tma_configs(_set_tma_blocks), key=["M", "N", "K"])(
+        matmul_tma_persistent)
+    inst = kpack.install(tma_pack)
+    grid = lambda meta: (min(132, triton.cdiv(meta["M"], meta["BLOCK_M"]) *  # noqa: E731
+                             triton.cdiv(meta["N"], meta["BLOCK_N"])),)
+    encodes = fake.tensor_map_encode_count()
+    for m, warps, box_m in [(48, 4, 64), (1000, 8, 128)]:
+        mark = fake.launch_count()
+        tuned[grid](*_tma_args(m, 512, 256))
+        launch = fake.last_launch(mark)
+        assert launch.block == (32 * warps, 1, 1)
+        # The variant's block, which is what the hook would have set on the descriptors.
+        assert fake.tensor_map_encodes_since(encodes)[-3].box[1] == box_m
+        encodes = fake.tensor_map_encode_count()
+    assert jit_runs == []
+    assert inst.stats()["matmul_tma.matmul_tma_persistent"] == {"kpack": 2, "triton": 0,
+                                                               "reasons": []}
+
+
+def test_pre_hooks_that_do_more_go_to_triton_with_the_reason(fake, tma_pack, autotuned_pack,
+                                                            monkeypatch):
+    from triton.runtime.autotuner import Autotuner  # noqa: PLC0415
+    tuner_runs = []  # what reached Triton's autotuner (it would benchmark on a GPU)
+    monkeypatch.setattr(Autotuner, "run", lambda self, *a, **k: tuner_runs.append(self))
+    def zero_c(nargs):
+        nargs["c_ptr"].zero_()
+
+    def other_block(nargs):  # a tile the pack's variants do not have
+        nargs["a_desc"].block_shape = [32, nargs["BLOCK_K"]]
+        nargs["b_desc"].block_shape = [nargs["BLOCK_K"], nargs["BLOCK_N"]]
+        nargs["c_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_N"]]
+
+    zeroing = triton.autotune(configs=[triton.Config(dict(c.kwargs), num_warps=c.num_warps,
+                                                     num_stages=c.num_stages, pre_hook=zero_c)
+                                       for c in matmul_autotuned_kernel.configs],
+                              key=["M", "N", "K"])(matmul_autotuned_kernel.fn)
+    kpack.install(autotuned_pack)
+    with pytest.warns(kpack.DropInWarning, match=r"an autotuner config has a pre_hook that does "
+                                                  r"more than set tensor descriptors' block "
+                                                  r"shapes \(zero_c: "):
+        zeroing[(1,)](tensor(0, **FP16), tensor(1, **FP16), tensor(2, **FP16), 10, 256, 64,
+                      64, 1, 256, 1, 256, 1)
+    mismatched = triton.autotune(configs=_tma_configs(other_block), key=["M", "N", "K"])(
+        matmul_tma_persistent)
+    kpack.install(tma_pack)
+    with pytest.warns(kpack.DropInWarning, match=r"the pre_hook sets a_desc's block shape to "
+                                                  r"\[32, 64\] where the pack's variants of "
+                                                  r"that config have \[64, 64\]"):
+        mismatched[(1,)](*_tma_args(48, 512, 256))
+    assert tuner_runs == [zeroing, mismatched]
+
+
+def _compiled(fn, signature, constexprs, **options):
+    """What `fn.warmup(...)` returns for these arguments: Triton's CompiledKernel (compiled
+    here for sm_90 directly: warmup needs a device to ask for its target)."""
+    from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+    from triton.compiler import ASTSource  # noqa: PLC0415
+    return triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+VECTOR_ADD_SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+                        "BLOCK": "constexpr"}
+
+
+def test_a_warmed_up_compiled_kernel_launches_through_the_pack(fake, pack, layouts, jit_runs):
+    compiled = _compiled(vector_add_kernel, VECTOR_ADD_SIGNATURE, {"BLOCK": 1024})
+    inst = kpack.install(pack)
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    mark = fake.launch_count()
+    # Triton's CompiledKernel[grid] takes every argument, constexprs included, in order.
+    assert compiled[(5, 1, 1)](x, y, out, 5000, 1024) is None
+    launch = fake.last_launch(mark)
+    off = layouts("examplepack", "vector_add", "generic")
+    assert launch.grid == (5, 1, 1) and launch.i32(off["n"]) == 5000
+    assert [launch.u64(off[p]) for p in ("x_ptr", "y_ptr", "out_ptr")] == \
+        [BASE + 0x10_0000 * i for i in (1, 2, 3)]
+    s = fake.stream_create()
+    mark = fake.launch_count()
+    compiled[(1, 1, 1)](x, y, out, 64, 1024, stream=s)
+    assert fake.last_launch(mark).stream == s
+    assert inst.stats()["vector_add.vector_add_kernel"] == {"kpack": 2, "triton": 0,
+                                                           "reasons": []}
+    assert jit_runs == []
+
+
+def test_a_compiled_kernel_the_pack_lacks_runs_on_triton_with_the_reason(fake, pack, jit_runs,
+                                                                         monkeypatch):
+    from triton.compiler.compiler import CompiledKernel  # noqa: PLC0415
+    compiled = _compiled(vector_add_kernel, VECTOR_ADD_SIGNATURE, {"BLOCK": 2048})
+    runs = []
+    monkeypatch.setattr(CompiledKernel, "_init_handles", lambda self: None)
+    compiled._run = lambda *args: runs.append(args)  # Triton's launcher, observed
+    inst = kpack.install(pack)
+    mark = fake.launch_count()
+    with pytest.warns(kpack.DropInWarning, match=r"vector_add\.vector_add_kernel runs on "
+                      r"Triton's JIT.*no variant with BLOCK=2048") as record:
+        compiled[(3, 1, 1)](tensor(0), tensor(1), tensor(2), 5000, 2048, stream=0)
+    assert record[0].filename == __file__, "the warning points at the caller's line"
+    assert fake.launch_count() == mark and len(runs) == 1 and runs[0][:3] == (3, 1, 1)
+    row = inst.stats()["vector_add.vector_add_kernel"]
+    assert (row["kpack"], row["triton"]) == (0, 1)
+    with pytest.raises(kpack.DropInError, match="no variant with BLOCK=2048"):
+        kpack.install(pack, strict=True)
+        compiled[(3, 1, 1)](tensor(0), tensor(1), tensor(2), 5000, 2048, stream=0)

@@ -179,12 +179,41 @@ class SetupTest(unittest.TestCase):
         r = self.run_setup("--check", path=self.path(hide={"clang++-14"}))
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
+    def test_the_main_job_builds_only_the_command_line(self):
+        # A cmake that runs the probe for real but only records the configure and the build
+        # of kpack itself: the run profile (tools/run.sh) builds the target it runs, the
+        # test profile everything.
+        real = shutil.which("cmake")
+        log = self.tmp / "cmake.log"
+        fake = (f'#!/bin/sh\necho "$*" >> {log}\n'
+                f'case "$*" in\n  --version*|*cmake/probe*) exec {real} "$@" ;;\n'
+                f'  *) exit 0 ;;\nesac\n')
+        builds = {}
+        for profile in ("run", "test"):
+            log.unlink(missing_ok=True)
+            r = self.run_setup("--for", profile, path=self.path(fakes={"cmake": fake}))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            builds[profile] = [line for line in log.read_text().splitlines()
+                               if line.startswith("--build")]
+        self.assertEqual(len(builds["run"]), 1, builds)
+        self.assertTrue(builds["run"][0].endswith(" --target kpack_cli"), builds)
+        self.assertEqual(len(builds["test"]), 1, builds)
+        self.assertNotIn("--target", builds["test"][0])
+
     def test_probe_covers_every_package_the_build_finds(self):
         probe = (ROOT / "cmake" / "probe" / "CMakeLists.txt").read_text()
         probed = set(re.findall(r"kpack-probe|find_package\((\w+)", probe)) - {""}
         probed |= set(re.search(r"foreach\(package ([^)]*)\)", probe).group(1).split())
         used = set()
-        for f in ROOT.rglob("*"):
+        # The repository's own files (not a venv, a build tree or a carried folder beside
+        # them): git's list where there is one.
+        try:
+            tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                                     text=True, check=True).stdout.split()
+            files = [ROOT / name for name in tracked]
+        except (OSError, subprocess.CalledProcessError):
+            files = list(ROOT.rglob("*"))
+        for f in files:
             rel = f.relative_to(ROOT).parts
             if rel[0] in ("examples", ".git") or rel[0].startswith("build") or \
                     rel[:2] == ("cmake", "probe") or not f.is_file():

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "commands.h"
 #include "fake_driver.h"
 #include "fake_runtime.h"
@@ -145,6 +147,28 @@ TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
     EXPECT_THAT(loaded.out, HasSubstr("variants loaded and checked on device 0: OK"));
     EXPECT_GT(fake::LibraryLoads(), 0);
   }
+}
+
+// Counts in words ("1 kernel", not "1 kernels"), and each problem on stderr under the
+// subcommand's name, as the other subcommands write theirs.
+TEST_F(CliTest, VerifySpeaksLikeTheOtherSubcommands) {
+  Result one = Cli({"verify", KPACK_SCALAR_PACK_DIR, "--driver", kNoDriver});
+  EXPECT_EQ(one.code, kOk) << one.err;
+  EXPECT_THAT(one.out, HasSubstr("offline: manifest, 1 kernel, 1 variant ("));
+  Result many = Cli({"verify", KPACK_DISPATCH_PACK_DIR, "--driver", kNoDriver});
+  EXPECT_THAT(many.out, HasSubstr("offline: manifest, 1 kernel, 10 variants ("));
+  TempPack pack;
+  pack.variant("add")["arch"] = 80;
+  pack.variant("scalars")["entry"] = "not_there";
+  pack.Save();
+  Result bad = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  EXPECT_EQ(bad.code, kFailed);
+  const std::vector<std::string> lines = absl::StrSplit(bad.err, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << bad.err;
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(absl::StartsWith(line, "kpack verify: ")) << line;
+  }
+  EXPECT_EQ(lines.back(), "kpack verify: FAILED: 2 problems");
 }
 
 TEST_F(CliTest, VerifyCatchesALayoutLieOfflineNamingTheParameter) {

@@ -61,16 +61,21 @@ int Verify(const VerifyOptions& o, std::ostream& out, std::ostream& err) {
   } else {
     size_t variants = 0;
     for (const KernelInfo& k : pack->kernels()) variants += k.variants.size();
-    out << "offline: manifest, " << pack->kernels().size() << " kernels, " << variants
-        << " variants (cubin files, sha256, ELF arch, entry symbols, parameter layouts; grid "
+    const size_t kernels = pack->kernels().size();
+    out << "offline: manifest, " << kernels << (kernels == 1 ? " kernel, " : " kernels, ")
+        << variants << (variants == 1 ? " variant" : " variants")
+        << " (cubin files, sha256, ELF arch, entry symbols, parameter layouts; grid "
            "expressions; dispatch tables): OK\n";
     if (CheckWithDriver(o, out, problems) && problems.empty()) {
-      out << "driver: all " << variants << " variants loaded and checked on device 0: OK\n";
+      out << "driver: " << (variants == 1 ? "the variant" : "all " + std::to_string(variants) +
+                                                           " variants")
+          << " loaded and checked on device 0: OK\n";
     }
   }
-  for (const std::string& p : problems) err << p << "\n";
+  for (const std::string& p : problems) err << "kpack verify: " << p << "\n";
   if (!problems.empty()) {
-    err << "FAILED: " << problems.size() << " problem" << (problems.size() == 1 ? "" : "s") << "\n";
+    err << "kpack verify: FAILED: " << problems.size() << " problem"
+        << (problems.size() == 1 ? "" : "s") << "\n";
     return kFailed;
   }
   out << "OK: " << pack->dir() << "\n";

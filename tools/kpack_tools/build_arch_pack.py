@@ -11,13 +11,9 @@ nothing. Compiling needs no GPU::
 
 from typing import Callable
 
-import triton
+from kpack_tools import fixed_pack
+from kpack_tools.build_test_pack import TEST_KERNELS
 
-from kpack_tools.build_test_pack import TEST_KERNELS, VARIANT, compile_test_kernel
-from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
-
-GENERATOR = f"kpack_tools.build_arch_pack (triton {triton.__version__})"
 ARCHS = (80, 100)
 
 
@@ -25,20 +21,13 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
     """Writes the pack; `target` is ignored: the pack is made of other targets."""
     del target
     add = next(k for k in TEST_KERNELS if k.name == "add")
-    kernels = []
-    for arch in ARCHS:
-        compiled = compile_test_kernel(add, arch)
-        variant = Variant.from_compiled(VARIANT, compiled, add.constexprs)
-        kernels.append(Kernel(name=f"add_sm{arch}", params=add.params, variants=[variant]))
-    manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    total = pack_bytes(out_dir)
-    log(f"wrote {out_dir}: {len(kernels)} kernels ({', '.join(k.name for k in kernels)}), "
-        f"{total} bytes")
-    return manifest
+    kernels = [add.kernel(fixed_pack.compile_kernel(add, arch), name=f"add_sm{arch}")
+               for arch in ARCHS]
+    return fixed_pack.write(out_dir, kernels, "kpack_tools.build_arch_pack", log)
 
 
 def main(argv=None):
-    run_build(__doc__, build, argv)
+    fixed_pack.main(__doc__, build, argv)
 
 
 if __name__ == "__main__":

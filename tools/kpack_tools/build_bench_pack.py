@@ -7,7 +7,7 @@ Triton's own launchers (``bench/triton_launch_bench.py`` JIT-compiles these same
 functions, imported from this module).  The kernels' math is deliberately
 trivial: ``out[i] = sum_j in_j[i] + sum_j s_j`` for ``i < n``, fp32 data and
 i32 scalars -- no fp32 scalar, since Triton's AOT C stub would pass it as a
-``double`` (../shared/TRITON_ABI.md) and the comparison must run the same
+``double`` (``include/kpack/arg.h``) and the comparison must run the same
 kernel correctly on every path.
 
 Compiling needs no GPU.  Run with ``tools/`` on ``PYTHONPATH``::
@@ -20,12 +20,9 @@ from typing import Callable
 import triton
 import triton.language as tl
 
-from kpack_tools.build_test_pack import TestKernel, compile_test_kernel
-from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
+from kpack_tools import fixed_pack
+from kpack_tools.fixed_pack import FixedKernel
 
-GENERATOR = f"kpack_tools.build_bench_pack (triton {triton.__version__})"
-VARIANT = "default"
 BLOCK = 128
 
 
@@ -82,8 +79,8 @@ FUNCTIONS = {"args4": (args4_kernel, 1), "args14": (args14_kernel, 6),
              "args32": (args32_kernel, 15)}
 
 BENCH_KERNELS = tuple(
-    TestKernel(name=name, fn=fn, params=bench_params(inputs), constexprs={"BLOCK": BLOCK},
-               options={"num_warps": 4}, requirement=None)
+    FixedKernel(name=name, fn=fn, params=bench_params(inputs), constexprs={"BLOCK": BLOCK},
+                options={"num_warps": 4}, grid=("cdiv(n, BLOCK)",))
     for name, (fn, inputs) in FUNCTIONS.items())
 
 
@@ -91,21 +88,15 @@ def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
     """Compile the three benchmark kernels and write the pack; return its manifest."""
     kernels = []
     for spec in BENCH_KERNELS:
-        compiled = compile_test_kernel(spec, target)
+        compiled = fixed_pack.compile_kernel(spec, target)
         arity = sum(1 for _, t in spec.params if t != "constexpr")
         log(f"{spec.name:7} {arity:2} arguments, {compiled.metadata.num_warps} warps")
-        kernels.append(Kernel(name=spec.name, params=spec.params,
-                              variants=[Variant.from_compiled(VARIANT, compiled,
-                                                              spec.constexprs)],
-                              grid=("cdiv(n, BLOCK)",)))
-    manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    total = pack_bytes(out_dir)
-    log(f"wrote {out_dir}: {len(kernels)} kernels, {total} bytes")
-    return manifest
+        kernels.append(spec.kernel(compiled))
+    return fixed_pack.write(out_dir, kernels, "kpack_tools.build_bench_pack", log)
 
 
 def main(argv=None):
-    run_build(__doc__, build, argv)
+    fixed_pack.main(__doc__, build, argv)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,9 @@ from typing import Callable
 
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from kpack_tools.build_test_pack import _line_info_disabled
-from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
-
-GENERATOR = f"kpack_tools.build_desc_pack (triton {triton.__version__})"
-VARIANT = "default"
+from kpack_tools import fixed_pack
+from kpack_tools.fixed_pack import FixedKernel
 
 
 @triton.jit
@@ -51,49 +45,45 @@ def axpy_pair(ptrs, n, coefs, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, coefs[0] * x + coefs[1] * y, mask=mask)
 
 
-def _copy(name, dtype, arch):
+def _copy(name, dtype):
     desc = f"tensordesc<{dtype}[64, 128]>"
-    params = [("in_desc", desc), ("out_desc", desc), ("M", "i32"), ("N", "i32"),
-              ("BM", "constexpr"), ("BN", "constexpr")]
-    constexprs = {"BM": 64, "BN": 128}
-    return name, copy_kernel, params, dict(params), constexprs, arch, \
-        ["cdiv(M, BM)", "cdiv(N, BN)"]
+    return FixedKernel(name=name, fn=copy_kernel,
+                       params=(("in_desc", desc), ("out_desc", desc), ("M", "i32"),
+                               ("N", "i32"), ("BM", "constexpr"), ("BN", "constexpr")),
+                       constexprs={"BM": 64, "BN": 128}, options={},
+                       grid=("cdiv(M, BM)", "cdiv(N, BN)"))
 
 
-def _axpy_pair():
-    flat = [("ptrs.0", "*fp32"), ("ptrs.1", "*fp32"), ("n", "i32"), ("coefs.0", "fp32"),
-            ("coefs.1", "fp32"), ("BLOCK", "constexpr")]
-    signature = {"ptrs": ("*fp32", "*fp32"), "n": "i32", "coefs": ("fp32", "fp32"),
-                 "BLOCK": "constexpr"}
-    return "axpy_pair", axpy_pair, flat, signature, {"BLOCK": 1024}, 90, ["cdiv(n, BLOCK)"]
+AXPY_PAIR = FixedKernel(
+    name="axpy_pair", fn=axpy_pair,
+    params=(("ptrs.0", "*fp32"), ("ptrs.1", "*fp32"), ("n", "i32"), ("coefs.0", "fp32"),
+            ("coefs.1", "fp32"), ("BLOCK", "constexpr")),
+    signature={"ptrs": ("*fp32", "*fp32"), "n": "i32", "coefs": ("fp32", "fp32"),
+               "BLOCK": "constexpr"},
+    constexprs={"BLOCK": 1024}, options={}, grid=("cdiv(n, BLOCK)",))
 
-
-KERNELS = [_copy("copy_tma", "fp16", 90), _copy("copy_ptr", "fp16", 80),
-           _copy("copy_i16", "i16", 90), _axpy_pair()]
+# (kernel, the target it is built for)
+KERNELS = [(_copy("copy_tma", "fp16"), 90), (_copy("copy_ptr", "fp16"), 80),
+           (_copy("copy_i16", "i16"), 90), (AXPY_PAIR, 90)]
 
 
 def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
     """Writes the pack of the kernels for ``target`` (90 or 80)."""
-    if target not in {arch for *_, arch, _ in KERNELS}:
+    if target not in {arch for _, arch in KERNELS}:
         raise SystemExit(f"build_desc_pack: no kernels for target {target} (90 or 80)")
     kernels = []
-    for name, fn, params, signature, constexprs, arch, grid in KERNELS:
+    for spec, arch in KERNELS:
         if arch != target:
             continue
-        with _line_info_disabled():
-            compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                      target=GPUTarget("cuda", arch, 32))
-        variant = Variant.from_compiled(VARIANT, compiled, constexprs)
-        kernels.append(Kernel(name=name, params=params, variants=[variant], grid=grid))
-        log(f"{name}: sm_{arch}, tensordesc_meta {compiled.metadata.tensordesc_meta}, "
+        compiled = fixed_pack.compile_kernel(spec, arch)
+        kernels.append(spec.kernel(compiled))
+        log(f"{spec.name}: sm_{arch}, tensordesc_meta {compiled.metadata.tensordesc_meta}, "
             f"shared {compiled.metadata.shared}")
-    manifest = write_pack(out_dir, kernels, generator=GENERATOR)
-    log(f"wrote {out_dir}: {len(kernels)} kernels, {pack_bytes(out_dir)} bytes")
-    return manifest
+    return fixed_pack.write(out_dir, kernels, "kpack_tools.build_desc_pack", log)
 
 
 def main(argv=None):
-    run_build(__doc__, build, argv)
+    fixed_pack.main(__doc__, build, argv)
 
 
 if __name__ == "__main__":

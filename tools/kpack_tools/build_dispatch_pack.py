@@ -22,12 +22,11 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kpack_tools.build_test_pack import _line_info_disabled
+from kpack_tools import fixed_pack
 from kpack_tools.cubin import parse_cubin
-from kpack_tools.cli import run_build
-from kpack_tools.pack import HIDDEN_PARAMS, Kernel, Variant, pack_bytes, slot_size, write_pack
+from kpack_tools.pack import Kernel, Variant, pack_bytes
+from kpack_tools.param_types import HIDDEN_PARAMS, slot_size
 
-GENERATOR = f"kpack_tools.build_dispatch_pack (triton {triton.__version__})"
 KERNEL = "axpy"
 
 
@@ -171,7 +170,7 @@ def compile_variant(spec: VariantSpec, target: int):
     attrs = {(axpy_kernel.arg_names.index(name),): [["tt.divisibility", 16]]
              for name in spec.div16}
     src = ASTSource(fn=axpy_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    with _line_info_disabled():
+    with fixed_pack.line_info_disabled():
         compiled = triton.compile(src, target=GPUTarget("cuda", target, 32),
                                   options={**COMMON_OPTIONS, "num_warps": spec.num_warps})
     _check_compiled(spec, compiled)
@@ -200,7 +199,7 @@ def build(out_dir, target: int = 90, log: Optional[Callable[[str], None]] = prin
             types=dict(spec.types) or None))
     kernel = Kernel(name=KERNEL, params=PARAMS, variants=variants,
                     buckets=[dict(b) for b in BUCKETS], grid=list(GRID))
-    manifest = write_pack(out_dir, [kernel], generator=GENERATOR)
+    manifest = fixed_pack.write(out_dir, [kernel], "kpack_tools.build_dispatch_pack", log=None)
     _check_manifest(manifest)
 
     log(f"{'variant':15} {'bucket':>6} {'BLOCK':>5} {'warps':>5} {'shared':>6}  "
@@ -211,8 +210,8 @@ def build(out_dir, target: int = 90, log: Optional[Callable[[str], None]] = prin
         log(f"{entry['name']:15} {str(entry['bucket']):>6} {entry['constexprs']['BLOCK']:5} "
             f"{entry['num_warps']:5} {entry['shared']:6}  "
             f"{_format_assumptions(entry.get('assumptions')):41} {types:7} {layout}")
-    total = pack_bytes(out_dir)
-    log(f"wrote {out_dir}: kernel '{KERNEL}', {len(variants)} variants, {total} bytes")
+    log(f"wrote {out_dir}: kernel '{KERNEL}', {len(variants)} variants, "
+        f"{pack_bytes(out_dir)} bytes")
     return manifest
 
 
@@ -230,7 +229,7 @@ def _check_manifest(manifest) -> None:
 
 
 def main(argv=None):
-    run_build(__doc__, build, argv)
+    fixed_pack.main(__doc__, build, argv)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,9 @@ from typing import Callable
 import triton
 import triton.language as tl
 
-from kpack_tools.build_test_pack import TestKernel, compile_test_kernel
-from kpack_tools.cli import run_build
-from kpack_tools.pack import Kernel, Variant, pack_bytes, write_pack
+from kpack_tools import fixed_pack
+from kpack_tools.fixed_pack import FixedKernel
 
-GENERATOR = f"kpack_tools.build_scalar_pack (triton {triton.__version__})"
-VARIANT = "default"
 BLOCK = 128
 
 
@@ -39,7 +36,7 @@ def fill_kernel(h_ptr, b_ptr, f_ptr, d_ptr, n, h: tl.float16, b: tl.bfloat16, f:
     tl.store(d_ptr + offs, d, mask=mask)
 
 
-FILL = TestKernel(
+FILL = FixedKernel(
     name="fill", fn=fill_kernel,
     params=(("h_ptr", "*fp16"), ("b_ptr", "*bf16"), ("f_ptr", "*fp32"), ("d_ptr", "*fp64"),
             ("n", "i32"), ("h", "fp16"), ("b", "bf16"), ("f", "fp32"), ("d", "fp64"),
@@ -49,16 +46,12 @@ FILL = TestKernel(
 
 def build(out_dir, target: int = 90, log: Callable[[str], None] = print):
     """Compile the fill kernel and write the pack; return its manifest."""
-    compiled = compile_test_kernel(FILL, target)
-    variant = Variant.from_compiled(VARIANT, compiled, FILL.constexprs)
-    manifest = write_pack(out_dir, [Kernel(name=FILL.name, params=FILL.params,
-                                           variants=[variant])], generator=GENERATOR)
-    log(f"wrote {out_dir}: 1 kernel, {pack_bytes(out_dir)} bytes")
-    return manifest
+    kernel = FILL.kernel(fixed_pack.compile_kernel(FILL, target))
+    return fixed_pack.write(out_dir, [kernel], "kpack_tools.build_scalar_pack", log)
 
 
 def main(argv=None):
-    run_build(__doc__, build, argv)
+    fixed_pack.main(__doc__, build, argv)
 
 
 if __name__ == "__main__":

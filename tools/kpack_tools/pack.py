@@ -1,18 +1,18 @@
-"""Write ``kpack/1`` and ``kpack/2`` pack directories (see ``docs/pack-format.md``).
+"""Write ``kpack/1`` and ``kpack/2`` pack directories (see ``docs/pack-format.md``): the
+``Kernel`` and ``Variant`` a builder describes, the manifest entry of each, and the
+directory written atomically (``write_pack``).
 
 The runtime refuses a pack on any inconsistency, so this writer checks what it
 can at build time and fails loudly instead of writing a pack that would only
 fail at ``Runtime::Open`` on a GPU machine.  In particular every variant's
 ``layout`` is read back from its cubin (``kpack_tools.cubin``) rather than
 derived from the Python signature: ptxas, not Triton, decides the offsets.
-
-Dispatch (several variants per kernel; kernel ``buckets`` and ``grid``;
-per-variant ``bucket``, ``assumptions`` and ``types``) is checked against the
-rules of the dispatch section of the format: edges strictly increasing, bucket
-indices in range, ``div16`` only on pointer/integer parameters, ``eq1`` only on
-integer parameters and absent from the cubin, ``types`` overrides only between
-integer types, grid expressions parsed and constant-folded per variant, every
-bucket served by a variant, and the dispatch table's limits.
+The rules live beside it: parameter types and tensor descriptors in
+``kpack_tools.param_types``, dispatch fields (buckets, assumptions, ``types``,
+the dispatch table's limits) in ``kpack_tools.pack_dispatch``, grid expressions
+in ``kpack_tools.grid_expr``; this module owns the kernel-level fields
+(``source``, ``readonly``, ``autotune_key``, ``grid_tolerance``), each
+variant's metadata and layout, and the file layout of the pack.
 
 A manifest is written as ``kpack/2`` when a kernel uses a field that format
 added (``source``, ``autotune_key``, ``grid_tolerance``, a parameter's
@@ -27,7 +27,6 @@ metadata of that name with the TMA element type turned into the driver's
 """
 
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -35,38 +34,22 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools.cubin import parse_cubin
+from kpack_tools.grid_expr import check_grid_expression, check_grid_shape
+from kpack_tools.pack_dispatch import (check_buckets, check_dispatch_fields,
+                                       check_dispatch_table)
+from kpack_tools.param_types import (HIDDEN_PARAMS, INT64_MAX, POINTER_SIZE, POINTER_TYPE,
+                                     desc_parts, is_int, is_tensordesc, parse_tensordesc,
+                                     slot_size, tensordesc_meta_entry)
 
 FORMAT = "kpack/1"
 FORMAT_2 = "kpack/2"
-POINTER_SIZE = 8
-SCALAR_SIZES = {
-    "i1": 1, "u1": 1, "i8": 1, "u8": 1,
-    "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
-    "i32": 4, "u32": 4, "fp32": 4,
-    "i64": 8, "u64": 8, "fp64": 8,
-}
-HIDDEN_PARAMS = ("$global_scratch", "$profile_scratch")
-# Integer types for dispatch: bucket dims, div16/eq1 assumptions and `types`
-# overrides.  i1/u1 are booleans (Triton never specializes them) and are not
-# integers here.
-INTEGER_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-ASSUMPTIONS = ("div16", "eq1")
-GRID_FUNCTIONS = ("cdiv", "min", "max")
-MAX_GRID_AXES = 3
-# The runtime's dispatch limits (src/dispatch/dispatch.h): properties per kernel, buckets,
-# and (bucket, variant) pairs, a variant without `bucket` counting once per bucket.
-MAX_PROPERTIES = 256
-MAX_BUCKETS = 4096
-MAX_CANDIDATES = 1 << 20
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 # Variant names become file names, so they are kept to a path-safe alphabet.
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_POINTER_TYPE = re.compile(r"\*[A-Za-z0-9_]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REQUIRED_METADATA = (
     "name", "target", "num_warps", "num_ctas", "shared",
@@ -149,98 +132,6 @@ def source_identity(fn, qualname: Optional[str] = None) -> Mapping[str, str]:
     if qualname is None:
         qualname = f"{fn.fn.__module__}.{fn.fn.__qualname__}"
     return {"qualname": qualname, "sha256": hashlib.sha256(fn.src.encode("utf-8")).hexdigest()}
-
-
-def slot_size(param_type: str) -> Optional[int]:
-    """Bytes a parameter of this Triton type takes; None for ``constexpr``, 0 for a
-    ``tensordesc``, which expands into several slots (``desc_parts``)."""
-    if param_type == "constexpr":
-        return None
-    if _POINTER_TYPE.fullmatch(param_type):
-        return POINTER_SIZE
-    if param_type in SCALAR_SIZES:
-        return SCALAR_SIZES[param_type]
-    if param_type == "nvTmaDesc":
-        raise ValueError("parameter type 'nvTmaDesc' (a caller-encoded CUtensorMap) is not "
-                         "supported; pass a host tensor descriptor (tensordesc<...>)")
-    if param_type.startswith("tensordesc"):
-        parse_tensordesc(param_type)
-        return 0
-    raise ValueError(f"unknown parameter type '{param_type}'")
-
-
-# ---------------------------------------------------------------------------
-# Tensor descriptors
-# ---------------------------------------------------------------------------
-
-_TENSORDESC = re.compile(r"tensordesc<([A-Za-z0-9_]+)\[([0-9, ]*)\]>")
-# Bytes per element of the element types a descriptor may have (the runtime's table).
-ELEMENT_BYTES = {
-    "i1": 1, "u1": 1, "i8": 1, "u8": 1, "fp8e4nv": 1, "fp8e5": 1, "fp8e4b15": 1,
-    "fp8e4b8": 1, "fp8e5b16": 1, "i16": 2, "u16": 2, "fp16": 2, "bf16": 2,
-    "i32": 4, "u32": 4, "fp32": 4, "i64": 8, "u64": 8, "fp64": 8,
-}
-MAX_DESC_RANK = 5
-# Triton's metadata holds the TMA element type as the device code numbers it; its
-# launcher maps it to the driver's CUtensorMapDataType (driver.py,
-# TMA_DTYPE_DEVICE_TO_HOST): identical but for 8, 9 and 10. The manifest holds the
-# driver's value.
-_TMA_DTYPE_DEVICE_TO_HOST = {8: 10, 9: 8, 10: 9}
-
-
-def is_tensordesc(param_type) -> bool:
-    return isinstance(param_type, str) and param_type.startswith("tensordesc")
-
-
-def parse_tensordesc(param_type: str) -> Tuple[str, Tuple[int, ...]]:
-    """``(element type, block shape)`` of ``tensordesc<DTYPE[B0, ...]>``; ValueError for
-    anything else (a Gluon descriptor with a layout included)."""
-    match = _TENSORDESC.fullmatch(param_type)
-    if match is None:
-        gluon = "]," in param_type
-        raise ValueError(f"'{param_type}' is not a tensordesc<DTYPE[B0, ...]> type"
-                         + (" (a Gluon descriptor with a layout is not supported)"
-                            if gluon else ""))
-    dtype = match.group(1)
-    if dtype not in ELEMENT_BYTES:
-        raise ValueError(f"'{param_type}': unknown element type '{dtype}'")
-    block = tuple(int(d) for d in match.group(2).split(",") if d.strip())
-    if not 1 <= len(block) <= MAX_DESC_RANK or any(d < 1 for d in block):
-        raise ValueError(f"'{param_type}': the block shape needs 1 to {MAX_DESC_RANK} "
-                         f"positive dimensions")
-    return dtype, block
-
-
-def tensordesc_type(dtype: str, block: Sequence[int]) -> str:
-    """Triton's spelling: ``tensordesc<fp16[64, 128]>`` (its JIT writes ``str(list)``)."""
-    return f"tensordesc<{dtype}{list(block)}>"
-
-
-def desc_parts(rank: int, tma: bool) -> List[Tuple[str, int]]:
-    """``[(part, slot size)]`` a descriptor of ``rank`` expands into, in Triton 3.6's
-    order (driver.py, make_launcher): with TMA metadata the CUtensorMap then the shape as
-    i32 and the strides as i64; without, the base pointer, shape and strides as i64, the
-    padding flag, then the shape and strides again."""
-    head = [("tma", 128)] if tma else (
-        [("base", 8)] + [(f"base_shape[{i}]", 8) for i in range(rank)]
-        + [(f"base_strides[{i}]", 8) for i in range(rank)] + [("padding", 1)])
-    return head + [(f"shape[{i}]", 4) for i in range(rank)] + \
-        [(f"strides[{i}]", 8) for i in range(rank)]
-
-
-def tensordesc_meta_entry(meta) -> Optional[Mapping[str, Any]]:
-    """The manifest's ``tensordesc_meta`` entry for one entry of Triton's metadata (None
-    for a descriptor the variant did not lower to TMA)."""
-    if meta is None:
-        return None
-    if not isinstance(meta, Mapping) or not {"swizzle", "elem_size", "elem_type",
-                                             "block_size", "fp4_padded"} <= set(meta):
-        raise ValueError(f"tensordesc_meta entry {meta!r} lacks Triton 3.6's fields")
-    elem_type = int(meta["elem_type"])
-    return {"data_type": _TMA_DTYPE_DEVICE_TO_HOST.get(elem_type, elem_type),
-            "elem_size": int(meta["elem_size"]), "swizzle": int(meta["swizzle"]),
-            "block_size": [int(b) for b in meta["block_size"]],
-            "fp4_padded": bool(meta["fp4_padded"])}
 
 
 def pack_bytes(out_dir) -> int:
@@ -335,8 +226,8 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         if variant_names.count(name) > 1:
             raise ValueError(f"{where}: duplicate variant name '{name}'")
     param_types = dict(kernel.params)
-    buckets = _check_buckets(kernel.buckets, param_types, where)
-    grid = _check_grid_shape(kernel.grid, where)
+    buckets = check_buckets(kernel.buckets, param_types, where)
+    grid = check_grid_shape(kernel.grid, where)
 
     variants = []
     dispatch = []  # (variant name, bucket, assumptions, effective types) per variant
@@ -355,7 +246,7 @@ def _kernel_entry(kernel: Kernel, files) -> Mapping[str, Any]:
         files[relpath] = bytes(variant.cubin)
     # A descriptor's block shape (its `types` override) is no dispatch property: the
     # runtime never chooses by it.
-    _check_dispatch_table([(name, bucket, assumptions,
+    check_dispatch_table([(name, bucket, assumptions,
                             {p: t for p, t in effective.items() if not is_tensordesc(t)})
                            for name, bucket, assumptions, effective in dispatch], buckets, where)
 
@@ -399,7 +290,7 @@ def _check_grid_tolerance(tolerance, buckets, where):
             if param not in last_edge:
                 raise ValueError(f"{where}: grid_tolerance.max: '{param}' is not a bucket "
                                  f"parameter ({sorted(last_edge)})")
-            if not _is_int(value) or not last_edge[param] < value <= INT64_MAX:
+            if not is_int(value) or not last_edge[param] < value <= INT64_MAX:
                 raise ValueError(f"{where}: grid_tolerance.max['{param}'] = {value!r} must be an "
                                  f"integer above the last edge {last_edge[param]}")
         result["max"] = dict(maximum)
@@ -421,7 +312,7 @@ def _check_readonly(kernel: Kernel, where):
     types = dict(kernel.params)
     readonly = list(kernel.readonly)
     for name in readonly:
-        if not _POINTER_TYPE.fullmatch(types.get(name, "")):
+        if not POINTER_TYPE.fullmatch(types.get(name, "")):
             raise ValueError(f"{where}: readonly: '{name}' is not a pointer parameter")
         if readonly.count(name) > 1:
             raise ValueError(f"{where}: readonly: '{name}' listed twice")
@@ -444,150 +335,13 @@ def check_variant(kernel: Kernel, variant: Variant) -> None:
     cubin, layout, dispatch fields, grid); raises ValueError naming what is wrong."""
     where = f"kernel '{kernel.name}'"
     param_types = dict(kernel.params)
-    buckets = _check_buckets(kernel.buckets, param_types, where)
+    buckets = check_buckets(kernel.buckets, param_types, where)
     entry, _ = _variant_entry(kernel, variant, f"cubins/{kernel.name}/{variant.name}.cubin",
                               buckets)
-    for axis, expr in enumerate(_check_grid_shape(kernel.grid, where) or ()):
+    for axis, expr in enumerate(check_grid_shape(kernel.grid, where) or ()):
         check_grid_expression(expr, param_types, entry["constexprs"],
                               f"{where}: variant '{variant.name}': grid[{axis}]")
 
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_buckets(buckets, param_types, where):
-    """Validate kernel ``buckets``; return ``[(param, edges), ...]`` or None."""
-    if buckets is None:
-        return None
-    if isinstance(buckets, (str, bytes, Mapping)) or not isinstance(buckets, Sequence) \
-            or not buckets:
-        raise ValueError(f"{where}: buckets must be a non-empty list of "
-                         f"{{'param', 'edges'}} dims, got {buckets!r}")
-    result = []
-    for i, dim in enumerate(buckets):
-        field = f"{where}: buckets[{i}]"
-        if not isinstance(dim, Mapping) or set(dim) != {"param", "edges"}:
-            raise ValueError(f"{field}: must be {{'param': NAME, 'edges': [...]}}, got {dim!r}")
-        param, edges = dim["param"], dim["edges"]
-        if param not in param_types:
-            raise ValueError(f"{field}: unknown parameter {param!r}")
-        if param_types[param] not in INTEGER_TYPES:
-            raise ValueError(f"{field}: parameter '{param}' is {param_types[param]}, "
-                             f"a bucket dim needs an integer call parameter {INTEGER_TYPES}")
-        if any(param == other for other, _ in result):
-            raise ValueError(f"{field}: parameter '{param}' is already a bucket dim")
-        if isinstance(edges, (str, bytes)) or not isinstance(edges, Sequence) or not edges:
-            raise ValueError(f"{field}: edges must be a non-empty list of integers")
-        for edge in edges:
-            if not _is_int(edge) or not INT64_MIN <= edge <= INT64_MAX:
-                raise ValueError(f"{field}: edge {edge!r} is not a 64-bit integer")
-        for lo, hi in zip(edges, edges[1:]):
-            if not lo < hi:
-                raise ValueError(f"{field}: edges {list(edges)} are not strictly increasing "
-                                 f"({lo} then {hi})")
-        result.append((param, tuple(edges)))
-    count = 1
-    for _, edges in result:
-        count *= len(edges) + 1
-    if count > MAX_BUCKETS:
-        raise ValueError(f"{where}: buckets make {count} buckets, at most {MAX_BUCKETS} allowed")
-    return result
-
-
-def _check_grid_shape(grid, where):
-    if grid is None:
-        return None
-    if isinstance(grid, (str, bytes)) or not isinstance(grid, Sequence) \
-            or not 1 <= len(grid) <= MAX_GRID_AXES:
-        raise ValueError(f"{where}: grid must be a list of 1-{MAX_GRID_AXES} expression "
-                         f"strings, got {grid!r}")
-    for axis, expr in enumerate(grid):
-        if not isinstance(expr, str):
-            raise ValueError(f"{where}: grid[{axis}] is not a string: {expr!r}")
-    return tuple(grid)
-
-
-def _check_dispatch_fields(kernel: Kernel, variant: Variant, buckets, where):
-    """Validate a variant's ``bucket``, ``assumptions`` and ``types``.
-
-    Returns ``(bucket, assumptions, types)`` normalized for the manifest (in
-    parameter declaration order; None where absent) and the variant's
-    effective type of every call parameter.
-    """
-    param_types = dict(kernel.params)
-    call_params = [name for name, t in kernel.params if t != "constexpr"]
-
-    bucket = variant.bucket
-    if bucket is not None:
-        if buckets is None:
-            raise ValueError(f"{where}: field 'bucket' {list(bucket)!r} but the kernel "
-                             f"has no buckets")
-        if isinstance(bucket, (str, bytes)) or not isinstance(bucket, Sequence) \
-                or len(bucket) != len(buckets):
-            raise ValueError(f"{where}: bucket {bucket!r} must list one index per bucket "
-                             f"dim ({len(buckets)})")
-        for dim, (index, (param, edges)) in enumerate(zip(bucket, buckets)):
-            if not _is_int(index) or not 0 <= index <= len(edges):
-                raise ValueError(f"{where}: bucket[{dim}] = {index!r} is out of range for "
-                                 f"'{param}' ({len(edges)} edges: indices 0..{len(edges)})")
-        bucket = [int(index) for index in bucket]
-
-    for field in ("assumptions", "types"):
-        value = getattr(variant, field)
-        if value is not None and not isinstance(value, Mapping):
-            raise ValueError(f"{where}: {field} must be a {{param: ...}} mapping, got {value!r}")
-    types = {}
-    for param, new_type in dict(variant.types or {}).items():
-        if param not in param_types or param_types[param] == "constexpr":
-            raise ValueError(f"{where}: types: '{param}' is not a call parameter")
-        if is_tensordesc(param_types[param]):
-            declared = parse_tensordesc(param_types[param])
-            if not is_tensordesc(new_type) or parse_tensordesc(new_type)[0] != declared[0] \
-                    or len(parse_tensordesc(new_type)[1]) != len(declared[1]):
-                raise ValueError(f"{where}: types: '{param}' -> {new_type!r} must be a "
-                                 f"tensordesc type of the element type and rank of "
-                                 f"{param_types[param]}")
-            types[param] = new_type
-            continue
-        if param_types[param] not in INTEGER_TYPES:
-            raise ValueError(f"{where}: types: parameter '{param}' is "
-                             f"{param_types[param]}; only integer parameters may be retyped")
-        if new_type not in INTEGER_TYPES:
-            raise ValueError(f"{where}: types: '{param}' -> {new_type!r} is not an integer "
-                             f"type {INTEGER_TYPES}")
-        types[param] = new_type
-    effective = {name: types.get(name, param_types[name]) for name in call_params}
-
-    assumptions = {}
-    for param, kinds in dict(variant.assumptions or {}).items():
-        if param not in param_types or param_types[param] == "constexpr":
-            raise ValueError(f"{where}: assumptions: '{param}' is not a call parameter")
-        if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Sequence) or not kinds:
-            raise ValueError(f"{where}: assumptions: '{param}' needs a non-empty list of "
-                             f"{ASSUMPTIONS}, got {kinds!r}")
-        kinds = list(kinds)
-        for kind in kinds:
-            if kind not in ASSUMPTIONS:
-                raise ValueError(f"{where}: assumptions: '{param}': unknown assumption "
-                                 f"{kind!r} (known: {ASSUMPTIONS})")
-            if kinds.count(kind) > 1:
-                raise ValueError(f"{where}: assumptions: '{param}': '{kind}' listed twice")
-        param_type = effective[param]
-        is_pointer = bool(_POINTER_TYPE.fullmatch(param_type))
-        if "div16" in kinds and not (is_pointer or param_type in INTEGER_TYPES):
-            raise ValueError(f"{where}: assumptions: div16 on '{param}' of type {param_type}; "
-                             f"div16 needs a pointer or integer parameter")
-        if "eq1" in kinds and param_type not in INTEGER_TYPES:
-            raise ValueError(f"{where}: assumptions: eq1 on '{param}' of type {param_type}; "
-                             f"eq1 needs an integer parameter")
-        if "div16" in kinds and "eq1" in kinds:
-            raise ValueError(f"{where}: assumptions: '{param}' cannot be both div16 and eq1 "
-                             f"(1 is not a multiple of 16)")
-        assumptions[param] = [kind for kind in ASSUMPTIONS if kind in kinds]
-    assumptions = {name: assumptions[name] for name in call_params if name in assumptions}
-    types = {name: types[name] for name in call_params if name in types}
-    return (bucket, assumptions or None, types or None), effective
 
 
 def _variant_entry(kernel: Kernel, variant: Variant, relpath: str, buckets=None):
@@ -596,7 +350,7 @@ def _variant_entry(kernel: Kernel, variant: Variant, relpath: str, buckets=None)
     where = f"kernel '{kernel.name}': variant '{variant.name}'"
     if not _VARIANT_NAME.fullmatch(variant.name):
         raise ValueError(f"{where}: name must match {_VARIANT_NAME.pattern}")
-    (bucket, assumptions, types), effective = _check_dispatch_fields(
+    (bucket, assumptions, types), effective = check_dispatch_fields(
         kernel, variant, buckets, where)
     meta = variant.metadata
     missing = [field for field in _REQUIRED_METADATA if field not in meta]
@@ -717,256 +471,3 @@ def _layout(kernel: Kernel, slots, where: str, effective=None, eq1=(), retyped=N
                        **({"part": part} if part else {})})
     return layout
 
-
-def _check_dispatch_table(dispatch, buckets, where):
-    """Check the table limits, that no variant is a duplicate of another and that
-    every bucket has a variant.
-
-    Properties (docs/pack-format.md): one per (parameter, div16) and
-    (parameter, eq1) used by any variant, plus one per integer type of a
-    parameter whose type differs between variants.
-    """
-    properties = set()
-    for _, _, assumptions, _ in dispatch:
-        for param, kinds in assumptions.items():
-            properties.update((kind, param) for kind in kinds)
-    for param in dispatch[0][3]:
-        seen_types = {effective[param] for _, _, _, effective in dispatch}
-        if len(seen_types) > 1:
-            properties.update(("type", param, t) for t in seen_types)
-    count = 1
-    for _, edges in buckets or ():
-        count *= len(edges) + 1
-    if len(properties) > MAX_PROPERTIES:
-        raise ValueError(f"{where}: depends on {len(properties)} argument properties, at most "
-                         f"{MAX_PROPERTIES} allowed: {sorted(map(str, properties))}")
-    pairs = sum(count if bucket is None else 1 for _, bucket, _, _ in dispatch)
-    if pairs > MAX_CANDIDATES:
-        raise ValueError(f"{where}: {len(dispatch)} variants over {count} buckets make {pairs} "
-                         f"(bucket, variant) pairs, more than the {MAX_CANDIDATES} allowed")
-    seen = {}
-    for name, bucket, assumptions, effective in dispatch:
-        key = (None if bucket is None else tuple(bucket),
-               tuple(sorted((p, tuple(k)) for p, k in assumptions.items())),
-               tuple(sorted(effective.items())))
-        if key in seen:
-            raise ValueError(f"{where}: variant '{name}' has the same bucket, assumptions and "
-                             f"types as variant '{seen[key]}', so it would never be chosen")
-        seen[key] = name
-    served = {tuple(bucket) for _, bucket, _, _ in dispatch if bucket is not None}
-    if buckets is not None and not any(bucket is None for _, bucket, _, _ in dispatch):
-        for index in itertools.product(*[range(len(edges) + 1) for _, edges in buckets]):
-            if index not in served:
-                raise ValueError(f"{where}: no variant serves bucket {list(index)} "
-                                 f"({describe_bucket_index(buckets, index)}); every bucket "
-                                 f"needs a variant")
-
-
-def describe_bucket_index(buckets, index) -> str:
-    """``17 <= M <= 64, N > 4096`` style text for a bucket of ``[(param, edges)]``
-    dims (inclusive upper edges, docs/pack-format.md)."""
-    parts = []
-    for (param, edges), i in zip(buckets, index):
-        lo = None if i == 0 else edges[i - 1] + 1
-        hi = None if i == len(edges) else edges[i]
-        parts.append(f"{param} <= {hi}" if lo is None else
-                     f"{param} >= {lo}" if hi is None else f"{lo} <= {param} <= {hi}")
-    return ", ".join(parts) or "the only bucket"
-
-
-# ---------------------------------------------------------------------------
-# Grid expressions
-# ---------------------------------------------------------------------------
-
-_GRID_TOKEN = re.compile(r"\s*(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|(\S))")
-
-
-def parse_grid_expression(text: str):
-    """Parse a grid expression into a tree of tuples.
-
-    Grammar (docs/pack-format.md): ``expr := term (('+'|'-') term)*``,
-    ``term := factor (('*'|'/') factor)*``, ``factor := INT | NAME | '(' expr ')'
-    | ('cdiv'|'min'|'max') '(' expr ',' expr ')'``.  No unary minus.  Nodes:
-    ``("int", v)``, ``("name", s)``, ``(op, lhs, rhs)`` for ``+ - * /`` and
-    ``("cdiv"|"min"|"max", a, b)``.  Raises ValueError on a syntax error.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"not a string: {text!r}")
-    tokens = []
-    pos = 0
-    while True:
-        match = _GRID_TOKEN.match(text, pos)
-        if match is None:
-            break
-        number, name, other = match.groups()
-        if other is not None and other not in "+-*/(),":
-            raise ValueError(f"unexpected character {other!r} at column {match.start(3)}")
-        tokens.append(("int", int(number)) if number is not None else
-                      ("name", name) if name is not None else (other, None))
-        pos = match.end()
-    if text[pos:].strip():
-        raise ValueError(f"unexpected character {text[pos:].strip()[0]!r}")
-    tokens.append(("end", None))
-    index = 0
-
-    def peek():
-        return tokens[index][0]
-
-    def take(kind):
-        nonlocal index
-        token = tokens[index]
-        if token[0] != kind:
-            found = "end of expression" if token[0] == "end" else repr(token[1] or token[0])
-            raise ValueError(f"expected {kind!r}, found {found}")
-        index += 1
-        return token
-
-    def expr():
-        node = term()
-        while peek() in ("+", "-"):
-            op = take(peek())[0]
-            node = (op, node, term())
-        return node
-
-    def term():
-        node = factor()
-        while peek() in ("*", "/"):
-            op = take(peek())[0]
-            node = (op, node, factor())
-        return node
-
-    def factor():
-        kind, value = tokens[index]
-        if kind == "int":
-            take("int")
-            if value > INT64_MAX:
-                raise ValueError(f"integer literal {value} does not fit in 64 bits")
-            return ("int", value)
-        if kind == "name":
-            take("name")
-            if peek() == "(":
-                if value not in GRID_FUNCTIONS:
-                    raise ValueError(f"unknown function '{value}' (known: {GRID_FUNCTIONS})")
-                take("(")
-                a = expr()
-                take(",")
-                b = expr()
-                take(")")
-                return (value, a, b)
-            return ("name", value)
-        if kind == "(":
-            take("(")
-            node = expr()
-            take(")")
-            return node
-        found = "end of expression" if kind == "end" else repr(value if value is not None else kind)
-        raise ValueError(f"expected a number, a name or '(', found {found}")
-
-    if peek() == "end":
-        raise ValueError("empty expression")
-    tree = expr()
-    if peek() != "end":
-        kind, value = tokens[index]
-        raise ValueError(f"unexpected {value if value is not None else kind!r} after a "
-                         f"complete expression")
-    return tree
-
-
-def _checked(value: int) -> int:
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise OverflowError("64-bit overflow")
-    return value
-
-
-def _truncating_div(a: int, b: int) -> int:
-    if b == 0:
-        raise ZeroDivisionError("division by zero")
-    quotient = abs(a) // abs(b)
-    return _checked(-quotient if (a < 0) != (b < 0) else quotient)
-
-
-def _apply(op: str, a: int, b: int) -> int:
-    if op == "+":
-        return _checked(a + b)
-    if op == "-":
-        return _checked(a - b)
-    if op == "*":
-        return _checked(a * b)
-    if op == "/":
-        return _truncating_div(a, b)
-    if op == "cdiv":  # Triton's cdiv: (a + b - 1) / b
-        if b == 0:
-            raise ZeroDivisionError("division by zero")
-        return _truncating_div(_checked(_checked(a + b) - 1), b)
-    if op == "min":
-        return min(a, b)
-    if op == "max":
-        return max(a, b)
-    raise AssertionError(op)
-
-
-def evaluate_grid_expression(tree, values: Mapping[str, int]):
-    """Evaluate a parsed expression in 64-bit arithmetic, the way the runtime
-    does per launch; a name missing from ``values`` makes the result None
-    (used for constant folding).  Raises OverflowError / ZeroDivisionError."""
-    kind = tree[0]
-    if kind == "int":
-        return tree[1]
-    if kind == "name":
-        return values.get(tree[1])
-    a = evaluate_grid_expression(tree[1], values)
-    b = evaluate_grid_expression(tree[2], values)
-    if b == 0 and kind in ("/", "cdiv"):
-        raise ZeroDivisionError("division by zero")
-    if a is None or b is None:
-        return None
-    return _apply(kind, a, b)
-
-
-def grid_names(tree):
-    """The names an expression uses, in order of first use."""
-    if tree[0] == "int":
-        return []
-    if tree[0] == "name":
-        return [tree[1]]
-    names = grid_names(tree[1])
-    return names + [n for n in grid_names(tree[2]) if n not in names]
-
-
-def check_grid_expression(text: str, param_types: Mapping[str, str],
-                          constexprs: Mapping[str, Any], where: str):
-    """Check one grid expression for one variant, as ``Runtime::Open`` does:
-    syntax, names (integer call parameters or the variant's integer
-    constexprs), and constant folding (every sub-expression that depends
-    only on literals and constexprs must not overflow or divide by zero).
-    Returns the parsed tree."""
-    try:
-        tree = parse_grid_expression(text)
-    except ValueError as err:
-        raise ValueError(f"{where}: {text!r}: syntax error: {err}") from None
-    for name in grid_names(tree):
-        if name in constexprs:
-            value = constexprs[name]
-            if not _is_int(value):
-                raise ValueError(f"{where}: {text!r}: constexpr '{name}' = {value!r} is not "
-                                 f"an integer")
-        elif name in param_types:
-            if param_types[name] not in INTEGER_TYPES:
-                raise ValueError(f"{where}: {text!r}: parameter '{name}' is "
-                                 f"{param_types[name]}, not an integer call parameter")
-        else:
-            raise ValueError(f"{where}: {text!r}: unknown name '{name}'")
-    folding = {name: value for name, value in constexprs.items() if _is_int(value)}
-
-    def fold(node):
-        if node[0] in ("int", "name"):
-            return
-        fold(node[1])
-        fold(node[2])
-        try:
-            evaluate_grid_expression(node, folding)
-        except (OverflowError, ZeroDivisionError) as err:
-            raise ValueError(f"{where}: {text!r}: {err} while folding constants") from None
-
-    fold(tree)
-    return tree

@@ -26,7 +26,7 @@ import itertools
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+from kpack_tools.param_types import INT64_MAX, INT64_MIN
 
 
 @dataclass(frozen=True)

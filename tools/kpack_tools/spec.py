@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from kpack_tools.pack import (INTEGER_TYPES, check_grid_expression, describe_bucket_index,
-                              evaluate_grid_expression, grid_names, is_tensordesc,
-                              parse_grid_expression, slot_size, tensordesc_type)
+from kpack_tools.grid_expr import (check_grid_expression, evaluate_grid_expression, grid_names,
+                                   parse_grid_expression)
+from kpack_tools.pack_dispatch import describe_bucket_index
+from kpack_tools.param_types import INTEGER_TYPES, is_tensordesc, slot_size, tensordesc_type
 
 GENERIC = "generic"
 # Spec files are imported under a unique module name; a kernel's source qualname uses

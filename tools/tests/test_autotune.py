@@ -226,10 +226,17 @@ def test_reuse_tuning_keeps_the_chosen_configs(tmp_path):
     spec = write_spec(tmp_path)
     _, tuned = builder.build([spec], tmp_path / "tuned", backend=ModelBackend(FAST_SMALL),
                              log=None)
-    manifest, again = builder.build([spec], tmp_path / "again", tune=False, log=None,
+    lines = []
+    manifest, again = builder.build([spec], tmp_path / "again", tune=False, log=lines.append,
                                     reuse_tuning=tmp_path / "tuned" / "tuning.json")
     kernel = again["kernels"][0]
     assert again["tuned"] is False  # this run tuned nothing ...
+    # ... and says where the configs came from, not that it used the spec's defaults.
+    reused = f"configs of rms_norm from {tmp_path / 'tuned' / 'tuning.json'}"
+    assert again["reason"] == f"not tuned: --no-tune was given; {reused}"
+    assert lines[0] == f"not tuning (--no-tune was given): {reused}"
+    assert lines[-1].endswith(f"not tuned: --no-tune was given; {reused}")
+    assert not [line for line in lines if "default config" in line], lines
     assert kernel["tuned"] is True and kernel["device"] == "model GPU"  # ... it reused
     assert kernel["buckets"] == tuned["kernels"][0]["buckets"]
     assert [v["constexprs"]["BLOCK_SIZE"] for v in manifest["kernels"][0]["variants"]] == \

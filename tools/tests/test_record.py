@@ -509,6 +509,62 @@ def test_unseen_keys_use_the_nearest_recorded_key(autotuned, n, m, block, key):
     assert bucket == {**bucket, "key": f"key{key}", "exact": False}
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}, num_warps=2),
+                          triton.Config({"BLOCK": 256}, num_warps=4)],
+                 key=["n", "n_elements"])  # a typo, as in a public tutorial: no such parameter
+@triton.jit
+def typo_key_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+
+def test_an_autotune_key_naming_no_parameter_is_ignored_with_a_warning(fake_driver, tmp_path):
+    """Triton's autotuner ignores a key name that is no parameter of the function; the
+    recorder does the same, says so, and exports the kernel bucketed on the rest."""
+    fake_driver.timings = [1.0, 2.0, 2.0, 1.0]  # n=100: BLOCK 64 wins; n=5000: BLOCK 256
+    with record.Recorder(log=None) as recorder:
+        for n in (100, 5000):
+            typo_key_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](A, C, n)
+    report = record.export(recorder.recording, tmp_path / "pack", log=None)
+    assert [k["name"] for k in report.manifest["kernels"]] == ["typo_key_kernel"]
+    kernel = report.manifest["kernels"][0]
+    assert kernel["autotune_key"] == ["n"]
+    assert kernel["buckets"] == [{"param": "n", "edges": [99, 100, 2550, 4999, 5000]}]
+    assert {v["constexprs"]["BLOCK"] for v in kernel["variants"]} == {64, 256}
+    warnings = [line for line in report.lines if line.startswith("WARNING")]
+    assert warnings == ["WARNING: test_record.typo_key_kernel: triton.autotune key "
+                        "'n_elements' names no parameter of the function; Triton's "
+                        "autotuner ignores it, and so does kpack"], report.lines
+    assert report.record["autotuned"][0]["key"] == ["n"]
+    assert not report.record["not_exported"]
+    assert validate_manifest(report.manifest, tmp_path / "pack") == []
+
+
+@triton.jit
+def maybe_scaled_kernel(x_ptr, out_ptr, n, scale_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    if scale_ptr is not None:
+        x = x * tl.load(scale_ptr)
+    tl.store(out_ptr + offs, x, mask=offs < n)
+
+
+def test_a_none_argument_is_a_constexpr_none_of_the_kernel(fake_driver, tmp_path):
+    """What Triton compiles in for a None argument is part of the configuration: the pack
+    kernel has that parameter as a constexpr whose value is null in every variant (the
+    shape the drop-in serves such calls by: tests/python/test_dropin.py)."""
+    with record.Recorder(log=None) as recorder:
+        maybe_scaled_kernel[(4,)](A, C, 1000, None, BLOCK=128)
+    report = record.export(recorder.recording, tmp_path / "pack", log=None)
+    kernel = _kernel(report.manifest, "maybe_scaled_kernel")
+    assert [(p["name"], p["type"]) for p in kernel["params"]] == [
+        ("x_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"), ("scale_ptr", "constexpr"),
+        ("BLOCK", "constexpr")]
+    assert [v["constexprs"] for v in kernel["variants"]] == \
+        [{"scale_ptr": None, "BLOCK": 128}] * len(kernel["variants"])
+    assert report.record["launches"][0]["args"]["scale_ptr"] == {"value": None}
+
+
 def _set_desc_blocks(nargs):
     # Triton's tutorials (09-persistent-matmul): the config's tile becomes the descriptors'
     # block shape before each launch.

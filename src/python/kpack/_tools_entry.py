@@ -32,11 +32,11 @@ def build() -> int:
     if not _check_triton("kpack-build"):
         return 1
     from kpack_tools import build as tool  # noqa: PLC0415 (imports triton)
-    return tool.main()
+    return tool.main(prog="kpack-build")
 
 
 def record() -> int:
     if not _check_triton("kpack-record"):
         return 1
     from kpack_tools import record as tool  # noqa: PLC0415
-    return tool.main()
+    return tool.main(prog="kpack-record")
