@@ -665,6 +665,20 @@ CUresult ResolveStream(State& s, CUstream handle, const Context* context, Stream
   return CUDA_SUCCESS;
 }
 
+// For stream work the fake does not model inside a capture (memcpy and host nodes): the
+// current context and ResolveStream's stream, or CUDA_ERROR_NOT_SUPPORTED on a capturing
+// stream.
+CUresult ResolveUncapturedStream(State& s, CUstream handle, const Context** context,
+                                 Stream** stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  *context = CurrentContext(s);
+  if (*context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = ResolveStream(s, handle, *context, stream); r != CUDA_SUCCESS) return r;
+  if (*stream != nullptr && (*stream)->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
 // The id of the stream `handle` (resolved to `stream`, null for a default stream) in
 // `context`, as cuStreamGetId reports it: what the driver's thread knows work by.
 uint64_t StreamIdentity(State& s, CUstream handle, const Context* context, const Stream* stream)
@@ -1770,12 +1784,10 @@ CUresult AsyncCopy(Fn fn, CUstream handle, CUdeviceptr device, size_t size, void
   if (CUresult r = Enter(fn); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
-  const Context* context = CurrentContext(s);
-  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const Context* context = nullptr;
   Stream* stream = nullptr;
-  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
-  if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+    return r;
   }
   if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   return LiveRange(s, device, size, host);
@@ -1876,12 +1888,10 @@ CUresult FakeLaunchHostFunc(CUstream handle, CUhostFn fn, void* data) {
   uint64_t id = 0;
   {
     MutexLock lock(&s.mu);
-    const Context* context = CurrentContext(s);
-    if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    const Context* context = nullptr;
     Stream* stream = nullptr;
-    if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
-    if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-      return CUDA_ERROR_NOT_SUPPORTED;
+    if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+      return r;
     }
     id = StreamIdentity(s, handle, context, stream);
   }

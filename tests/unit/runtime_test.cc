@@ -44,24 +44,7 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 const CUdeviceptr kX = 0x7f0000001000, kY = 0x7f0000002000, kOut = 0x7f0000003000;
 
-class RuntimeTest : public ::testing::Test {
- protected:
-  void SetUp() override { testing::ResetFake(); }
-  void TearDown() override { fake::Reset(); }
-
-  Runtime Open(const std::string& dir = KPACK_TEST_PACK_DIR) {
-    auto rt = OpenFake(dir);
-    EXPECT_TRUE(rt.ok()) << rt.status();
-    return std::move(*rt);
-  }
-  const internal::Driver& d() { return testing::FakeDriver(); }
-  // A real (fake) stream, created through the same driver table kpack uses.
-  CUstream NewStream() {
-    CUstream s = nullptr;
-    EXPECT_EQ(d().StreamCreate(&s, 0), CUDA_SUCCESS);
-    return s;
-  }
-};
+class RuntimeTest : public testing::FakeRuntimeTest {};
 
 // ---- driver loading ----
 

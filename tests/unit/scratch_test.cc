@@ -30,7 +30,6 @@ namespace {
 
 using ::kpack::testing::At;
 using ::kpack::testing::LastLaunch;
-using ::kpack::testing::OpenFake;
 using ::testing::IsEmpty;
 
 const CUdeviceptr kX = 0x7f0000001000, kOut = 0x7f0000003000;
@@ -53,29 +52,18 @@ struct Gate {
   }
 };
 
-class ScratchTest : public ::testing::Test {
+class ScratchTest : public testing::FakeRuntimeTest {
  protected:
   void SetUp() override {
-    testing::ResetFake();
+    FakeRuntimeTest::SetUp();
     fake::SetKernelEmulator("scratch_kernel", &TouchScratch);
     ASSERT_EQ(d().CtxGetCurrent(&context_), CUDA_SUCCESS);
   }
   void TearDown() override {
     EXPECT_THAT(fake::Faults(), IsEmpty());
-    fake::Reset();
+    FakeRuntimeTest::TearDown();
   }
 
-  Runtime Open() {
-    auto rt = OpenFake();
-    EXPECT_TRUE(rt.ok()) << rt.status();
-    return std::move(*rt);
-  }
-  const internal::Driver& d() { return testing::FakeDriver(); }
-  CUstream NewStream() {
-    CUstream s = nullptr;
-    EXPECT_EQ(d().StreamCreate(&s, 0), CUDA_SUCCESS);
-    return s;
-  }
   static absl::Status LaunchScratch(const Runtime& rt, CUstream stream, uint32_t blocks = 2) {
     return rt.Launch("scratch", Grid{blocks, blocks}, stream, kX, kOut, 32 * blocks, 32 * blocks,
                      32 * blocks);
