@@ -57,7 +57,11 @@
 //    per context for the legacy (NULL) stream, and per thread for CU_STREAM_PER_THREAD
 //    (one handle, but a different stream on each thread). It grows on demand (to at
 //    least twice its size; buffers already used stay allocated for work in flight) and
-//    is freed by `ReleaseScratch(stream)` or the Runtime's destruction;
+//    is freed by `ReleaseScratch(stream)` or the Runtime's destruction; a thread's
+//    CU_STREAM_PER_THREAD arenas (and its reservation) also when the thread exits, on
+//    that thread (cuMemFree, which waits for its launches still in flight: a thread
+//    exiting with work queued waits for it; in relaxed capture mode, so that another
+//    thread's capture in global mode is not invalidated by it);
 //  - else, inside a capture, an arena owned by the captured graph (see below).
 //
 // CUDA graphs. kpack launches may be captured (cuStreamBeginCapture) and the graph
@@ -76,6 +80,9 @@
 // after) and the arena returns to kpack's pool, from which later reservations and streams
 // take before allocating (an arena not back yet is not waited for: they allocate). So a
 // replay never races with eager launches on the capture stream or with other graphs.
+// The destructor never blocks (it takes no lock and makes no CUDA call), and kpack holds
+// no lock across a driver call: a driver call waiting for GPU work that waits for a host
+// callback queued behind the destructor never waits for kpack.
 // Executables instantiated from one graph share its arena: do not run two of them at
 // once. Destroy such graphs before the Runtime: an arena returned after the Runtime is
 // gone cannot be freed (no CUDA call is allowed in the destructor callback) and leaks.
@@ -375,9 +382,10 @@ class Runtime {
   // FAILED_PRECONDITION while `stream` is being captured. Works in `stream`'s context.
   absl::Status ReserveScratch(CUstream stream, size_t bytes);
   // Frees `stream`'s arena and capture reservation (cuMemFree, which waits for the work
-  // that used them). For CU_STREAM_PER_THREAD, the calling thread's. Call it before
-  // destroying a stream whose launches had scratch; otherwise the arena is kept until the
-  // Runtime is destroyed, or freed when a new stream comes with the same handle.
+  // that used them). For CU_STREAM_PER_THREAD, the calling thread's (freed anyway when the
+  // thread exits). Call it before destroying a stream whose launches had scratch;
+  // otherwise the arena is kept until the Runtime is destroyed, or freed when a new
+  // stream comes with the same handle.
   // FAILED_PRECONDITION while `stream` is being captured. No launch may be in flight on
   // the host side on `stream` meanwhile.
   absl::Status ReleaseScratch(CUstream stream);
@@ -404,7 +412,8 @@ class Runtime {
   // Counters for tests and monitoring.
   struct Stats {
     size_t libraries_loaded = 0;      // cuLibraryLoadData calls that succeeded
-    size_t scratch_arenas = 0;        // streams (per thread: per-thread streams) with an arena
+    size_t scratch_arenas = 0;        // streams (per thread: live threads' per-thread
+                                      // streams) with an arena
     size_t scratch_reserved = 0;      // arenas ReserveScratch set aside for a capture
     size_t scratch_in_graphs = 0;     // arenas owned by captured graphs
     size_t scratch_idle = 0;          // arenas graphs gave back, not yet reused

@@ -11,10 +11,13 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -204,17 +207,121 @@ struct Allocation {
   const Context* context;
 };
 
-// User-object destructors that fell due during a call, run once the call has released
-// the fake's lock, on another thread (as libcuda runs them on a thread of its own).
+// The driver's own thread. libcuda runs host functions (cuLaunchHostFunc) and user-object
+// destructors on an internal thread, one at a time, and GPU work queued behind a host
+// function waits for it. The fake has one such thread, which runs in the order queued:
+// host functions, user-object destructors, and the emulated kernels of launches made on a
+// stream while earlier work of that stream was still queued here (the fake's "GPU work in
+// flight"). A stream is known by its id (cuStreamGetId's; 0 for work of no stream).
+// Synchronizing calls wait for the work queued before them (WaitFor). The queue is one
+// FIFO for all streams: stricter ordering than a GPU's, never looser.
+class DriverThread {
+ public:
+  // Queues `task` for stream `stream`; returns its ticket (tickets count up from 1).
+  uint64_t Enqueue(uint64_t stream, std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Run(); }).detach();  // lives as long as the process
+    }
+    queue_.push_back(std::move(task));
+    ++queued_;
+    if (stream != 0) last_of_stream_[stream] = queued_;
+    pending_.store(queued_ - done_, std::memory_order_release);
+    work_.notify_one();
+    return queued_;
+  }
+  // Whether anything is queued or running: a lock-free check for the launch path.
+  bool AnyPending() const { return pending_.load(std::memory_order_acquire) != 0; }
+  // Whether work of `stream` is queued or running.
+  bool Busy(uint64_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = last_of_stream_.find(stream);
+    return it != last_of_stream_.end() && it->second > done_;
+  }
+  // The ticket of the last task queued for `stream`, or of any stream for 0.
+  uint64_t LastTicket(uint64_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream == 0) return queued_;
+    auto it = last_of_stream_.find(stream);
+    return it == last_of_stream_.end() ? 0 : it->second;
+  }
+  // Waits until the task of `ticket` and all before it ran. False when that takes longer
+  // than the deadlock timeout (on a GPU the wait would never end).
+  bool WaitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return done_cv_.wait_for(lock, timeout_, [&] { return done_ >= ticket; });
+  }
+  bool OnThisThread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_ && worker_ == std::this_thread::get_id();
+  }
+  std::chrono::milliseconds timeout() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return timeout_;
+  }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout_ = timeout;
+  }
+  // For Reset, once the queue is drained: forgets the streams.
+  void Forget() {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_of_stream_.clear();
+    timeout_ = kDefaultTimeout;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{20000};
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    worker_ = std::this_thread::get_id();
+    for (;;) {
+      work_.wait(lock, [&] { return !queue_.empty(); });
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++done_;
+      pending_.store(queued_ - done_, std::memory_order_release);
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_;
+  std::condition_variable done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0;  // tickets issued
+  uint64_t done_ = 0;    // tasks run (in ticket order)
+  std::atomic<uint64_t> pending_{0};
+  absl::flat_hash_map<uint64_t, uint64_t> last_of_stream_;
+  bool started_ = false;
+  std::thread::id worker_;
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+};
+
+// Never destroyed, like State: its thread may run while the process exits.
+DriverThread& Worker() {
+  static DriverThread* const worker = new DriverThread();
+  return *worker;
+}
+
+// A synchronizing call's wait for the work queued before it: everything (`stream` 0) or
+// one stream's. Not on the driver's thread itself (a host function or destructor may not
+// call CUDA; were it to, it would wait for itself). A wait past the deadlock timeout is
+// recorded as a fault and fails the call.
+CUresult WaitForQueued(std::string_view call, uint64_t stream = 0);
+
+// User-object destructors that fell due during a call, queued once the call has released
+// the fake's lock on the driver's thread (as libcuda runs them on a thread of its own).
+// Unless SetAsyncDestructors is on, the call waits for them before it returns.
 class Destructors {
  public:
   void Add(CUhostFn fn, void* ptr) { calls_.emplace_back(fn, ptr); }
-  ~Destructors() {
-    if (calls_.empty()) return;
-    std::thread([this] {
-      for (auto [fn, ptr] : calls_) fn(ptr);
-    }).join();
-  }
+  ~Destructors();
 
  private:
   std::vector<std::pair<CUhostFn, void*>> calls_;
@@ -260,7 +367,9 @@ struct State {
   // Read without the lock on every call.
   std::atomic<bool> initialized{false};
   std::atomic<bool> launch_noop{false};
+  std::atomic<bool> async_destructors{false};
   std::atomic<int> pending_failures{0};
+  std::atomic<int> pending_hooks{0};
   std::array<std::atomic<int64_t>, kFnCount> calls{};
   // Bumped to empty every thread's context stack at once (Reset, SetDevices).
   std::atomic<uint64_t> generation{1};
@@ -271,6 +380,7 @@ struct State {
   bool reuse_handles ABSL_GUARDED_BY(mu) = false;
   CUresult init_error ABSL_GUARDED_BY(mu) = CUDA_SUCCESS;
   std::array<std::vector<Failure>, kFnCount> failures ABSL_GUARDED_BY(mu);
+  std::array<std::vector<std::function<void()>>, kFnCount> hooks ABSL_GUARDED_BY(mu);
   std::array<bool, kFnCount> hidden ABSL_GUARDED_BY(mu) = {};
 
   std::vector<Context*> primaries ABSL_GUARDED_BY(mu);  // by device
@@ -380,6 +490,9 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.faults.clear();
   for (std::vector<Failure>& pending : s.failures) pending.clear();
   s.pending_failures.store(0);
+  for (auto& hooks : s.hooks) hooks.clear();
+  s.pending_hooks.store(0);
+  s.async_destructors.store(false);
   s.hidden.fill(false);
   for (std::atomic<int64_t>& count : s.calls) count.store(0);
   s.attribute_sets.clear();
@@ -407,6 +520,35 @@ State& S() {
     return s;
   }();
   return *state;
+}
+
+CUresult WaitForQueued(std::string_view call, uint64_t stream) {
+  DriverThread& worker = Worker();
+  if (worker.OnThisThread()) return CUDA_SUCCESS;
+  if (worker.WaitFor(worker.LastTicket(stream))) return CUDA_SUCCESS;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.faults.push_back(std::string(call) + " waited " + std::to_string(worker.timeout().count()) +
+                     " ms for work queued on the driver's thread (host functions, user-object "
+                     "destructors, kernels behind them) that did not finish: something running "
+                     "there blocks (on a GPU, a deadlock)");
+  return CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
+Destructors::~Destructors() {
+  if (calls_.empty()) return;
+  uint64_t ticket = 0;
+  for (auto [fn, ptr] : calls_) {
+    ticket = Worker().Enqueue(0, [fn = fn, ptr = ptr] { fn(ptr); });
+  }
+  if (S().async_destructors.load(std::memory_order_acquire) || Worker().OnThisThread()) return;
+  if (!Worker().WaitFor(ticket)) {
+    State& s = S();
+    MutexLock lock(&s.mu);
+    s.faults.push_back("a user-object destructor did not finish within " +
+                       std::to_string(Worker().timeout().count()) +
+                       " ms: something running on the driver's thread blocks");
+  }
 }
 
 // Trivially constructible and destructible: no TLS guard, constructor or exit-time
@@ -450,6 +592,19 @@ CUresult Enter(Fn fn) {
   State& s = S();
   const int index = static_cast<int>(fn);
   s.calls[index].fetch_add(1, std::memory_order_relaxed);
+  if (s.pending_hooks.load(std::memory_order_acquire) > 0) {
+    std::function<void()> hook;
+    {
+      MutexLock lock(&s.mu);
+      std::vector<std::function<void()>>& hooks = s.hooks[index];
+      if (!hooks.empty()) {
+        hook = std::move(hooks.front());
+        hooks.erase(hooks.begin());
+        s.pending_hooks.fetch_sub(1);
+      }
+    }
+    if (hook) hook();  // without the lock: it may call the driver
+  }
   if (s.pending_failures.load(std::memory_order_acquire) > 0) {
     MutexLock lock(&s.mu);
     std::optional<CUresult> fire;
@@ -508,6 +663,31 @@ CUresult ResolveStream(State& s, CUstream handle, const Context* context, Stream
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
   return CUDA_SUCCESS;
+}
+
+// For stream work the fake does not model inside a capture (memcpy and host nodes): the
+// current context and ResolveStream's stream, or CUDA_ERROR_NOT_SUPPORTED on a capturing
+// stream.
+CUresult ResolveUncapturedStream(State& s, CUstream handle, const Context** context,
+                                 Stream** stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  *context = CurrentContext(s);
+  if (*context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = ResolveStream(s, handle, *context, stream); r != CUDA_SUCCESS) return r;
+  if (*stream != nullptr && (*stream)->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The id of the stream `handle` (resolved to `stream`, null for a default stream) in
+// `context`, as cuStreamGetId reports it: what the driver's thread knows work by.
+uint64_t StreamIdentity(State& s, CUstream handle, const Context* context, const Stream* stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (stream != nullptr) return stream->id;
+  if (handle != CU_STREAM_PER_THREAD) return context->legacy_stream_id;
+  uint64_t& per_thread = s.per_thread_stream_ids[{std::this_thread::get_id(), context}];
+  if (per_thread == 0) per_thread = NewId();
+  return per_thread;
 }
 
 // The real driver's rule for "potentially unsafe" calls (allocation, synchronous copies,
@@ -996,9 +1176,13 @@ CUresult FakeCtxPopCurrent(CUcontext* popped) {
 CUresult FakeCtxSynchronize() {
   if (CUresult r = Enter(Fn::kCtxSynchronize); r != CUDA_SUCCESS) return r;
   State& s = S();
+  {
+    MutexLock lock(&s.mu);
+    if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  }
+  if (CUresult r = WaitForQueued("cuCtxSynchronize"); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   return StickyError(s);
 }
 
@@ -1352,7 +1536,20 @@ CUresult CopyParams(const Entry& entry, void** kernel_params, void** extra, Laun
 
 CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
                                  void** kernel_params, void** extra, LaunchRecord* out,
-                                 KernelEmulator* emulator);
+                                 KernelEmulator* emulator, uint64_t* stream_id);
+
+// Runs emulated kernels now, or, when earlier work of their stream (`stream_id`, 0 when
+// nothing is queued at all) is still queued on the driver's thread, behind it there.
+void Execute(uint64_t stream_id, std::vector<std::pair<KernelEmulator, LaunchRecord>> kernels) {
+  if (kernels.empty()) return;
+  if (stream_id != 0 && Worker().Busy(stream_id)) {
+    Worker().Enqueue(stream_id, [kernels = std::move(kernels)] {
+      for (const auto& [emulator, record] : kernels) Emulate(emulator, record);
+    });
+    return;
+  }
+  for (const auto& [emulator, record] : kernels) Emulate(emulator, record);
+}
 
 CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
                             void** extra) {
@@ -1365,20 +1562,27 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   // On the stack, not the heap: the launch path must not allocate.
   LaunchRecord record{};
   KernelEmulator emulator = nullptr;
+  uint64_t stream_id = 0;
   if (CUresult r = ValidateAndRecordLaunch(s, *config, function, kernel_params, extra, &record,
-                                           &emulator);
+                                           &emulator, &stream_id);
       r != CUDA_SUCCESS) {
     return r;
   }
-  if (emulator != nullptr) Emulate(emulator, record);
+  if (emulator == nullptr) return CUDA_SUCCESS;
+  if (stream_id == 0) {
+    Emulate(emulator, record);  // nothing queued anywhere: no allocation
+  } else {
+    Execute(stream_id, {{emulator, record}});
+  }
   return CUDA_SUCCESS;
 }
 
 // cuLaunchKernelEx's checks and recording, under the lock. `emulator`: the entry's
-// emulator when the launch executes now (is not captured).
+// emulator when the launch executes (is not captured); `stream_id`: the stream's id when
+// the driver's thread has work queued (else 0).
 CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
                                  void** kernel_params, void** extra, LaunchRecord* out,
-                                 KernelEmulator* emulator) {
+                                 KernelEmulator* emulator, uint64_t* stream_id) {
   const CUlaunchConfig* config = &launch;
   LaunchRecord& record = *out;
   MutexLock lock(&s.mu);
@@ -1428,6 +1632,9 @@ CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunct
   RecordLaunch(s, record, stream);
   const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (!captured) *emulator = FindEmulator(s, entry->name);
+  if (*emulator != nullptr && Worker().AnyPending()) {
+    *stream_id = StreamIdentity(s, config->hStream, context, stream);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1453,12 +1660,17 @@ CUresult FakeMemAlloc(CUdeviceptr* pointer, size_t size) {
   return CUDA_SUCCESS;
 }
 
+// Like cudaFree, cuMemFree synchronizes the device: it waits for the work queued before it.
 CUresult FakeMemFree(CUdeviceptr pointer) {
   if (CUresult r = Enter(Fn::kMemFree); r != CUDA_SUCCESS) return r;
   State& s = S();
+  {
+    MutexLock lock(&s.mu);
+    if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  }
+  if (CUresult r = WaitForQueued("cuMemFree"); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   auto it = std::find_if(s.allocations.begin(), s.allocations.end(),
                          [pointer](const Allocation& a) { return a.base == pointer; });
   if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -1496,6 +1708,8 @@ CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
 
 CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size) {
   if (CUresult r = Enter(Fn::kMemcpyHtoD); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemcpyHtoD"); r != CUDA_SUCCESS) return r;
   if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
@@ -1507,6 +1721,8 @@ CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size
 
 CUresult FakeMemcpyDtoH(void* destination, CUdeviceptr source, size_t size) {
   if (CUresult r = Enter(Fn::kMemcpyDtoH); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemcpyDtoH"); r != CUDA_SUCCESS) return r;
   if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
@@ -1518,6 +1734,8 @@ CUresult FakeMemcpyDtoH(void* destination, CUdeviceptr source, size_t size) {
 
 CUresult FakeMemsetD8(CUdeviceptr destination, unsigned char value, size_t count) {
   if (CUresult r = Enter(Fn::kMemsetD8); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemsetD8"); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
   void* host = nullptr;
@@ -1566,12 +1784,10 @@ CUresult AsyncCopy(Fn fn, CUstream handle, CUdeviceptr device, size_t size, void
   if (CUresult r = Enter(fn); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
-  const Context* context = CurrentContext(s);
-  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  const Context* context = nullptr;
   Stream* stream = nullptr;
-  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
-  if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+    return r;
   }
   if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   return LiveRange(s, device, size, host);
@@ -1634,20 +1850,53 @@ CUresult FakeStreamDestroy(CUstream handle) {
   return CUDA_SUCCESS;
 }
 
+// Waits for the stream's work queued on the driver's thread (the legacy stream's: all of
+// it, as the legacy stream waits for every blocking stream).
 CUresult FakeStreamSynchronize(CUstream handle) {
   if (CUresult r = Enter(Fn::kStreamSynchronize); r != CUDA_SUCCESS) return r;
   State& s = S();
+  uint64_t id = 0;
+  {
+    MutexLock lock(&s.mu);
+    const Context* context = CurrentContext(s);
+    Stream* stream = nullptr;
+    if (IsDefaultStream(handle)) {
+      if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    } else {
+      stream = s.streams.Find(handle);
+      if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+        stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      }
+    }
+    if (stream != nullptr || handle == CU_STREAM_PER_THREAD) {
+      id = StreamIdentity(s, handle, stream != nullptr ? stream->context : context, stream);
+    }
+  }
+  if (CUresult r = WaitForQueued("cuStreamSynchronize", id); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (IsDefaultStream(handle)) {
-    return CurrentContext(s) == nullptr ? CUDA_ERROR_INVALID_CONTEXT : StickyError(s);
-  }
-  Stream* stream = s.streams.Find(handle);
-  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-    stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
   return StickyError(s);
+}
+
+// Queued on the driver's thread; later work of the stream runs after it. Host nodes in a
+// capture are not modelled.
+CUresult FakeLaunchHostFunc(CUstream handle, CUhostFn fn, void* data) {
+  if (CUresult r = Enter(Fn::kLaunchHostFunc); r != CUDA_SUCCESS) return r;
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  uint64_t id = 0;
+  {
+    MutexLock lock(&s.mu);
+    const Context* context = nullptr;
+    Stream* stream = nullptr;
+    if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+      return r;
+    }
+    id = StreamIdentity(s, handle, context, stream);
+  }
+  Worker().Enqueue(id, [fn, data] { fn(data); });
+  return CUDA_SUCCESS;
 }
 
 // Real streams have their own id; the legacy stream one per context; the per-thread
@@ -1660,13 +1909,7 @@ CUresult FakeStreamGetId(CUstream handle, unsigned long long* id) {  // NOLINT(r
   if (IsDefaultStream(handle)) {
     const Context* current = CurrentContext(s);
     if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    if (handle != CU_STREAM_PER_THREAD) {
-      *id = current->legacy_stream_id;
-      return CUDA_SUCCESS;
-    }
-    uint64_t& per_thread = s.per_thread_stream_ids[{std::this_thread::get_id(), current}];
-    if (per_thread == 0) per_thread = NewId();
-    *id = per_thread;
+    *id = StreamIdentity(s, handle, current, nullptr);
     return CUDA_SUCCESS;
   }
   Stream* stream = s.streams.Find(handle);
@@ -1875,6 +2118,7 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
   State& s = S();
   // Emulated kernels run after the lock is released, in the graph's order.
   std::vector<std::pair<KernelEmulator, LaunchRecord>> executed;
+  uint64_t stream_id = 0;
   {
     MutexLock lock(&s.mu);
     const GraphExec* instance = s.execs.Find(exec);
@@ -1902,8 +2146,9 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
         executed.emplace_back(emulator, replay);
       }
     }
+    if (Worker().AnyPending()) stream_id = StreamIdentity(s, handle, context, stream);
   }
-  for (const auto& [emulator, record] : executed) Emulate(emulator, record);
+  Execute(stream_id, std::move(executed));
   return CUDA_SUCCESS;
 }
 
@@ -2435,12 +2680,32 @@ CUresult GetProcAddress(const char* symbol, void** function, int cuda_version, c
 // The control API.
 
 void Reset() {
+  // What is queued on the driver's thread runs first (it may reach the state).
+  if (!Worker().OnThisThread()) Worker().WaitFor(Worker().LastTicket(0));
+  Worker().Forget();
   {
     State& s = S();
     MutexLock lock(&s.mu);
     ResetLocked(s);
   }
   ResetTensorMaps();
+}
+
+void SetAsyncDestructors(bool on) { S().async_destructors.store(on, std::memory_order_release); }
+
+void DrainDriverThread() {
+  if (Worker().OnThisThread()) Die("DrainDriverThread on the driver's thread waits for itself");
+  WaitForQueued("DrainDriverThread");
+}
+
+void SetDeadlockTimeout(std::chrono::milliseconds timeout) { Worker().set_timeout(timeout); }
+
+void OnNextCall(std::string_view fn, std::function<void()> hook) {
+  const int index = FnIndexOrDie(fn);
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.hooks[index].push_back(std::move(hook));
+  s.pending_hooks.fetch_add(1);
 }
 
 void SetDevices(const std::vector<DeviceConfig>& devices) {

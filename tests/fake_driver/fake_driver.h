@@ -51,8 +51,24 @@
 //    cuStreamGetCaptureInfo reports the capture's id and graph. User objects are
 //    reference-counted; a graph holds the references given to it (cuGraphRetainUserObject),
 //    every executable instantiated from it one more per object, and the destructor runs
-//    when the last reference goes, on another thread (as libcuda runs it on its own), and
-//    before the call that dropped the reference returns.
+//    when the last reference goes, on the driver's thread (below), and before the call
+//    that dropped the reference returns -- unless SetAsyncDestructors(true), where that
+//    call returns at once, as libcuda's does.
+//  - The driver's thread: libcuda runs host functions (cuLaunchHostFunc) and user-object
+//    destructors on an internal thread, one at a time, and GPU work queued behind a host
+//    function waits for it. The fake has one such thread, running in the order queued:
+//    host functions, destructors, and the emulated kernels of launches (and graph
+//    launches) made on a stream while earlier work of that stream is queued there. So a
+//    host function that waits (say for a test's latch) models GPU work in flight on its
+//    stream. Synchronizing calls wait for the work queued before them: cuMemFree,
+//    cuCtxSynchronize, the synchronous copies and memset, cuStreamSynchronize on the
+//    legacy stream (all of it), cuStreamSynchronize of a stream (that stream's). A wait
+//    that lasts longer than the deadlock timeout (20 s; SetDeadlockTimeout) is what on a
+//    GPU never ends -- a host function or destructor blocked the driver's thread, e.g. on
+//    a lock the waiting thread holds: it is recorded as a fault (Faults()) and the call
+//    fails with CUDA_ERROR_LAUNCH_TIMEOUT. One FIFO serves all streams (stricter ordering
+//    than a GPU's, never looser). Host functions inside a capture are not modelled
+//    (CUDA_ERROR_NOT_SUPPORTED).
 //  - Graphs built node by node (cuGraphCreate, cuGraphAddKernelNode with a kernel node's
 //    function, grid, block, shared bytes and parameters, cuGraphKernelNodeSetAttribute,
 //    cuGraphExecKernelNodeSetParams): each node is validated like a launch; its i-th node
@@ -88,10 +104,12 @@
 #include <cuda.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -153,9 +171,10 @@ struct KernelAttributeSet {
 };
 
 // Back to the initial state: one default device, not initialized, no contexts current on
-// any thread, everything freed and unloaded, counters, failures, hidden symbols,
-// emulators and faults cleared, launch no-op and handle reuse off, device handle offset
-// 0, default kernel limits. Ids keep counting: they stay unique for the process.
+// any thread, everything freed and unloaded, counters, failures, hooks, hidden symbols,
+// emulators and faults cleared, launch no-op, handle reuse and async destructors off,
+// device handle offset 0, default kernel limits and deadlock timeout. What is queued on
+// the driver's thread runs first. Ids keep counting: they stay unique for the process.
 KPACK_FAKE_EXPORT void Reset();
 
 // Replaces the devices (an empty list makes cuInit fail with CUDA_ERROR_NO_DEVICE). Drops
@@ -181,6 +200,24 @@ KPACK_FAKE_EXPORT void SetInitError(CUresult code);
 // CUdevice handles become ordinal + offset (cuDeviceGet's answer); every function taking
 // a CUdevice refuses a plain ordinal then, unless it happens to be a valid handle too.
 KPACK_FAKE_EXPORT void SetDeviceHandleOffset(int offset);
+
+// On: user-object destructors are queued on the driver's thread and the call that drops
+// the last reference returns at once, as with libcuda (off: it waits for them).
+KPACK_FAKE_EXPORT void SetAsyncDestructors(bool on);
+
+// Waits until everything queued on the driver's thread has run (a deadlock past the
+// timeout is recorded as a fault). Not from the driver's thread.
+KPACK_FAKE_EXPORT void DrainDriverThread();
+
+// How long a synchronizing call waits for the driver's thread before it reports a
+// deadlock (default 20 s; Reset restores it).
+KPACK_FAKE_EXPORT void SetDeadlockTimeout(std::chrono::milliseconds timeout);
+
+// The next call of `fn` (a driver_symbols.h name, as in FailNext), on whichever thread
+// makes it, first runs `hook` there (without the fake's lock: it may call the driver),
+// then does its work. To place something exactly inside another call, e.g. a graph
+// destroyed while a cuMemFree is under way.
+KPACK_FAKE_EXPORT void OnNextCall(std::string_view fn, std::function<void()> hook);
 
 // On: a context or stream created after one of its kind was destroyed gets the
 // destroyed one's handle (the most recently destroyed first), with a new id.

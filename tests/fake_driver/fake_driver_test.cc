@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -1050,6 +1051,113 @@ TEST_F(FakeDriverTest, EmulatorsRunWhenALaunchExecutesNotWhenItIsCaptured) {
   EXPECT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_ERROR_ILLEGAL_ADDRESS);
   ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
   ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+}
+
+// A latch for host functions: the stream's later work stays queued until it opens.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> ran_on_caller{false};
+  std::thread::id caller = std::this_thread::get_id();
+  static void Wait(void* gate) {
+    auto* g = static_cast<Gate*>(gate);
+    if (std::this_thread::get_id() == g->caller) g->ran_on_caller = true;
+    g->open.wait(false);
+  }
+  void Open() {
+    open = true;
+    open.notify_all();
+  }
+};
+
+// Work queued behind a host function waits for it, on its stream only; synchronizing
+// calls wait for what they must, and a kernel's emulation runs when its turn comes.
+TEST_F(FakeDriverTest, HostFunctionsHoldTheirStreamsLaterWork) {
+  LoadAdd();
+  SetKernelEmulator("add_kernel", EmulateAdd);
+  CUdeviceptr x, y, out, other;
+  for (CUdeviceptr* p : {&x, &y, &out, &other}) ASSERT_EQ(cu.MemAlloc(p, 16 * 4), CUDA_SUCCESS);
+  std::vector<float> ones(16, 1.0f), got(16, -1);
+  ASSERT_EQ(cu.MemcpyHtoD(x, ones.data(), 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyHtoD(y, ones.data(), 64), CUDA_SUCCESS);
+  CUstream held, free_stream;
+  ASSERT_EQ(cu.StreamCreate(&held, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&free_stream, 0), CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(held, &Gate::Wait, &gate), CUDA_SUCCESS);
+  auto params = AddParams(x, y, out, 16);
+  ASSERT_EQ(LaunchExtra(Config(held, 1), params), CUDA_SUCCESS);
+  auto params2 = AddParams(x, y, other, 16);
+  ASSERT_EQ(LaunchExtra(Config(free_stream, 1), params2), CUDA_SUCCESS);
+  EXPECT_EQ(cu.StreamSynchronize(free_stream), CUDA_SUCCESS) << "another stream: no wait";
+  EXPECT_EQ(LaunchCount(), 2) << "both recorded when issued";
+  std::thread opener([&] { gate.Open(); });
+  EXPECT_EQ(cu.StreamSynchronize(held), CUDA_SUCCESS) << "waits for the host function";
+  opener.join();
+  ASSERT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_SUCCESS);
+  EXPECT_EQ(got[15], 2.0f) << "the held kernel ran once its stream got to it";
+  EXPECT_FALSE(gate.ran_on_caller.load()) << "on the driver's thread";
+  EXPECT_TRUE(Faults().empty());
+  EXPECT_EQ(cu.LaunchHostFunc(held, nullptr, nullptr), CUDA_ERROR_INVALID_VALUE);
+}
+
+// cuMemFree waits for the work queued before it; a wait that would never end on a GPU
+// (the driver's thread blocked) is reported as a fault and fails the call.
+TEST_F(FakeDriverTest, SynchronizingCallsWaitAndADeadlockIsAFault) {
+  Init();
+  CUdeviceptr pointer;
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);
+  SetDeadlockTimeout(std::chrono::milliseconds(50));
+  EXPECT_EQ(cu.CtxSynchronize(), CUDA_ERROR_LAUNCH_TIMEOUT);
+  EXPECT_EQ(cu.MemFree(pointer), CUDA_ERROR_LAUNCH_TIMEOUT);
+  EXPECT_EQ(LiveAllocations(), 1) << "not freed";
+  ASSERT_EQ(Faults().size(), 2u);
+  EXPECT_THAT(Faults()[1], ::testing::HasSubstr("cuMemFree waited 50 ms"));
+  gate.Open();
+  DrainDriverThread();
+  Reset();
+  Init();
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);  // open: runs
+  EXPECT_EQ(cu.MemFree(pointer), CUDA_SUCCESS);
+  EXPECT_TRUE(Faults().empty());
+}
+
+// With async destructors, the call that drops a user object's last reference returns at
+// once (as libcuda's); the destructor runs on the driver's thread, in turn.
+TEST_F(FakeDriverTest, AsyncDestructorsRunOnTheDriversThreadInTurn) {
+  Init();
+  SetAsyncDestructors(true);
+  g_destroyed = 0;
+  int one = 1;
+  CUuserObject object;
+  ASSERT_EQ(cu.UserObjectCreate(&object, &one, CountDestroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);
+  ASSERT_EQ(cu.UserObjectRelease(object, 1), CUDA_SUCCESS) << "returns with the thread held";
+  EXPECT_EQ(g_destroyed.load(), 0) << "queued behind the host function";
+  EXPECT_EQ(LiveUserObjects(), 0);
+  gate.Open();
+  DrainDriverThread();
+  EXPECT_EQ(g_destroyed.load(), 1);
+}
+
+// OnNextCall runs a hook inside the next call of one function, once.
+TEST_F(FakeDriverTest, OnNextCallRunsAHookInsideTheNextCall) {
+  Init();
+  int runs = 0;
+  CUdeviceptr inner = 0, pointer = 0;
+  OnNextCall("MemAlloc", [&] {
+    ++runs;
+    EXPECT_EQ(cu.MemAlloc(&inner, 16), CUDA_SUCCESS) << "the hook may call the driver";
+  });
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  EXPECT_EQ(runs, 1);
+  EXPECT_NE(inner, 0u);
+  EXPECT_EQ(LiveAllocations(), 3);
 }
 
 TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {
