@@ -30,6 +30,23 @@
 // graph last launched, and launches it on `stream`. The outputs are those of the same
 // launches sent eagerly, in order, on `stream` (one node after another, like a stream).
 //
+// Inside the caller's stream capture. A graph launch cannot be captured (the driver
+// refuses it and invalidates the capture), and building a graph there would allocate. So
+// Replay on a stream being captured sends the step's launches into the capture instead,
+// exactly as Unseen::kLaunchEagerly does (exact grids; counted in stats().captured_steps):
+// each becomes a kernel node of the caller's graph, PDL launches become programmatic edges
+// there as the driver captures them, and the rules of any kpack launch in a capture apply
+// (kpack/runtime.h, "CUDA graphs"): the variants must be loaded in the context (built
+// graphs loaded them; else Preload()), and the scratch of kernels that need it comes from
+// the BoundLaunch's ScratchAllocator if it has one, else from the capture's own arena
+// (ReserveScratch(stream, bytes) before the capture), which the caller's graph owns. The
+// caller's graph therefore uses nothing of the StepGraph's: it
+// may outlive it, and runs concurrently with its replays. No graph is built or launched,
+// whatever Unseen says; refusals are FAILED_PRECONDITION naming what to call beforehand,
+// and leave the capture valid. Replay on the legacy stream while a blocking stream of the
+// context is captured, or on a stream whose capture was invalidated, is
+// FAILED_PRECONDITION too (a graph launch would invalidate the capture; nothing is sent).
+//
 // Grids. A launch's grid in the graph is its exact grid (its BoundLaunch's grid, or the
 // manifest's grid expressions for its arguments), part of the signature, except for a
 // kernel whose pack says its programs tolerate a larger grid (KernelInfo::grid_tolerant,
@@ -37,28 +54,46 @@
 // from the grid expressions: that one is launched with the grid evaluated at the upper
 // edge of its bucket parameters' buckets (or the pack's `max` for an open-ended last
 // bucket), so every size inside a bucket shares one graph and patches arguments only. An
-// open-ended last bucket without a maximum, a value above the maximum, and an explicit
-// grid keep the exact grid. PinGrid fixes the graph grid of a tolerant launch whose grid
-// the caller gives (e.g. a recorded kernel, which has no grid expressions).
+// open-ended last bucket without a maximum, a value above the maximum, a value below 1 (the
+// builder's proof of the tolerance starts every bucket at 1), and an explicit grid keep the
+// exact grid. Empty work stays empty: a launch whose exact grid is empty has no node, as
+// an eager launch sends nothing (also when pinned). PinGrid fixes the graph grid of a
+// tolerant launch whose grid the caller gives (e.g. a recorded kernel, which has no grid
+// expressions).
 //
 // A signature never seen: built by default (Unseen::kBuild). Once Build() has covered the
 // declared shapes, set_unseen(Unseen::kError) makes any other signature an error that
 // names the first launch no built graph has, with its kernel, variant, bucket and grid
 // and why its grid is part of the signature; Unseen::kLaunchEagerly sends such a step's
 // launches eagerly instead (counted in stats().eager_steps): there is no silent fallback.
+// An eager step prepares every launch (the variant loaded, scratch, grid checks) before it
+// sends any, so a launch that cannot be prepared sends nothing; only the driver refusing
+// cuLaunchKernelEx itself part-way leaves the launches before it sent.
 //
 // Why graphs built node by node (cuGraphCreate, cuGraphAddKernelNode from each launch's
 // prepared function, config and parameter buffer) rather than stream capture: patching
 // needs each launch's node handle, which building returns directly (a capture would have
 // to recover them from cuStreamGetCaptureInfo after every launch); the padded grid is not
 // the launch's own, which a captured launch would need its own path for anyway; building
-// touches no stream and no capture state, so it neither invalidates nor is invalidated by
-// another thread's capture; and adding a node is host-side bookkeeping where a captured
-// launch pays much of a launch's host cost. bench/graph_bench reports building plus
-// instantiating a bucket graph of 32 and 64 kernels both ways (target: at most 1 ms for
-// 32). Launch attributes become node attributes (cluster dimension and scheduling,
-// cooperative); a PDL launch (programmatic stream serialization) gets a full dependency
-// on the node before it: correct, without the overlap.
+// touches no stream, so no capture; and adding a node is host-side bookkeeping where a
+// captured launch pays much of a launch's host cost. bench/graph_bench reports building
+// plus instantiating a bucket graph of 32 and 64 kernels both ways (target: at most 1 ms
+// for 32). Launch attributes become node attributes (cluster dimension and scheduling,
+// cooperative). A PDL launch (Triton's launch_pdl: programmatic stream serialization) gets
+// a programmatic edge from the node before it (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC from
+// its PROGRAMMATIC port, CUDA 12.3), so it may start while that node finishes, as on a
+// stream; every other launch a full edge. If the driver refuses programmatic edges when
+// instantiating the graph or updating its nodes, the graph is built again with full edges
+// (correct, without the overlap), and that is never silent: GraphInfo::pdl_fallback says
+// why, stats().pdl_fallbacks counts it, and the log has a warning.
+//
+// Other threads' captures. Loading variants, allocating a graph's scratch, instantiating
+// and destroying executable graphs are calls a capture in global mode forbids to every
+// thread in the default interaction mode. Build, Replay (when it builds) and the
+// destruction of graphs make them with the calling thread in RELAXED mode
+// (cuThreadExchangeStreamCaptureMode, restored afterwards), which the driver provides for
+// work that is not captured: so they neither fail because of another thread's capture nor
+// invalidate it, and Build() works while the calling thread captures another stream.
 //
 // Scratch memory. A graph owns the scratch its nodes use: one buffer per graph, as large
 // as the largest node needs (its nodes run one after another), from kpack's idle arena
@@ -92,8 +127,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -106,6 +143,18 @@ namespace kpack {
 namespace internal {
 class StepGraphImpl;
 }  // namespace internal
+
+// The rule by which step graphs pad the grid of a kernel with grid_tolerance (see Grids
+// above), for one bucket dimension with inclusive upper `edges`: the values of bucket
+// `index` that a graph launches with the grid evaluated at the returned upper end, as
+// (lowest, highest) of that interval, or nullopt where the exact grid is kept (the
+// open-ended last bucket without `grid_max`, or a bucket with no value of at least 1:
+// a size below 1 is empty work, which an eager launch does not send and the pack's grid
+// proof never runs, so a graph never pads it). The pack builder's grid-tolerance proof
+// (tools/kpack_tools/grid_proof.py) proves exactly these intervals, through kpack._kpack.
+std::optional<std::pair<int64_t, int64_t>> GraphPaddingInterval(std::span<const int64_t> edges,
+                                                               std::optional<int64_t> grid_max,
+                                                               size_t index);
 
 class StepGraph {
  public:
@@ -137,13 +186,15 @@ class StepGraph {
   ~StepGraph();
 
   // Builds and instantiates the graph of the launches' current signature unless it exists
-  // (whatever Unseen says: this is how shapes are declared ahead); launches nothing.
+  // (whatever Unseen says: this is how shapes are declared ahead); launches nothing. Works
+  // while any thread captures any stream (see "Other threads' captures").
   absl::Status Build();
 
   // Patches the nodes whose parameter bytes changed and launches the graph of the
-  // launches' current signature on `stream` (see the top of this file). Errors name the
-  // launch (its index in the step and its kernel); after an error the next Replay starts
-  // afresh, and nothing of this replay was launched.
+  // launches' current signature on `stream`; on a stream being captured, sends the step's
+  // launches into the capture (see the top of this file). Errors name the launch (its
+  // index in the step and its kernel); after an error the next Replay starts afresh, and
+  // nothing of this replay was launched (but see Unseen::kLaunchEagerly above).
   absl::Status Replay(CUstream stream);
 
   void set_unseen(Unseen unseen);
@@ -167,6 +218,10 @@ class StepGraph {
     uint64_t scratch_bytes = 0;  // device bytes of its scratch buffer (0: none)
     double build_us = 0;        // cuGraphCreate to instantiated, host microseconds
     uint64_t replays = 0;
+    size_t programmatic_edges = 0;  // PDL launches' edges from the node before
+    // Non-empty when the driver refused the graph's programmatic edges (at instantiation,
+    // or when its nodes were updated) and the graph was built again with full edges: why.
+    std::string pdl_fallback;
   };
   std::vector<GraphInfo> graphs() const;
 
@@ -178,7 +233,9 @@ class StepGraph {
     uint64_t nodes_patched = 0;       // cuGraphExecKernelNodeSetParams calls, all replays
     uint64_t last_nodes_patched = 0;  // in the last replay
     uint64_t eager_steps = 0;         // replays sent eagerly (Unseen::kLaunchEagerly)
+    uint64_t captured_steps = 0;      // replays on a stream being captured (see above)
     uint64_t scratch_bytes = 0;       // device bytes of all graphs' scratch
+    uint64_t pdl_fallbacks = 0;       // graphs built with full edges instead of programmatic
   };
   Stats stats() const;
 

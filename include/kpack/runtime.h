@@ -50,7 +50,8 @@
 // synchronized). A `BoundLaunch` belongs to one thread at a time.
 //
 // Contexts: a launch goes to the calling thread's current CUDA context (none current is
-// FAILED_PRECONDITION), and `stream` must belong to it (or be NULL, CU_STREAM_LEGACY or
+// FAILED_PRECONDITION; `UseDevice` makes a device's primary context current, as the CUDA
+// runtime would), and `stream` must belong to it (or be NULL, CU_STREAM_LEGACY or
 // CU_STREAM_PER_THREAD), as for any driver launch. One Runtime serves every device and
 // context. Contexts are told apart by cuCtxGetId, so a context destroyed and replaced by
 // one at the same address gets its own CUfunctions and scratch, never the old ones.
@@ -392,6 +393,25 @@ class Runtime {
   // FAILED_PRECONDITION while `stream` is being captured. No launch may be in flight on
   // the host side on `stream` meanwhile.
   absl::Status ReleaseScratch(CUstream stream);
+
+  // Devices, for callers with no CUDA runtime of their own (a launch needs a current
+  // context; see "Contexts" above). Both go through the driver this Runtime loaded and are
+  // thread-safe.
+  //
+  // The ordinal (what cuDeviceGet takes; torch's device index and DLPack's device_id) of
+  // the device of the calling thread's current CUDA context. FAILED_PRECONDITION when no
+  // context is current. Costs one cuCtxGetId (a thread-local read) and a short lock-free
+  // lookup once this Runtime has seen the context; the first call in a context asks the
+  // driver (cuCtxGetDevice, then cuDeviceGet over the devices, whose CUdevice handles need
+  // not be their ordinals) and allocates.
+  absl::StatusOr<int> CurrentDevice() const;
+  // Makes device `ordinal`'s primary context current on the calling thread, as the CUDA
+  // runtime does at a thread's first call on a device (and so torch, once it has put a
+  // tensor there): cuDevicePrimaryCtxRetain, then cuCtxSetCurrent. The retain is never
+  // released (each call adds one), so the primary context lives until the process exits,
+  // like the CUDA runtime's. INVALID_ARGUMENT, giving the number of devices, for an
+  // ordinal that is not a device.
+  absl::Status UseDevice(int ordinal) const;
 
   // Counters for tests and monitoring.
   struct Stats {

@@ -59,6 +59,9 @@ KPACK_DRIVER_SYMBOL(StreamBeginCapture, 10010)
 KPACK_DRIVER_SYMBOL(StreamEndCapture, 10000)
 KPACK_DRIVER_SYMBOL(StreamIsCapturing, 10000)
 KPACK_DRIVER_SYMBOL(StreamGetCaptureInfo, 12030)
+// The calling thread's capture interaction mode: kpack::StepGraph builds its graphs in
+// RELAXED mode, so another thread's capture neither refuses nor is invalidated by it.
+KPACK_DRIVER_SYMBOL(ThreadExchangeStreamCaptureMode, 10010)
 KPACK_DRIVER_SYMBOL(UserObjectCreate, 11030)
 KPACK_DRIVER_SYMBOL(UserObjectRelease, 11030)
 KPACK_DRIVER_SYMBOL(GraphRetainUserObject, 11030)
@@ -71,6 +74,8 @@ KPACK_DRIVER_SYMBOL(GraphCreate, 10000)
 KPACK_DRIVER_SYMBOL(GraphAddKernelNode, 12000)
 KPACK_DRIVER_SYMBOL(GraphKernelNodeSetAttribute, 11000)
 KPACK_DRIVER_SYMBOL(GraphExecKernelNodeSetParams, 12000)
+// Edges with data (CUDA 12.3): programmatic (PDL) edges between a step graph's nodes.
+KPACK_DRIVER_SYMBOL(GraphAddDependencies, 12030)
 // Events and memory info: the graph benchmark's GPU times and device memory (bench/).
 KPACK_DRIVER_SYMBOL(EventCreate, 2000)
 KPACK_DRIVER_SYMBOL(EventRecord, 2000)
@@ -78,3 +83,9 @@ KPACK_DRIVER_SYMBOL(EventSynchronize, 2000)
 KPACK_DRIVER_SYMBOL(EventElapsedTime, 2000)
 KPACK_DRIVER_SYMBOL(EventDestroy, 4000)
 KPACK_DRIVER_SYMBOL(MemGetInfo, 3020)
+// Pinned host memory and stream-ordered copies: the Llama engine reads each step's tokens
+// back a step late without stalling the stream (examples/llama).
+KPACK_DRIVER_SYMBOL(MemAllocHost, 3020)
+KPACK_DRIVER_SYMBOL(MemFreeHost, 2000)
+KPACK_DRIVER_SYMBOL(MemcpyHtoDAsync, 3020)
+KPACK_DRIVER_SYMBOL(MemcpyDtoHAsync, 3020)

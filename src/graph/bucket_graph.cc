@@ -37,13 +37,55 @@ std::string LaunchName(size_t i, const VariantData& v) {
   return absl::StrCat("step graph launch ", i, " (", Describe(v), ")");
 }
 
+// Whether a launch of this config is a PDL launch (Triton's launch_pdl): it may start
+// while the kernel before it finishes, and waits for it in its code (gdc_wait).
+bool IsPdl(const CUlaunchConfig& config) {
+  for (unsigned a = 0; a < config.numAttrs; ++a) {
+    if (config.attrs[a].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
+        config.attrs[a].value.programmaticStreamSerializationAllowed != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+RelaxedCaptureMode::RelaxedCaptureMode(const Driver& driver) : driver_(driver) {
+  status_ = driver_.Check(driver_.ThreadExchangeStreamCaptureMode(&mode_),
+                          "cuThreadExchangeStreamCaptureMode (to RELAXED, for a step graph)");
+  relaxed_ = status_.ok();
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (relaxed_) driver_.ThreadExchangeStreamCaptureMode(&mode_);
+}
+
+absl::Status RelaxedCaptureMode::Restore() {
+  if (!relaxed_) return absl::OkStatus();
+  relaxed_ = false;
+  return driver_.Check(driver_.ThreadExchangeStreamCaptureMode(&mode_),
+                       "cuThreadExchangeStreamCaptureMode (restoring the thread's mode after a "
+                       "step graph)");
+}
 
 absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     const RuntimeImpl& rt, std::span<BoundState* const> launches, const Signature& signature,
-    uint64_t context) {
+    uint64_t context, CUstream stream, bool programmatic_edges, bool* pdl_refused) {
   const auto start = std::chrono::steady_clock::now();
   const Driver& d = rt.driver();
+  // Loaded here rather than by Prepare, whose capture check asks about the stream: the
+  // caller vouched that its stream is not captured, and another stream's capture does not
+  // concern a load made in RELAXED mode.
+  for (size_t i = 0; i < launches.size(); ++i) {
+    if (signature[i].empty()) continue;
+    absl::StatusOr<CUfunction> loaded = rt.Load(*launches[i]->variant);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat(LaunchName(i, *launches[i]->variant), ": ",
+                                       loaded.status().message()));
+    }
+  }
   std::unique_ptr<BucketGraph> g(new BucketGraph(d));
   g->signature_ = signature;
   KPACK_RETURN_IF_ERROR(d.Check(d.GraphCreate(&g->graph_, 0), "cuGraphCreate for a step graph"));
@@ -60,7 +102,7 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     node.param_bytes = st.variant->param_bytes;
     node.bytes.assign(st.buf, st.buf + node.param_bytes);
     layout.offset = 0;
-    absl::Status s = rt.Prepare(*st.variant, signature[i].grid, nullptr, &measure,
+    absl::Status s = rt.Prepare(*st.variant, signature[i].grid, stream, &measure,
                                 node.bytes.data(), &prepared[i]);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat(LaunchName(i, *st.variant), ": ", s.message()));
@@ -106,14 +148,29 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
                      CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
     CUDA_KERNEL_NODE_PARAMS_v2 params = node.params;
     params.extra = size != 0 ? extra : nullptr;
+    // A PDL launch after another node: a programmatic edge, added below (the stream
+    // launch's programmatic serialization is, in a graph, the edge's type, as the CUDA
+    // programming guide maps it: from the PROGRAMMATIC port, which fires when every block
+    // of the node before has called gdc_launch_dependents or exited). Else a full edge.
+    const bool pdl = programmatic_edges && previous != nullptr && IsPdl(p.config);
+    const bool full = previous != nullptr && !pdl;
     KPACK_RETURN_IF_ERROR(d.Check(
-        d.GraphAddKernelNode(&node.handle, g->graph_, previous == nullptr ? nullptr : &previous,
-                             previous == nullptr ? 0 : 1, &params),
+        d.GraphAddKernelNode(&node.handle, g->graph_, full ? &previous : nullptr, full ? 1 : 0,
+                             &params),
         absl::StrCat("cuGraphAddKernelNode for ", LaunchName(node.launch, v))));
+    if (pdl) {
+      CUgraphEdgeData edge{};
+      edge.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+      edge.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+      KPACK_RETURN_IF_ERROR(d.Check(
+          d.GraphAddDependencies(g->graph_, &previous, &node.handle, &edge, 1),
+          absl::StrCat("cuGraphAddDependencies (a programmatic edge) for ",
+                       LaunchName(node.launch, v))));
+      ++g->programmatic_edges_;
+    }
     for (unsigned a = 0; a < p.config.numAttrs; ++a) {
       const CUlaunchAttribute& attr = p.config.attrs[a];
-      // In a graph, programmatic serialization is a kind of edge; a full edge (the one
-      // above) is correct, only without the overlap.
+      // A launch attribute only; in a graph it is the edge's type (above).
       if (attr.id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) continue;
       KPACK_RETURN_IF_ERROR(d.Check(
           d.GraphKernelNodeSetAttribute(node.handle, attr.id, &attr.value),
@@ -122,15 +179,21 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     }
     previous = node.handle;
   }
-  KPACK_RETURN_IF_ERROR(d.Check(d.GraphInstantiateWithFlags(&g->exec_, g->graph_, 0),
-                                absl::StrCat("cuGraphInstantiateWithFlags for a step graph of ",
-                                             g->nodes_.size(), " nodes")));
+  if (const CUresult r = d.GraphInstantiateWithFlags(&g->exec_, g->graph_, 0);
+      r != CUDA_SUCCESS) {
+    g->exec_ = nullptr;
+    if (pdl_refused != nullptr) *pdl_refused = g->programmatic_edges_ > 0;
+    return d.Error(r, absl::StrCat("cuGraphInstantiateWithFlags for a step graph of ",
+                                   g->nodes_.size(), " nodes (", g->programmatic_edges_,
+                                   " programmatic edges)"));
+  }
   g->build_us_ =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return g;
 }
 
 BucketGraph::~BucketGraph() {
+  RelaxedCaptureMode relaxed(driver_);
   if (exec_ != nullptr) driver_.GraphExecDestroy(exec_);
   if (graph_ != nullptr) driver_.GraphDestroy(graph_);
 }

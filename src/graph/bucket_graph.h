@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,20 +23,53 @@
 
 namespace kpack::internal {
 
+// The calling thread in CUDA's RELAXED stream capture interaction mode for the scope
+// (cuThreadExchangeStreamCaptureMode), then back in its own. Building, instantiating and
+// destroying graphs, loading code and allocating are "potentially unsafe" during a capture:
+// in the thread's default (GLOBAL) mode they fail, and invalidate a capture of this thread,
+// while this thread or any other captures in global mode. None of them is captured or
+// synchronizes with a stream, which is what RELAXED mode is for: the driver then neither
+// refuses them nor invalidates anyone's capture.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(const Driver& driver);
+  // Restores the thread's mode unless Restore() did (a failure then is ignored).
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  // Whether the thread is relaxed now: the exchange's error otherwise.
+  const absl::Status& status() const { return status_; }
+  // Restores the thread's mode now; its error if that fails.
+  absl::Status Restore();
+
+ private:
+  const Driver& driver_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  absl::Status status_;
+  bool relaxed_ = false;
+};
+
 class BucketGraph {
  public:
   // Builds and instantiates the graph of `signature` for `launches` (one shape each, in
   // order) with their current parameter bytes, in the current context, whose cuCtxGetId
   // is `context`: one kernel node per launch with a non-empty grid, each depending on the
-  // one before; one scratch buffer from `rt`'s pool owned by the graph, if any node needs
-  // scratch. Loads variants not yet loaded in the context. Errors name the launch (its
-  // index) and the driver call; nothing is left behind.
+  // one before -- a programmatic (PDL) edge when the launch's variant is a PDL launch and
+  // `programmatic_edges`, else a full one; one scratch buffer from `rt`'s pool owned by the
+  // graph, if any node needs scratch. Loads variants not yet loaded in the context first
+  // (the caller makes sure no stream of its is captured, and makes the thread RELAXED:
+  // see RelaxedCaptureMode); prepares the launches for `stream`. Errors name the launch (its
+  // index) and the driver call; nothing is left behind. `pdl_refused`: set when the error
+  // is the driver refusing to instantiate a graph with programmatic edges.
   static absl::StatusOr<std::unique_ptr<BucketGraph>> Build(const RuntimeImpl& rt,
                                                             std::span<BoundState* const> launches,
                                                             const Signature& signature,
-                                                            uint64_t context);
-  // Destroys the executable and the graph; work in flight finishes, and the scratch
-  // returns to the pool after it (a failure here has no one to report to and is ignored).
+                                                            uint64_t context, CUstream stream,
+                                                            bool programmatic_edges,
+                                                            bool* pdl_refused);
+  // Destroys the executable and the graph in RELAXED mode; work in flight finishes, and
+  // the scratch returns to the pool after it (a failure here has no one to report to and
+  // is ignored).
   ~BucketGraph();
   BucketGraph(const BucketGraph&) = delete;
   BucketGraph& operator=(const BucketGraph&) = delete;
@@ -50,6 +84,11 @@ class BucketGraph {
   absl::Status Launch(CUstream stream);
 
   size_t nodes() const { return nodes_.size(); }
+  size_t programmatic_edges() const { return programmatic_edges_; }
+  // Why PDL launches got full edges in this graph though they are PDL launches (the
+  // driver refused programmatic edges); empty if they did not.
+  const std::string& pdl_fallback() const { return pdl_fallback_; }
+  void set_pdl_fallback(std::string why) { pdl_fallback_ = std::move(why); }
   uint64_t scratch_bytes() const { return scratch_bytes_; }
   double build_us() const { return build_us_; }
   uint64_t replays() const { return replays_; }
@@ -74,6 +113,8 @@ class BucketGraph {
   Signature signature_;
   std::vector<Node> nodes_;
   uint64_t scratch_bytes_ = 0;
+  size_t programmatic_edges_ = 0;
+  std::string pdl_fallback_;
   double build_us_ = 0;
   uint64_t replays_ = 0;
   alignas(16) std::byte staging_[kMaxParamBytes];  // a node's bytes with the graph's scratch

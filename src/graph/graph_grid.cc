@@ -4,6 +4,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "kpack/graph.h"
 #include "launch/args.h"
 #include "util/status_macros.h"
 
@@ -18,10 +19,33 @@ std::string GridText(const Grid& g) { return absl::StrCat("(", g.x, ", ", g.y, "
 
 }  // namespace
 
+std::optional<std::pair<int64_t, int64_t>> PaddingInterval(std::span<const int64_t> edges,
+                                                           std::optional<int64_t> grid_max,
+                                                           size_t index) {
+  int64_t low, high;
+  if (index < edges.size()) {
+    high = edges[index];
+    low = index > 0 ? edges[index - 1] + 1 : 1;
+  } else if (index == edges.size() && grid_max.has_value() && !edges.empty()) {
+    high = *grid_max;
+    low = edges.back() + 1;
+  } else {
+    return std::nullopt;
+  }
+  if (high < low) return std::nullopt;
+  return std::pair{low, high};
+}
+
 std::string GridRuleText(GridRule rule, const KernelSpec& kernel) {
   switch (rule) {
     case GridRule::kPadded:
       return "its grid is padded to its buckets' upper edges";
+    case GridRule::kEmptyWork:
+      return "its exact grid is empty (no work), so the graph has no node for it, as an "
+             "eager launch sends nothing";
+    case GridRule::kBelowProven:
+      return "a bucket parameter is below 1, where no grid_tolerance is proven (empty work), "
+             "so its exact grid is part of the signature";
     case GridRule::kPinned:
       return "its grid is pinned (StepGraph::PinGrid)";
     case GridRule::kNotTolerant:
@@ -54,6 +78,10 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
     out->exact = st.grid;
   }
   out->graph = out->exact;
+  if (out->exact.x == 0 || out->exact.y == 0 || out->exact.z == 0) {
+    out->rule = GridRule::kEmptyWork;
+    return absl::OkStatus();
+  }
   if (pinned_.has_value()) {
     out->rule = GridRule::kPinned;
     out->graph = *pinned_;
@@ -86,16 +114,21 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
     if (!args_detail::ToInt64(st.args[dim.arg], &value)) continue;  // selection refused it
     size_t i = 0;
     while (i < dim.edges.size() && value > dim.edges[i]) ++i;
-    int64_t upper;
-    if (i < dim.edges.size()) {
-      upper = dim.edges[i];
-    } else if (dim.grid_max.has_value() && value <= *dim.grid_max) {
-      upper = *dim.grid_max;
-    } else {
-      out->rule = dim.grid_max.has_value() ? GridRule::kAboveMaximum : GridRule::kOpenEnded;
+    const std::optional<std::pair<int64_t, int64_t>> interval =
+        PaddingInterval(dim.edges, dim.grid_max, i);
+    if (!interval.has_value()) {
+      out->rule = i == dim.edges.size() ? GridRule::kOpenEnded : GridRule::kBelowProven;
       continue;
     }
-    padded[dim.arg] = Arg(upper);
+    if (value > interval->second) {
+      out->rule = GridRule::kAboveMaximum;
+      continue;
+    }
+    if (value < interval->first) {
+      out->rule = GridRule::kBelowProven;
+      continue;
+    }
+    padded[dim.arg] = Arg(interval->second);
     any = true;
   }
   // A dim left exact (open-ended) keeps its rule as the explanation; the others are
@@ -113,3 +146,13 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
 }
 
 }  // namespace kpack::internal
+
+namespace kpack {
+
+std::optional<std::pair<int64_t, int64_t>> GraphPaddingInterval(std::span<const int64_t> edges,
+                                                               std::optional<int64_t> grid_max,
+                                                               size_t index) {
+  return internal::PaddingInterval(edges, grid_max, index);
+}
+
+}  // namespace kpack

@@ -8,7 +8,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,9 +19,24 @@
 
 namespace kpack::internal {
 
+// The values of bucket `index` (0 for values <= edges[0], ..., edges.size() for the
+// open-ended last bucket) that a graph pads to one value, as [low, high]: high is the
+// bucket's upper edge, or `grid_max` for the open-ended last bucket; low its lowest value,
+// but 1 in the first bucket. Nullopt when the bucket keeps exact grids: the open-ended last
+// one without a grid_max, or a first bucket whose edge is below 1. A size below 1 is
+// empty work, for which an eager launch sends nothing (the grid expressions give an empty
+// grid) and which the pack's grid-tolerance proof therefore never runs: a graph must not
+// launch a padded grid there. The one statement of this rule: the builder's proof
+// (tools/kpack_tools/grid_proof.py) calls it through the extension (kpack._kpack).
+std::optional<std::pair<int64_t, int64_t>> PaddingInterval(std::span<const int64_t> edges,
+                                                           std::optional<int64_t> grid_max,
+                                                           size_t index);
+
 // Why a launch's graph grid is what it is (for error messages and tests).
 enum class GridRule : uint8_t {
   kPadded,          // at the upper edges of its buckets
+  kEmptyWork,       // its exact grid is empty: no node, as an eager launch sends nothing
+  kBelowProven,     // a bucket value below the proven interval (a size < 1): exact
   kPinned,          // StepGraph::PinGrid
   kNotTolerant,     // the kernel has no grid_tolerance: exact
   kExplicitGrid,    // the BoundLaunch has an explicit grid: exact
@@ -44,9 +61,10 @@ class GridPlan {
     Grid graph;  // what the graph launches
     GridRule rule;
   };
-  // For the launch `st` as it is now. Errors: the grid expressions' (naming the kernel
-  // and variant), a pinned grid smaller than the exact one, a padded grid smaller than the
-  // exact one on some axis (grid expressions that do not grow with the sizes).
+  // For the launch `st` as it is now. An empty exact grid stays empty (whatever the pin).
+  // Errors: the grid expressions' (naming the kernel and variant), a pinned grid smaller
+  // than the exact one, a padded grid smaller than the exact one on some axis (grid
+  // expressions that do not grow with the sizes).
   absl::Status Resolve(const BoundState& st, Resolved* out) const;
 
  private:

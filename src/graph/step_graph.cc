@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/launch.h"
+#include "util/log.h"
 #include "util/status_macros.h"
 
 namespace kpack {
@@ -26,6 +27,27 @@ std::string GridText(const Grid& g) { return absl::StrCat("(", g.x, ", ", g.y, "
 
 // At most this many alternatives are listed in an error.
 constexpr size_t kListed = 8;
+
+// Replay's status when its stream's capture state (cuStreamIsCapturing: `r`, `status`)
+// forbids a graph launch and is not an active capture.
+ABSL_ATTRIBUTE_NOINLINE absl::Status CaptureStateError(const Driver& d, CUresult r,
+                                                       CUstreamCaptureStatus status) {
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    return absl::FailedPreconditionError(
+        "replaying a step graph on the legacy (NULL) stream while a blocking stream of the "
+        "context is being captured (cuStreamIsCapturing: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): "
+        "that would invalidate the capture; nothing was launched. Replay on a stream of your "
+        "own, or after the capture ends");
+  }
+  if (r != CUDA_SUCCESS) return d.Error(r, "cuStreamIsCapturing (replaying a step graph)");
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    return absl::FailedPreconditionError(
+        "replaying a step graph: the stream's capture has been invalidated; nothing is "
+        "launched into it");
+  }
+  return absl::InternalError(absl::StrCat("replaying a step graph: unknown capture status ",
+                                          static_cast<int>(status)));
+}
 
 }  // namespace
 
@@ -62,6 +84,7 @@ absl::StatusOr<std::unique_ptr<StepGraphImpl>> StepGraphImpl::Create(
   g->context_ = context;
   g->shapes_.resize(launches.size());
   g->grids_.resize(launches.size());
+  g->prepared_.resize(launches.size());
   return g;
 }
 
@@ -90,7 +113,8 @@ absl::Status StepGraphImpl::Resolve(internal::Signature* shapes,
   return absl::OkStatus();
 }
 
-absl::StatusOr<BucketGraph*> StepGraphImpl::BuildGraph(const internal::Signature& shapes) {
+absl::StatusOr<BucketGraph*> StepGraphImpl::BuildGraph(const internal::Signature& shapes,
+                                                       CUstream stream) {
   if (graphs_.size() >= options_.max_graphs) {
     std::string changing;
     if (current_ != nullptr) {
@@ -108,7 +132,7 @@ absl::StatusOr<BucketGraph*> StepGraphImpl::BuildGraph(const internal::Signature
         " graphs (StepGraph::Options::max_graphs); another signature", changing));
   }
   KPACK_ASSIGN_OR_RETURN(std::unique_ptr<BucketGraph> graph,
-                         BucketGraph::Build(*rt_, launches_, shapes, context_));
+                         NewGraph(shapes, stream, absl::OkStatus()));
   BucketGraph* raw = graph.get();
   graphs_.emplace(shapes, std::move(graph));
   built_.push_back(raw);
@@ -117,16 +141,69 @@ absl::StatusOr<BucketGraph*> StepGraphImpl::BuildGraph(const internal::Signature
   return raw;
 }
 
+absl::StatusOr<std::unique_ptr<BucketGraph>> StepGraphImpl::NewGraph(
+    const internal::Signature& shapes, CUstream stream, const absl::Status& refused) {
+  RelaxedCaptureMode relaxed(rt_->driver());
+  KPACK_RETURN_IF_ERROR(relaxed.status());
+  bool pdl_refused = false;
+  absl::StatusOr<std::unique_ptr<BucketGraph>> graph = BucketGraph::Build(
+      *rt_, launches_, shapes, context_, stream, /*programmatic_edges=*/refused.ok(),
+      &pdl_refused);
+  const absl::Status first = graph.status();
+  if (pdl_refused) {
+    graph = BucketGraph::Build(*rt_, launches_, shapes, context_, stream,
+                               /*programmatic_edges=*/false, nullptr);
+    if (!graph.ok()) {
+      return absl::Status(graph.status().code(),
+                          absl::StrCat(graph.status().message(), " (with full edges, after the "
+                                       "driver refused programmatic ones: ", first.message(), ")"));
+    }
+  }
+  KPACK_RETURN_IF_ERROR(graph.status());
+  KPACK_RETURN_IF_ERROR(relaxed.Restore());
+  if (pdl_refused) {
+    FellBack(**graph, first, "instantiating it");
+  } else if (!refused.ok()) {
+    FellBack(**graph, refused, "updating its nodes");
+  }
+  return graph;
+}
+
+void StepGraphImpl::FellBack(BucketGraph& graph, const absl::Status& refused,
+                             absl::string_view when) {
+  std::string why = absl::StrCat(
+      "the driver refused the programmatic (PDL) edges of this signature's graph when ", when,
+      " (", refused.message(), "); its PDL launches now wait for the node before them to "
+      "finish, without the overlap");
+  Log().warn("step graph {}: {}", SignatureText(graph.signature()), why);
+  graph.set_pdl_fallback(std::move(why));
+  ++stats_.pdl_fallbacks;
+}
+
 absl::Status StepGraphImpl::Build() {
   KPACK_RETURN_IF_ERROR(CheckContext("building a step graph"));
   KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
   if (graphs_.contains(shapes_)) return absl::OkStatus();
-  return BuildGraph(shapes_).status();
+  return BuildGraph(shapes_, nullptr).status();
 }
 
 absl::Status StepGraphImpl::Replay(CUstream stream) {
   KPACK_RETURN_IF_ERROR(CheckContext("replaying a step graph"));
   KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
+  // An executable graph cannot be launched into a capture (the driver refuses, and the
+  // capture is invalidated), and a graph must not be built during one: a replay on a
+  // stream being captured sends the step's launches into the capture instead.
+  const Driver& d = rt_->driver();
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (const CUresult r = d.StreamIsCapturing(stream, &capture);
+      ABSL_PREDICT_FALSE(r != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE)) {
+    if (r != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      return CaptureStateError(d, r, capture);
+    }
+    KPACK_RETURN_IF_ERROR(LaunchEagerly(stream));
+    ++stats_.captured_steps;
+    return absl::OkStatus();
+  }
   if (current_ == nullptr || current_->signature() != shapes_) {
     auto it = graphs_.find(shapes_);
     if (it != graphs_.end()) {
@@ -136,18 +213,31 @@ absl::Status StepGraphImpl::Replay(CUstream stream) {
         case StepGraph::Unseen::kError:
           return UnseenError(shapes_);
         case StepGraph::Unseen::kLaunchEagerly:
-          return LaunchEagerly(stream);
+          KPACK_RETURN_IF_ERROR(LaunchEagerly(stream));
+          ++stats_.eager_steps;
+          return absl::OkStatus();
         case StepGraph::Unseen::kBuild:
           break;
       }
-      KPACK_ASSIGN_OR_RETURN(current_, BuildGraph(shapes_));
+      KPACK_ASSIGN_OR_RETURN(current_, BuildGraph(shapes_, stream));
     }
   }
   uint64_t patched = 0;
-  const absl::Status s = current_->Patch(launches_, &patched);
+  absl::Status s = current_->Patch(launches_, &patched);
   stats_.nodes_patched += patched;
   stats_.last_nodes_patched = patched;
-  KPACK_RETURN_IF_ERROR(s);
+  if (ABSL_PREDICT_FALSE(!s.ok())) {
+    if (current_->programmatic_edges() == 0) return s;
+    // The driver refused to update a graph with programmatic edges: this signature's
+    // graph again, with full edges (and its launches' current bytes).
+    absl::StatusOr<std::unique_ptr<BucketGraph>> full = NewGraph(shapes_, stream, s);
+    if (!full.ok()) return s;
+    stats_.scratch_bytes += (*full)->scratch_bytes() - current_->scratch_bytes();
+    *std::find(built_.begin(), built_.end(), current_) = full->get();
+    std::unique_ptr<BucketGraph>& slot = graphs_[shapes_];
+    slot = *std::move(full);
+    current_ = slot.get();
+  }
   KPACK_RETURN_IF_ERROR(current_->Launch(stream));
   ++stats_.replays;
   return absl::OkStatus();
@@ -203,10 +293,14 @@ absl::Status StepGraphImpl::LaunchEagerly(CUstream stream) {
     BoundState& st = *launches_[i];
     const ScratchAllocator* scratch = st.scratch.allocate != nullptr ? &st.scratch : nullptr;
     absl::Status s =
-        rt_->LaunchPacked(*st.variant, grids_[i].exact, stream, scratch, st.buf, st.fallback);
+        rt_->Prepare(*st.variant, grids_[i].exact, stream, scratch, st.buf, &prepared_[i]);
     if (!s.ok()) return AtLaunch(i, s);
   }
-  ++stats_.eager_steps;
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    const BoundState& st = *launches_[i];
+    absl::Status s = rt_->Send(*st.variant, prepared_[i], st.fallback);
+    if (!s.ok()) return AtLaunch(i, s);
+  }
   return absl::OkStatus();
 }
 
@@ -241,7 +335,7 @@ std::vector<StepGraph::GraphInfo> StepGraphImpl::graphs() const {
   std::vector<StepGraph::GraphInfo> out;
   for (const BucketGraph* g : built_) {
     out.push_back({SignatureText(g->signature()), g->nodes(), g->scratch_bytes(), g->build_us(),
-                   g->replays()});
+                   g->replays(), g->programmatic_edges(), g->pdl_fallback()});
   }
   return out;
 }

@@ -42,11 +42,24 @@ class StepGraphImpl {
   absl::Status CheckContext(const char* doing) const;
   // Every launch's shape and grids now, into `shapes` and `grids` (sized already).
   absl::Status Resolve(internal::Signature* shapes, std::vector<GridPlan::Resolved>* grids) const;
-  // The graph of `shapes`, built now (RESOURCE_EXHAUSTED past Options::max_graphs).
-  absl::StatusOr<BucketGraph*> BuildGraph(const internal::Signature& shapes);
+  // The graph of `shapes`, built now (RESOURCE_EXHAUSTED past Options::max_graphs), its
+  // launches prepared for `stream` (null for Build()), which is not being captured.
+  absl::StatusOr<BucketGraph*> BuildGraph(const internal::Signature& shapes, CUstream stream);
+  // A new graph of `shapes` in RELAXED capture mode: with programmatic edges for PDL
+  // launches, or, if the driver refuses those at instantiation, with full edges and the
+  // reason recorded (BucketGraph::pdl_fallback, stats, a warning in the log). `refused`:
+  // non-empty when the graph replaces one whose programmatic edges the driver refused
+  // later (a patch); the new graph then has full edges and says why.
+  absl::StatusOr<std::unique_ptr<BucketGraph>> NewGraph(const internal::Signature& shapes,
+                                                        CUstream stream,
+                                                        const absl::Status& refused);
+  // Records that `graph` has full edges for PDL launches because of `refused`.
+  void FellBack(BucketGraph& graph, const absl::Status& refused, absl::string_view when);
   // Unseen::kError's status for `shapes`: the first launch no built graph has, and why.
   absl::Status UnseenError(const internal::Signature& shapes) const;
-  // Unseen::kLaunchEagerly: every launch sent as BoundLaunch::Launch would, on `stream`.
+  // Every launch as BoundLaunch::Launch would send it, on `stream`, with its exact grid:
+  // all prepared (loaded, scratch, config) before any is sent, so that a failure to
+  // prepare one sends nothing. For Unseen::kLaunchEagerly and for a stream being captured.
   absl::Status LaunchEagerly(CUstream stream);
 
   const RuntimeImpl* rt_ = nullptr;
@@ -60,6 +73,7 @@ class StepGraphImpl {
   // Per replay, sized once at Create so that a replay allocates nothing.
   internal::Signature shapes_;
   std::vector<GridPlan::Resolved> grids_;
+  std::vector<RuntimeImpl::DriverLaunch> prepared_;  // LaunchEagerly's
   StepGraph::Stats stats_;
 };
 

@@ -139,11 +139,11 @@ absl::StatusOr<Grid> RuntimeImpl::EvalGrid(const VariantData& v, std::span<const
   return Grid{dims[0], dims[1], dims[2]};
 }
 
-absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
-                                       const ScratchAllocator* scratch, std::byte* buf,
-                                       bool fallback) const {
-  DriverLaunch p;
-  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, scratch, buf, &p));
+// Inlined into LaunchPacked (the launch path) and Send (kpack::StepGraph's, which sends
+// launches it prepared all at once).
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::SendInline(const VariantData& v,
+                                                                        const DriverLaunch& p,
+                                                                        bool fallback) const {
   if (p.function == nullptr) return absl::OkStatus();  // empty grid
 
 #if KPACK_ENABLE_NVTX
@@ -159,7 +159,7 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, C
   }
 #endif
   CUresult r = driver_->LaunchKernelEx(&p.config, p.function, nullptr,
-                                       p.param_bytes != 0 ? p.extra : nullptr);
+                                       p.param_bytes != 0 ? const_cast<void**>(p.extra) : nullptr);
 #if KPACK_ENABLE_NVTX
   if (domain != nullptr) nvtxDomainRangePop(domain);
 #endif
@@ -168,6 +168,18 @@ absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, C
   counters.launches.fetch_add(1, std::memory_order_relaxed);
   if (fallback) counters.fallbacks.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
+                                       const ScratchAllocator* scratch, std::byte* buf,
+                                       bool fallback) const {
+  DriverLaunch p;
+  KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, scratch, buf, &p));
+  return SendInline(v, p, fallback);
+}
+
+absl::Status RuntimeImpl::Send(const VariantData& v, const DriverLaunch& p, bool fallback) const {
+  return SendInline(v, p, fallback);
 }
 
 absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,

@@ -46,7 +46,7 @@ absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing) 
       (d.CtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr)) {
     return absl::FailedPreconditionError(absl::StrCat(
         doing, ": no CUDA context is current on this thread; make one current "
-        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+        "(Runtime::UseDevice, or any CUDA runtime call) first"));
   }
   return d.Error(r, absl::StrCat("cuCtxGetId (", doing, ")"));
 }

@@ -27,6 +27,7 @@
 #include "launch/tensordesc.h"
 #include "manifest/manifest.h"
 #include "pack/pack_state.h"
+#include "runtime/devices.h"
 
 namespace kpack::internal {
 
@@ -177,6 +178,7 @@ class RuntimeImpl {
   const Pack& pack() const { return *pack_; }
   const std::string& dir() const { return pack_->dir(); }
   ScratchArenas& scratch() const { return *scratch_; }
+  const DeviceOrdinals& device_ordinals() const { return device_ordinals_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
   // Options::scratch_allocator; set by Runtime::Open before the runtime is shared.
   void set_scratch_allocator(const ScratchAllocator& allocator) { scratch_allocator_ = allocator; }
@@ -215,8 +217,12 @@ class RuntimeImpl {
   };
   absl::Status Prepare(const VariantData& v, const Grid& grid, CUstream stream,
                        const ScratchAllocator* scratch, std::byte* buf, DriverLaunch* p) const;
-  // Sends a packed buffer: Prepare, an NVTX range around cuLaunchKernelEx, and the
-  // counters (launches, and whether it was a fallback).
+  // Sends a prepared launch (nothing for an empty grid): an NVTX range around
+  // cuLaunchKernelEx, and the counters (launches, and whether it was a fallback). `p`'s
+  // extra array must point at its own param_bytes (Prepare's does, as long as `p` stays
+  // where Prepare wrote it).
+  absl::Status Send(const VariantData& v, const DriverLaunch& p, bool fallback) const;
+  // Sends a packed buffer: Prepare, then Send.
   absl::Status LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
                             const ScratchAllocator* scratch, std::byte* buf, bool fallback) const;
 
@@ -230,6 +236,8 @@ class RuntimeImpl {
 
  private:
   RuntimeImpl() = default;
+  // Send's body, defined in launch.cc and used only there.
+  absl::Status SendInline(const VariantData& v, const DriverLaunch& p, bool fallback) const;
   // Prepare's scratch step, for variants with scratch (out of line: they pay driver calls).
   absl::Status FillScratch(const VariantData& v, const Grid& grid, uint64_t context,
                            CUstream stream, const ScratchAllocator* scratch, std::byte* buf) const;
@@ -246,6 +254,7 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
   std::unique_ptr<ScratchArenas> scratch_;
+  DeviceOrdinals device_ordinals_;  // Runtime::CurrentDevice
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
   // Kernel::Restrict's views, by (kernel, variants, ignore_buckets).

@@ -5,16 +5,22 @@
 // compared bit for bit with the same step launched eagerly; replays on another stream than
 // the one the launches were bound to; two graphs of one step replayed concurrently on two
 // streams, each with its own scratch memory (kernels/testpack's `scratch`, which keeps a
-// TMA descriptor per program in Triton's global scratch). What only the fake can observe
-// (which nodes are patched, signature keys, errors) is tests/unit/step_graph_test.cc.
+// TMA descriptor per program in Triton's global scratch); a chain of PDL kernels joined by
+// programmatic edges; a replay captured into the caller's graph that outlives its
+// StepGraph; building while another thread captures in global mode. What only the fake can
+// observe (which nodes are patched, signature keys, edge types, errors) is
+// tests/unit/step_graph_test.cc.
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <latch>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "conformance.h"
@@ -285,6 +291,217 @@ TEST_P(GraphTest, TwoGraphsOfOneStepReplayConcurrentlyWithTheirOwnScratch) {
   }
   EXPECT_TRUE(a.Outputs() == eager);
   EXPECT_TRUE(b.Outputs() == eager);
+}
+
+// Waits (up to 2 s) until the runtime's graphs hold `arenas` scratch arenas: a destroyed
+// graph's arena returns when the driver runs its user object's destructor, on the real
+// driver asynchronously.
+void AwaitScratchInGraphs(const Runtime& rt, size_t arenas) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (rt.stats().scratch_in_graphs != arenas && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(rt.stats().scratch_in_graphs, arenas);
+}
+
+// kernels/testpack's pdl kernel (out = 2x after gdc_wait, gdc_launch_dependents before its
+// store) three times in a chain: each reads what the one before wrote. In the graph the
+// second and third depend on the one before through programmatic edges, so they may
+// start early, and gdc_wait orders their reads after the writes.
+TEST_P(GraphTest, APdlChainReplaysThroughProgrammaticEdgesBitIdenticalToEager) {
+  auto rt = Open(KPACK_TEST_PACK_DIR);
+  ASSERT_NE(rt, nullptr);
+  constexpr int kMaxN = 1 << 18;
+  const std::vector<float> input = RandomFloats(kMaxN, 71);
+  const CUdeviceptr x = Upload(input);
+  const CUdeviceptr buffers[3] = {Alloc(kMaxN * 4), Alloc(kMaxN * 4), Alloc(kMaxN * 4)};
+  absl::StatusOr<Kernel> pdl = rt->Find("pdl");
+  ASSERT_TRUE(pdl.ok()) << pdl.status();
+  std::vector<std::unique_ptr<BoundLaunch>> chain;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<BoundLaunch> b = pdl->BindArgs(Grid{Cdiv(kMaxN, 1024)}, main_.stream,
+                                                  i == 0 ? x : buffers[i - 1], buffers[i], kMaxN);
+    ASSERT_TRUE(b.ok()) << b.status();
+    chain.push_back(std::make_unique<BoundLaunch>(*std::move(b)));
+  }
+  std::vector<BoundLaunch*> step;
+  for (auto& b : chain) step.push_back(b.get());
+  absl::StatusOr<StepGraph> graph = StepGraph::Create(step);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto reset = [&] {
+    for (CUdeviceptr b : buffers) ASSERT_EQ(d().MemsetD8(b, 0xff, kMaxN * 4), CUDA_SUCCESS);
+    Sync();
+  };
+  for (int n : {kMaxN, 1000, 4097, kMaxN - 5, kMaxN}) {
+    SCOPED_TRACE(::testing::Message() << "n " << n);
+    for (auto& b : chain) {
+      KP_ASSERT_OK(b->Set(2, n));
+      b->set_grid(Grid{Cdiv(n, 1024)});
+    }
+    reset();
+    KP_ASSERT_OK(graph->Replay(main_.replay));
+    const std::vector<float> replayed = Download<float>(buffers[2], kMaxN);
+    reset();
+    for (auto& b : chain) KP_ASSERT_OK(b->Launch());
+    const std::vector<float> eager = Download<float>(buffers[2], kMaxN);
+    EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), kMaxN * 4), 0)
+        << "the replay differs from the eager chain";
+    size_t wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += replayed[i] != input[i] * 8;
+    EXPECT_EQ(wrong, 0u) << "of " << n << " outputs are not 8x the input";
+  }
+  ASSERT_FALSE(graph->graphs().empty());
+  for (const StepGraph::GraphInfo& info : graph->graphs()) {
+    EXPECT_EQ(info.programmatic_edges, 2u) << info.signature;
+    EXPECT_EQ(info.pdl_fallback, "") << "the driver refused programmatic edges";
+  }
+  EXPECT_EQ(graph->stats().pdl_fallbacks, 0u);
+}
+
+// A replay on a stream the caller captures goes into the caller's graph with the capture's
+// own scratch, so the caller's graph may outlive the StepGraph: here it runs after the
+// StepGraph is gone, concurrently with a second StepGraph that took the first one's
+// scratch arena from the pool, and each computes its own result.
+TEST_P(GraphTest, AReplayCapturedIntoTheCallersGraphOutlivesTheStepGraph) {
+  auto rt = Open(KPACK_TEST_PACK_DIR);
+  ASSERT_NE(rt, nullptr);
+  constexpr int kDim = 64, kRounds = 12;
+  const std::vector<float> in_a = RandomFloats(kDim * kDim, 81);
+  const std::vector<float> in_b = RandomFloats(kDim * kDim, 82);
+  const CUdeviceptr xa = Upload(in_a), xb = Upload(in_b);
+  const CUdeviceptr out_a = Alloc(kDim * kDim * 4);
+  std::vector<CUdeviceptr> outs_b;
+  for (int r = 0; r < kRounds; ++r) outs_b.push_back(Alloc(kDim * kDim * 4));
+  const Streams other = NewStreams();
+  absl::StatusOr<Kernel> scratch = rt->Find("scratch");
+  ASSERT_TRUE(scratch.ok());
+
+  absl::StatusOr<BoundLaunch> a =
+      scratch->BindArgs(Grid{2, 2}, main_.stream, xa, out_a, kDim, kDim, kDim);
+  ASSERT_TRUE(a.ok()) << a.status();
+  BoundLaunch* step_a[] = {&*a};
+  std::optional<StepGraph> graph_a;
+  {
+    absl::StatusOr<StepGraph> g = StepGraph::Create(step_a);
+    ASSERT_TRUE(g.ok()) << g.status();
+    graph_a.emplace(*std::move(g));
+  }
+  KP_ASSERT_OK(graph_a->Replay(main_.replay));  // its graph, and that graph's scratch
+  Sync();
+  ASSERT_EQ(rt->stats().scratch_in_graphs, 1u);
+  KP_ASSERT_OK(rt->ReserveScratch(main_.capture, kCaptureScratch));
+  CU_ASSERT(d().StreamBeginCapture(main_.capture, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  const absl::Status captured = graph_a->Replay(main_.capture);
+  CUgraph outer = nullptr;
+  CU_ASSERT(d().StreamEndCapture(main_.capture, &outer));  // the capture stayed valid
+  KP_ASSERT_OK(captured);
+  EXPECT_EQ(graph_a->stats().captured_steps, 1u);
+  CUgraphExec exec = nullptr;
+  CU_ASSERT(d().GraphInstantiateWithFlags(&exec, outer, 0));
+  CU_ASSERT(d().GraphDestroy(outer));
+  graph_a.reset();
+  AwaitScratchInGraphs(*rt, 1);  // the caller's graph's own arena only
+  EXPECT_EQ(rt->stats().scratch_idle, 1u) << "the StepGraph's arena is back in the pool";
+
+  absl::StatusOr<BoundLaunch> b =
+      scratch->BindArgs(Grid{2, 2}, main_.stream, xb, outs_b[0], kDim, kDim, kDim);
+  ASSERT_TRUE(b.ok()) << b.status();
+  BoundLaunch* step_b[] = {&*b};
+  absl::StatusOr<StepGraph> graph_b = StepGraph::Create(step_b);
+  ASSERT_TRUE(graph_b.ok()) << graph_b.status();
+  KP_ASSERT_OK(graph_b->Build());
+  EXPECT_EQ(rt->stats().scratch_idle, 0u) << "the second StepGraph took the pooled arena";
+  for (int r = 0; r < kRounds; ++r) {
+    CU_ASSERT(d().GraphLaunch(exec, main_.replay));
+    KP_ASSERT_OK(b->Set(1, outs_b[r]));
+    KP_ASSERT_OK(graph_b->Replay(other.replay));
+  }
+  std::vector<float> want_a(in_a.size()), want_b(in_b.size());
+  for (size_t i = 0; i < in_a.size(); ++i) want_a[i] = in_a[i] * 2;
+  for (size_t i = 0; i < in_b.size(); ++i) want_b[i] = in_b[i] * 2;
+  EXPECT_TRUE(Download<float>(out_a, want_a.size()) == want_a) << "the caller's graph";
+  for (int r = 0; r < kRounds; ++r) {
+    EXPECT_TRUE(Download<float>(outs_b[r], want_b.size()) == want_b) << "round " << r;
+  }
+  CU_ASSERT(d().GraphExecDestroy(exec));
+  graph_b = absl::UnknownError("gone");
+  Sync();
+  AwaitScratchInGraphs(*rt, 0);
+}
+
+// Build() loads the variants, allocates the graph's scratch and instantiates, and a
+// StepGraph is destroyed, while another thread holds a capture in global mode, which
+// forbids such calls to threads in the default mode: StepGraph makes them in RELAXED mode,
+// so neither refuses the other. The graph built then replays correctly afterwards.
+TEST_P(GraphTest, BuildingWhileAnotherThreadCapturesInGlobalMode) {
+  auto rt = Open(KPACK_TEST_PACK_DIR);  // nothing loaded yet
+  ASSERT_NE(rt, nullptr);
+  constexpr int kDim = 64;
+  const std::vector<float> input = RandomFloats(kDim * kDim, 91);
+  const CUdeviceptr x = Upload(input), out = Alloc(kDim * kDim * 4), other_out = Alloc(16 * 4);
+  const Streams other = NewStreams();
+  absl::StatusOr<BoundLaunch> b =
+      rt->Find("scratch")->BindArgs(Grid{2, 2}, main_.stream, x, out, kDim, kDim, kDim);
+  absl::StatusOr<BoundLaunch> add =
+      rt->Find("add")->BindArgs(Grid{1}, main_.stream, x, x, other_out, 16);
+  ASSERT_TRUE(b.ok() && add.ok());
+  BoundLaunch* step[] = {&*b};
+  BoundLaunch* doomed_step[] = {&*add};
+  absl::StatusOr<StepGraph> graph = StepGraph::Create(step);
+  std::optional<StepGraph> doomed;
+  {
+    absl::StatusOr<StepGraph> g = StepGraph::Create(doomed_step);
+    ASSERT_TRUE(graph.ok() && g.ok());
+    doomed.emplace(*std::move(g));
+  }
+  KP_ASSERT_OK(doomed->Build());  // a graph to destroy during the capture
+  std::latch capturing(1), done(1);
+  CUresult began = CUDA_ERROR_UNKNOWN, ended = CUDA_ERROR_UNKNOWN;
+  std::thread capturer([&] {
+    d().CtxSetCurrent(primary_);
+    began = d().StreamBeginCapture(other.capture, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    capturing.count_down();
+    done.wait();
+    CUgraph g = nullptr;
+    ended = d().StreamEndCapture(other.capture, &g);
+    if (g != nullptr) d().GraphDestroy(g);
+  });
+  capturing.wait();
+  const absl::Status built = graph->Build();
+  doomed.reset();  // cuGraphExecDestroy, cuGraphDestroy
+  done.count_down();
+  capturer.join();
+  ASSERT_EQ(began, CUDA_SUCCESS);
+  EXPECT_EQ(ended, CUDA_SUCCESS) << "the other thread's capture was invalidated";
+  KP_ASSERT_OK(built);
+  KP_ASSERT_OK(graph->Replay(main_.replay));
+  EXPECT_EQ(graph->stats().graphs_built, 1u);
+  std::vector<float> want(input.size());
+  for (size_t i = 0; i < input.size(); ++i) want[i] = input[i] * 2;
+  EXPECT_TRUE(Download<float>(out, want.size()) == want);
+}
+
+// What the fake driver models and StepGraph's design rests on: an executable graph cannot
+// be launched into a capture (the driver refuses and invalidates the capture).
+TEST_P(GraphTest, TheDriverRefusesAGraphLaunchIntoACapture) {
+  auto rt = Open(KPACK_TEST_PACK_DIR);
+  ASSERT_NE(rt, nullptr);
+  KP_ASSERT_OK(rt->Preload());
+  const CUdeviceptr x = Upload(RandomFloats(1024, 95)), out = Alloc(1024 * 4);
+  CU_ASSERT(d().StreamBeginCapture(main_.capture, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  const absl::Status launched = rt->Launch("pdl", Grid{1}, main_.capture, x, out, 1024);
+  CUgraph graph = nullptr;
+  CU_ASSERT(d().StreamEndCapture(main_.capture, &graph));
+  KP_ASSERT_OK(launched);
+  CUgraphExec exec = nullptr;
+  CU_ASSERT(d().GraphInstantiateWithFlags(&exec, graph, 0));
+  CU_ASSERT(d().StreamBeginCapture(main_.capture, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  EXPECT_EQ(d().GraphLaunch(exec, main_.capture), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph refused = nullptr;
+  EXPECT_EQ(d().StreamEndCapture(main_.capture, &refused), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  if (refused != nullptr) EXPECT_EQ(d().GraphDestroy(refused), CUDA_SUCCESS);
+  CU_ASSERT(d().GraphExecDestroy(exec));
+  CU_ASSERT(d().GraphDestroy(graph));
 }
 
 INSTANTIATE_TEST_SUITE_P(Graph, GraphTest, ::testing::Values(Mode{TheBackend(), false}),

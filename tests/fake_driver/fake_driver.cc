@@ -28,6 +28,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cubin/cubin_reader.h"
 
 namespace kpack::fake {
@@ -165,10 +166,12 @@ struct Graph : Object {
   std::vector<LaunchRecord> launches;
   UserObjectRefs user_objects;
   bool built = false;  // by cuGraphCreate + cuGraphAddKernelNode: launches[i] is node i
+  std::vector<GraphEdge> edges;  // of a built graph, in the order added
 };
 
 struct GraphExec : Object {
   std::vector<LaunchRecord> launches;
+  std::vector<GraphEdge> edges;  // the source graph's at instantiation
   UserObjectRefs user_objects;
   const Graph* source = nullptr;  // the graph it was instantiated from (its nodes patch it)
   uint64_t id = 0;                // ExecId
@@ -308,6 +311,7 @@ struct State {
 
   std::vector<Allocation> allocations ABSL_GUARDED_BY(mu);
   int64_t live_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::vector<void*> host_allocations ABSL_GUARDED_BY(mu);  // cuMemAllocHost
 
   std::vector<KernelAttributeSet> attribute_sets ABSL_GUARDED_BY(mu);
   int64_t library_loads ABSL_GUARDED_BY(mu) = 0;
@@ -346,6 +350,8 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   }
   s.allocations.clear();
   s.live_bytes = 0;
+  for (void* memory : s.host_allocations) std::free(memory);
+  s.host_allocations.clear();
   s.streams.clear();
   s.graphs.clear();
   s.execs.clear();
@@ -406,11 +412,15 @@ State& S() {
 
 // Trivially constructible and destructible: no TLS guard, constructor or exit-time
 // destructor runs, and the zeroed initial state means "stale generation, empty stack".
+// `capture_mode` is the thread's stream capture interaction mode
+// (cuThreadExchangeStreamCaptureMode); zero is CU_STREAM_CAPTURE_MODE_GLOBAL, the default.
 struct ThreadContexts {
   uint64_t generation;
   int depth;
   std::array<Context*, kMaxContextDepth> stack;
+  CUstreamCaptureMode capture_mode;
 };
+static_assert(CU_STREAM_CAPTURE_MODE_GLOBAL == 0);
 thread_local ThreadContexts tls_contexts;
 
 ThreadContexts& ThisThread(State& s) {
@@ -418,6 +428,7 @@ ThreadContexts& ThisThread(State& s) {
   if (tls_contexts.generation != generation) {
     tls_contexts.generation = generation;
     tls_contexts.depth = 0;
+    tls_contexts.capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   }
   return tls_contexts;
 }
@@ -501,11 +512,16 @@ CUresult ResolveStream(State& s, CUstream handle, const Context* context, Stream
 }
 
 // The real driver's rule for "potentially unsafe" calls (allocation, synchronous copies,
-// synchronization) during stream capture: forbidden while this thread runs a capture that is
-// not RELAXED, or while any thread runs a GLOBAL one. The call fails, and this thread's
-// capture is invalidated.
+// synchronization, loading code, instantiating and destroying executable graphs) during
+// stream capture, by the calling thread's interaction mode (cuThreadExchangeStreamCaptureMode,
+// whose documentation states the rule): a GLOBAL thread (the default) may not make them
+// while it runs a capture that is not RELAXED or while any other thread runs a GLOBAL
+// one; a THREAD_LOCAL thread only while it runs a capture that is not RELAXED; a RELAXED
+// thread always may. A forbidden call fails, and this thread's capture is invalidated.
 CUresult CheckUnsafeCall(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   if (s.active_captures == 0) return CUDA_SUCCESS;
+  const CUstreamCaptureMode mode = ThisThread(s).capture_mode;
+  if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
   const std::thread::id self = std::this_thread::get_id();
   bool forbidden = false;
   for (auto& [handle, stream] : s.streams) {
@@ -514,7 +530,8 @@ CUresult CheckUnsafeCall(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     if (mine && stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
       stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
       forbidden = true;
-    } else if (!mine && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+    } else if (!mine && stream->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+               mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
       forbidden = true;
     }
   }
@@ -668,7 +685,9 @@ void DestroyStream(State& s, Stream* stream, Destructors& destructors)
   s.dead_streams.push_back(s.streams.Take(stream));
 }
 
-KernelEmulator FindEmulator(const State& s, const std::string& entry)
+// By string_view: a graph replay looks up every node's entry, and must not allocate a
+// string for a name past the small-string size.
+KernelEmulator FindEmulator(const State& s, absl::string_view entry)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   auto it = s.emulators.find(entry);
   return it == s.emulators.end() ? nullptr : it->second;
@@ -1055,6 +1074,7 @@ CUresult FakeLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*
   if (library == nullptr || code == nullptr) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   Image* image = nullptr;
   if (CUresult r = LoadImage(s, code, nullptr, &image); r != CUDA_SUCCESS) return r;
   *library = reinterpret_cast<CUlibrary>(image);
@@ -1204,6 +1224,11 @@ CUresult FakeKernelGetFunction(CUfunction* function, CUkernel kernel) {
   if (!ArchRunsOn(entry->image->arch, s.devices[context->device])) {
     return CUDA_ERROR_NO_BINARY_FOR_GPU;
   }
+  auto it = s.bound_functions.find(std::pair{entry, context});
+  if (it == s.bound_functions.end()) {
+    // The first call in a context loads the kernel there.
+    if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  }
   auto& bound = s.bound_functions[{entry, context}];
   if (bound == nullptr) {
     bound = std::make_unique<State::BoundFunction>();
@@ -1222,6 +1247,7 @@ CUresult FakeModuleLoadData(CUmodule* module, const void* code) {
   MutexLock lock(&s.mu);
   Context* context = CurrentContext(s);
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   Image* image = nullptr;
   if (CUresult r = LoadImage(s, code, context, &image); r != CUDA_SUCCESS) return r;
   *module = reinterpret_cast<CUmodule>(image);
@@ -1445,13 +1471,9 @@ CUresult FakeMemFree(CUdeviceptr pointer) {
   return CUDA_SUCCESS;
 }
 
-// The checks shared by the synchronous memory functions: a context, no capture forbidding
-// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
-CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+// [pointer, pointer + size) inside one live allocation: its host address (null for size 0).
+CUresult LiveRange(const State& s, CUdeviceptr pointer, size_t size, void** host)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   *host = nullptr;
   if (size == 0) return CUDA_SUCCESS;
   for (const Allocation& allocation : s.allocations) {
@@ -1462,6 +1484,16 @@ CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
     }
   }
   return CUDA_ERROR_INVALID_VALUE;
+}
+
+// The checks shared by the synchronous memory functions: a context, no capture forbidding
+// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
+CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, pointer, size, host);
 }
 
 CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size) {
@@ -1493,6 +1525,80 @@ CUresult FakeMemsetD8(CUdeviceptr destination, unsigned char value, size_t count
   void* host = nullptr;
   if (CUresult r = DeviceRange(s, destination, count, &host); r != CUDA_SUCCESS) return r;
   if (count > 0) std::memset(host, value, count);
+  return CUDA_SUCCESS;
+}
+
+// Pinned host memory is plain host memory here; the fake only keeps track of it.
+CUresult FakeMemAllocHost(void** pointer, size_t size) {
+  if (CUresult r = Enter(Fn::kMemAllocHost); r != CUDA_SUCCESS) return r;
+  if (pointer == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (size > kMaxLiveBytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t rounded =
+      (size + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  void* memory = std::aligned_alloc(kAllocationAlignment, rounded);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(memory, kUninitializedByte, rounded);
+  s.host_allocations.push_back(memory);
+  *pointer = memory;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFreeHost(void* pointer) {
+  if (CUresult r = Enter(Fn::kMemFreeHost); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  auto it = std::find(s.host_allocations.begin(), s.host_allocations.end(), pointer);
+  if (it == s.host_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(pointer);
+  *it = s.host_allocations.back();
+  s.host_allocations.pop_back();
+  return CUDA_SUCCESS;
+}
+
+// The asynchronous copies run when issued, like launches: on a live stream of the current
+// context (or a default stream), never into a capture (memcpy nodes are not modelled),
+// the device range inside one live allocation. Legal while another stream captures.
+CUresult AsyncCopy(Fn fn, CUstream handle, CUdeviceptr device, size_t size, void** host) {
+  if (CUresult r = Enter(fn); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Context* context = CurrentContext(s);
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
+  if (stream != nullptr && stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, device, size, host);
+}
+
+CUresult FakeMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t size,
+                             CUstream stream) {
+  if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyHtoDAsync, stream, destination, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(host, source, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t size, CUstream stream) {
+  if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyDtoHAsync, stream, source, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(destination, host, size);
   return CUDA_SUCCESS;
 }
 
@@ -1751,8 +1857,10 @@ CUresult FakeGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
   MutexLock lock(&s.mu);
   const Graph* source = s.graphs.Find(graph);
   if (source == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   auto instance = std::make_unique<GraphExec>();
   instance->launches = source->launches;
+  instance->edges = source->edges;
   instance->source = source;
   instance->id = NewId();
   for (const auto& [user, count] : source->user_objects) {  // one reference per object
@@ -1777,7 +1885,13 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
     if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     Stream* stream = nullptr;
     if (CUresult r = ResolveStream(s, handle, context, &stream); r != CUDA_SUCCESS) return r;
-    const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    // An executable graph cannot be launched into a capture (measured on an H200 with
+    // driver 580: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); like every operation a capture
+    // refuses, it invalidates the capture.
+    if (stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     ++s.graph_launches;
     for (const LaunchRecord& node : instance->launches) {
       LaunchRecord replay = node;
@@ -1785,8 +1899,8 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
       replay.captured = false;
       replay.graph_replay = true;
       RecordLaunch(s, replay, stream);
-      if (KernelEmulator emulator = FindEmulator(s, std::string(replay.entry.data()));
-          emulator != nullptr && !captured) {
+      if (KernelEmulator emulator = FindEmulator(s, absl::string_view(replay.entry.data()));
+          emulator != nullptr) {
         executed.emplace_back(emulator, replay);
       }
     }
@@ -1817,6 +1931,7 @@ CUresult FakeGraphExecDestroy(CUgraphExec exec) {
   MutexLock lock(&s.mu);
   GraphExec* instance = s.execs.Find(exec);
   if (instance == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   ReleaseUserObjects(s, instance->user_objects, destructors);
   s.retired.push_back(s.execs.Take(exec));
   return CUDA_SUCCESS;
@@ -2057,7 +2172,81 @@ CUresult FakeGraphAddKernelNode(CUgraphNode* node, CUgraph graph, const CUgraphN
   added->graph = target;
   added->index = target->launches.size();
   target->launches.push_back(record);
+  for (size_t i = 0; i < num_dependencies; ++i) {
+    target->edges.push_back({s.nodes.Find(dependencies[i])->index, added->index,
+                             CU_GRAPH_KERNEL_NODE_PORT_DEFAULT, CU_GRAPH_DEPENDENCY_TYPE_DEFAULT});
+  }
   *node = reinterpret_cast<CUgraphNode>(s.nodes.Add(std::move(added)));
+  return CUDA_SUCCESS;
+}
+
+// Edges between existing kernel nodes of a built graph, with their data as the driver API
+// documents it: to_port and the reserved bytes zero; a programmatic edge
+// (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC) only from the PROGRAMMATIC or LAUNCH_ORDER port,
+// the PROGRAMMATIC port only on a programmatic edge; no edge twice, none from a node to
+// itself. The fake replays nodes in the order they were added, so an edge must also go
+// from an earlier node to a later one (CUDA_ERROR_NOT_SUPPORTED otherwise: the real driver
+// takes any acyclic graph; kpack adds none other). All edges are checked before any is added.
+CUresult FakeGraphAddDependencies(CUgraph graph, const CUgraphNode* from, const CUgraphNode* to,
+                                  const CUgraphEdgeData* edge_data, size_t num_dependencies) {
+  if (CUresult r = Enter(Fn::kGraphAddDependencies); r != CUDA_SUCCESS) return r;
+  if (num_dependencies > 0 && (from == nullptr || to == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  Graph* target = s.graphs.Find(graph);
+  if (target == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!target->built) return CUDA_ERROR_NOT_SUPPORTED;  // captured graphs: not modelled
+  std::vector<GraphEdge> added;
+  for (size_t i = 0; i < num_dependencies; ++i) {
+    const GraphNode* a = s.nodes.Find(from[i]);
+    const GraphNode* b = s.nodes.Find(to[i]);
+    if (a == nullptr || b == nullptr || a->graph != target || b->graph != target ||
+        a->index == b->index) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const CUgraphEdgeData data = edge_data != nullptr ? edge_data[i] : CUgraphEdgeData{};
+    if (data.to_port != 0 || std::any_of(std::begin(data.reserved), std::end(data.reserved),
+                                         [](unsigned char c) { return c != 0; })) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    switch (data.type) {
+      case CU_GRAPH_DEPENDENCY_TYPE_DEFAULT:
+        if (data.from_port == CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC) return CUDA_ERROR_INVALID_VALUE;
+        break;
+      case CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC:
+        if (data.from_port != CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC &&
+            data.from_port != CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER) {
+          return CUDA_ERROR_INVALID_VALUE;
+        }
+        break;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (data.from_port > CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER) return CUDA_ERROR_INVALID_VALUE;
+    const GraphEdge edge{a->index, b->index, data.from_port, data.type};
+    auto same = [&](const GraphEdge& e) { return e.from == edge.from && e.to == edge.to; };
+    if (std::any_of(target->edges.begin(), target->edges.end(), same) ||
+        std::any_of(added.begin(), added.end(), same)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (a->index > b->index) return CUDA_ERROR_NOT_SUPPORTED;
+    added.push_back(edge);
+  }
+  target->edges.insert(target->edges.end(), added.begin(), added.end());
+  return CUDA_SUCCESS;
+}
+
+// Swaps the calling thread's capture interaction mode (see CheckUnsafeCall).
+CUresult FakeThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  if (CUresult r = Enter(Fn::kThreadExchangeStreamCaptureMode); r != CUDA_SUCCESS) return r;
+  if (mode == nullptr || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                          *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                          *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  ThreadContexts& thread = ThisThread(s);
+  std::swap(thread.capture_mode, *mode);
   return CUDA_SUCCESS;
 }
 
@@ -2119,7 +2308,11 @@ CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
   record.num_attrs = current.num_attrs;
   record.attrs = current.attrs;
   current = record;
-  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times), in
+  // storage reserved at the first update, so that later ones allocate nothing.
+  if (s.node_updates.capacity() == 0) {
+    s.node_updates.reserve(2 * static_cast<size_t>(kLaunchRingCapacity));
+  }
   if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
     s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
   }
@@ -2400,6 +2593,12 @@ int64_t LiveBytes() {
   return s.live_bytes;
 }
 
+int64_t LiveHostAllocations() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int64_t>(s.host_allocations.size());
+}
+
 int LoadedLibraries() {
   State& s = S();
   MutexLock lock(&s.mu);
@@ -2516,19 +2715,34 @@ uint64_t ExecId(CUgraphExec exec) {
   return instance != nullptr ? instance->id : 0;
 }
 
-std::vector<LaunchRecord> GraphNodes(CUgraph graph) {
+namespace {
+
+// A copy of `field` of the live graph or executable `handle`; empty if there is none.
+template <typename T, typename Object>
+std::vector<T> CopyOf(Registry<Object> State::*registry, const void* handle,
+                      std::vector<T> Object::*field) {
   State& s = S();
   MutexLock lock(&s.mu);
-  const Graph* target = s.graphs.Find(graph);
-  return target != nullptr ? target->launches : std::vector<LaunchRecord>{};
+  const Object* found = (s.*registry).Find(handle);
+  return found != nullptr ? found->*field : std::vector<T>{};
 }
 
-std::vector<LaunchRecord> ExecNodes(CUgraphExec exec) {
-  State& s = S();
-  MutexLock lock(&s.mu);
-  const GraphExec* instance = s.execs.Find(exec);
-  return instance != nullptr ? instance->launches : std::vector<LaunchRecord>{};
+}  // namespace
+
+std::vector<LaunchRecord> GraphNodes(CUgraph graph) {
+  return CopyOf(&State::graphs, graph, &Graph::launches);
 }
+std::vector<LaunchRecord> ExecNodes(CUgraphExec exec) {
+  return CopyOf(&State::execs, exec, &GraphExec::launches);
+}
+std::vector<GraphEdge> GraphEdges(CUgraph graph) {
+  return CopyOf(&State::graphs, graph, &Graph::edges);
+}
+std::vector<GraphEdge> ExecEdges(CUgraphExec exec) {
+  return CopyOf(&State::execs, exec, &GraphExec::edges);
+}
+
+CUstreamCaptureMode ThreadCaptureMode() { return ThisThread(S()).capture_mode; }
 
 std::vector<CUgraphExec> LiveExecs() {
   State& s = S();

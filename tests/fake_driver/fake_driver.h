@@ -30,14 +30,24 @@
 //  - Device memory is host memory (256-byte aligned), so copies and memsets really happen.
 //    The image pointer given to cuLibraryLoadData/cuModuleLoadData must cover the whole
 //    cubin: like the real driver, the fake reads its extent from the ELF headers.
+//    Pinned host memory (cuMemAllocHost) is host memory, tracked until cuMemFreeHost.
+//    Asynchronous copies run when issued, on a live stream of the current context, and
+//    are refused on a capturing stream (memcpy nodes are not modelled).
 //  - Launches are validated like the real driver (context, handle, grid and block limits,
 //    dynamic shared memory limit, parameter buffer size, cluster shape) and recorded in a
 //    ring of the last kLaunchRingCapacity launches. The launch path does not allocate
 //    (except to grow a capture graph past 64 launches).
 //  - Stream capture records launches into a graph; cuGraphLaunch replays them, recording
-//    each again. While a capture is active, cuMemAlloc/Free, synchronous copies, memset and
-//    cuCtxSynchronize fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED as the capture mode
-//    dictates (and invalidate the calling thread's capture), as the real driver does.
+//    each again. cuGraphLaunch into a capturing stream fails with
+//    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, as on the real
+//    driver (580). While a capture is active, the "potentially unsafe" calls -- cuMemAlloc/
+//    Free, synchronous copies, memset, cuCtxSynchronize, loading code (cuLibraryLoadData,
+//    cuModuleLoadData, a context's first cuKernelGetFunction of a kernel),
+//    cuGraphInstantiateWithFlags and
+//    cuGraphExecDestroy -- fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and invalidate
+//    the calling thread's capture) as the capture modes and the calling thread's
+//    interaction mode (cuThreadExchangeStreamCaptureMode, per thread, GLOBAL by default)
+//    dictate, by the rule that function's documentation states.
 //    cuStreamGetCaptureInfo reports the capture's id and graph. User objects are
 //    reference-counted; a graph holds the references given to it (cuGraphRetainUserObject),
 //    every executable instantiated from it one more per object, and the destructor runs
@@ -47,7 +57,11 @@
 //    function, grid, block, shared bytes and parameters, cuGraphKernelNodeSetAttribute,
 //    cuGraphExecKernelNodeSetParams): each node is validated like a launch; its i-th node
 //    is the graph's i-th launch (dependencies must be earlier nodes, so that order is a
-//    topological one). An executable copies the nodes at instantiation; setting a node's
+//    topological one). Edges are recorded with their data (GraphEdges): those of
+//    cuGraphAddKernelNode's dependencies are full ones; cuGraphAddDependencies (the CUDA
+//    12.3 form, with CUgraphEdgeData) checks the data as the API documents it, so
+//    programmatic (PDL) edges show with their type and port. Replays run nodes in order
+//    whatever the edge type. An executable copies the nodes at instantiation; setting a node's
 //    parameters there changes only that executable and is recorded (NodeUpdates()).
 //    cuGraphLaunch replays any graph's launches like the captured ones. Events record the
 //    host's time (work runs when issued); cuMemGetInfo reports 4 GiB minus live bytes.
@@ -241,6 +255,8 @@ KPACK_FAKE_EXPORT std::vector<KernelAttributeSet> KernelAttributeSets();
 // Device allocations not yet freed, and their requested bytes.
 KPACK_FAKE_EXPORT int64_t LiveAllocations();
 KPACK_FAKE_EXPORT int64_t LiveBytes();
+// Pinned host allocations (cuMemAllocHost) not yet freed.
+KPACK_FAKE_EXPORT int64_t LiveHostAllocations();
 
 // Libraries and modules loaded and not unloaded; successful loads of either since Reset().
 KPACK_FAKE_EXPORT int LoadedLibraries();
@@ -320,6 +336,21 @@ KPACK_FAKE_EXPORT std::vector<LaunchRecord> GraphNodes(CUgraph graph);
 KPACK_FAKE_EXPORT std::vector<LaunchRecord> ExecNodes(CUgraphExec exec);
 // The live executable graphs, oldest first.
 KPACK_FAKE_EXPORT std::vector<CUgraphExec> LiveExecs();
+
+// One edge of a built graph: node indices (the order nodes were added) and its data.
+struct GraphEdge {
+  size_t from = 0;
+  size_t to = 0;
+  unsigned char from_port = 0;  // CU_GRAPH_KERNEL_NODE_PORT_*
+  unsigned char type = 0;       // CUgraphDependencyType
+};
+// The edges of a live built graph or executable (the graph's at instantiation), in the
+// order added; empty if there is none.
+KPACK_FAKE_EXPORT std::vector<GraphEdge> GraphEdges(CUgraph graph);
+KPACK_FAKE_EXPORT std::vector<GraphEdge> ExecEdges(CUgraphExec exec);
+
+// The calling thread's stream capture interaction mode.
+KPACK_FAKE_EXPORT CUstreamCaptureMode ThreadCaptureMode();
 
 }  // namespace kpack::fake
 

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <new>
 #include <set>
@@ -824,6 +825,46 @@ TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
   ASSERT_EQ(cu.MemFree(b), CUDA_SUCCESS);
 }
 
+TEST_F(FakeDriverTest, PinnedMemoryAndAsyncCopies) {
+  Init();
+  void* pinned = nullptr;
+  ASSERT_EQ(cu.MemAllocHost(&pinned, 100), CUDA_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned) % 256, 0u);
+  EXPECT_EQ(LiveHostAllocations(), 1);
+  EXPECT_EQ(cu.MemAllocHost(&pinned, 0), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr device = 0;
+  ASSERT_EQ(cu.MemAlloc(&device, 100), CUDA_SUCCESS);
+  CUstream stream, capturing;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&capturing, 0), CUDA_SUCCESS);
+
+  auto* bytes = static_cast<uint8_t*>(pinned);
+  for (int i = 0; i < 100; ++i) bytes[i] = static_cast<uint8_t>(i);
+  ASSERT_EQ(cu.MemcpyHtoDAsync(device, pinned, 100, stream), CUDA_SUCCESS);
+  std::vector<uint8_t> out(100);
+  ASSERT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 100, nullptr), CUDA_SUCCESS);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(out[i], i);
+
+  // Outside an allocation, a dead stream, a capturing stream: refused, nothing copied.
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device + 1, pinned, 100, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device + 100, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(nullptr, device, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.StreamBeginCapture(capturing, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 1, capturing), CUDA_ERROR_NOT_SUPPORTED);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device, pinned, 1, stream), CUDA_ERROR_INVALID_HANDLE);
+
+  EXPECT_EQ(cu.MemFreeHost(bytes + 8), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.MemFreeHost(pinned), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(LiveHostAllocations(), 0);
+  ASSERT_EQ(cu.MemFree(device), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(capturing), CUDA_SUCCESS);
+}
+
 TEST_F(FakeDriverTest, CapturedLaunchesReplayWithTheGraph) {
   LoadAdd();
   CUstream stream, other;
@@ -1068,6 +1109,187 @@ TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {
   ASSERT_EQ(cu.MemFree(pointer), CUDA_SUCCESS);
   ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
   EXPECT_EQ(LiveGraphs(), 0);
+}
+
+// The thread's interaction mode decides (cuThreadExchangeStreamCaptureMode's rule): a
+// GLOBAL thread may not make unsafe calls while another thread captures in global mode, a
+// THREAD_LOCAL or RELAXED one may; a RELAXED thread may even while it captures itself.
+TEST_F(FakeDriverTest, UnsafeCallsFollowTheThreadsCaptureInteractionMode) {
+  Init();
+  CUcontext context;
+  ASSERT_EQ(cu.CtxGetCurrent(&context), CUDA_SUCCESS);
+  CUstream mine;
+  ASSERT_EQ(cu.StreamCreate(&mine, 0), CUDA_SUCCESS);
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+  ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+  EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL) << "a thread starts in GLOBAL mode";
+  EXPECT_EQ(ThreadCaptureMode(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  mode = static_cast<CUstreamCaptureMode>(7);
+  EXPECT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_ERROR_INVALID_VALUE);
+  mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+
+  for (CUstreamCaptureMode other_mode :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    CUstream stream = nullptr;
+    std::atomic<int> stage{0};
+    CUresult ended = CUDA_ERROR_UNKNOWN;
+    std::thread other([&] {
+      cu.CtxSetCurrent(context);
+      cu.StreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+      cu.StreamBeginCapture(stream, other_mode);
+      stage = 1;
+      while (stage != 2) std::this_thread::yield();
+      CUgraph graph = nullptr;
+      ended = cu.StreamEndCapture(stream, &graph);
+      if (graph != nullptr) cu.GraphDestroy(graph);
+      cu.StreamDestroy(stream);
+    });
+    while (stage != 1) std::this_thread::yield();
+    const bool global = other_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CUdeviceptr pointer = 0;
+    EXPECT_EQ(cu.MemAlloc(&pointer, 64),
+              global ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS);
+    if (pointer != 0) ASSERT_EQ(cu.MemFree(pointer), CUDA_SUCCESS);
+    CUlibrary library = nullptr;
+    EXPECT_EQ(cu.LibraryLoadData(&library, image_.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+              global ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS);
+    if (library != nullptr) ASSERT_EQ(cu.LibraryUnload(library), CUDA_SUCCESS);
+    for (CUstreamCaptureMode own : {CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                    CU_STREAM_CAPTURE_MODE_RELAXED}) {
+      mode = own;
+      ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+      pointer = 0;
+      EXPECT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS) << own;
+      EXPECT_EQ(cu.MemFree(pointer), CUDA_SUCCESS) << own;
+      ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+    }
+    stage = 2;
+    other.join();
+    EXPECT_EQ(ended, CUDA_SUCCESS) << "another thread's refused call does not invalidate";
+  }
+
+  // This thread's own capture: RELAXED mode allows what GLOBAL mode forbids.
+  ASSERT_EQ(cu.StreamBeginCapture(mine, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+  CUdeviceptr pointer = 0;
+  EXPECT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemFree(pointer), CUDA_SUCCESS);
+  ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemAlloc(&pointer, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph = nullptr;
+  EXPECT_EQ(cu.StreamEndCapture(mine, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  ASSERT_EQ(cu.StreamDestroy(mine), CUDA_SUCCESS);
+}
+
+// Loading code, instantiating and destroying executables are unsafe calls too; a graph
+// launch cannot be captured at all.
+TEST_F(FakeDriverTest, LoadingInstantiatingAndGraphLaunchesInACapture) {
+  LoadAdd();
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  auto params = AddParams(1, 2, 3, 100);
+  ASSERT_EQ(LaunchExtra(Config(stream, 1), params), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cu.GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+
+  struct Case {
+    const char* what;
+    std::function<CUresult()> call;
+  };
+  CUgraphExec second = nullptr;
+  CUlibrary library = nullptr;
+  CUmodule module = nullptr;
+  const Case cases[] = {
+      {"cuGraphLaunch", [&] { return cu.GraphLaunch(exec, stream); }},
+      {"cuGraphInstantiateWithFlags",
+       [&] { return cu.GraphInstantiateWithFlags(&second, graph, 0); }},
+      {"cuGraphExecDestroy", [&] { return cu.GraphExecDestroy(exec); }},
+      {"cuLibraryLoadData",
+       [&] {
+         return cu.LibraryLoadData(&library, image_.data(), nullptr, nullptr, 0, nullptr,
+                                   nullptr, 0);
+       }},
+      {"cuModuleLoadData", [&] { return cu.ModuleLoadData(&module, image_.data()); }},
+  };
+  for (const Case& c : cases) {
+    ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    EXPECT_EQ(c.call(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) << c.what;
+    CUgraph captured = nullptr;
+    EXPECT_EQ(cu.StreamEndCapture(stream, &captured), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+        << c.what;
+  }
+  EXPECT_EQ(GraphLaunches(), 0);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_EQ(library, nullptr);
+  EXPECT_EQ(module, nullptr);
+  ASSERT_EQ(cu.GraphLaunch(exec, stream), CUDA_SUCCESS) << "fine outside the capture";
+  ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
+}
+
+// cuGraphAddDependencies records edges with their data and checks it as the API documents.
+TEST_F(FakeDriverTest, EdgesOfBuiltGraphsKeepTheirTypeAndPort) {
+  LoadAdd();
+  CUgraph graph;
+  ASSERT_EQ(cu.GraphCreate(&graph, 0), CUDA_SUCCESS);
+  auto params = AddParams(1, 2, 3, 100);
+  size_t size = kAddParamBytes;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, params.data(), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                   &size, CU_LAUNCH_PARAM_END};
+  CUDA_KERNEL_NODE_PARAMS_v2 node{};
+  node.func = function_;
+  node.gridDimX = node.gridDimY = node.gridDimZ = 1;
+  node.blockDimX = 128;
+  node.blockDimY = node.blockDimZ = 1;
+  node.extra = extra;
+  CUgraphNode n[3];
+  ASSERT_EQ(cu.GraphAddKernelNode(&n[0], graph, nullptr, 0, &node), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphAddKernelNode(&n[1], graph, &n[0], 1, &node), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphAddKernelNode(&n[2], graph, nullptr, 0, &node), CUDA_SUCCESS);
+  CUgraphEdgeData programmatic{};
+  programmatic.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+  programmatic.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  CUgraphEdgeData bad = programmatic;
+  bad.from_port = CU_GRAPH_KERNEL_NODE_PORT_DEFAULT;  // programmatic needs a non-default port
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[1], &n[2], &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  bad = {};
+  bad.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;  // and the port a programmatic edge
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[1], &n[2], &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  bad = programmatic;
+  bad.to_port = 1;
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[1], &n[2], &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  bad = programmatic;
+  bad.reserved[4] = 1;
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[1], &n[2], &bad, 1), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[0], &n[1], nullptr, 1), CUDA_ERROR_INVALID_VALUE)
+      << "that edge exists";
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[2], &n[2], &programmatic, 1),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.GraphAddDependencies(graph, &n[2], &n[1], &programmatic, 1),
+            CUDA_ERROR_NOT_SUPPORTED) << "a later node to an earlier one: not modelled";
+  ASSERT_EQ(cu.GraphAddDependencies(graph, &n[1], &n[2], &programmatic, 1), CUDA_SUCCESS);
+  const std::vector<GraphEdge> edges = GraphEdges(graph);
+  ASSERT_EQ(edges.size(), 2u);
+  EXPECT_EQ(edges[0].from, 0u);
+  EXPECT_EQ(edges[0].to, 1u);
+  EXPECT_EQ(edges[0].type, CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
+  EXPECT_EQ(edges[1].from, 1u);
+  EXPECT_EQ(edges[1].to, 2u);
+  EXPECT_EQ(edges[1].type, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
+  EXPECT_EQ(edges[1].from_port, CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC);
+  CUgraphExec exec;
+  ASSERT_EQ(cu.GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(ExecEdges(exec).size(), 2u);
+  ASSERT_EQ(cu.GraphLaunch(exec, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(LaunchCount(), 3) << "every node runs, in order, whatever its edges";
+  ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, LaunchNoopOnlyCounts) {

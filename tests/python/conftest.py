@@ -1,5 +1,6 @@
 """Fixtures for the Python extension's CPU tests: the installed `kpack` package against the
-tests' recording fake CUDA driver (tests/fake_driver, built by CMake).
+tests' recording fake CUDA driver (tests/fake_driver, built by CMake), with tensor stand-ins
+from the test-only module kpack_testing (kpack_testing_path.py says where it is).
 
 The fake is found at $KPACK_FAKE_DRIVER, else build/tests/fake_driver/libkpack_fake_cuda.so;
 without it the tests error (they never skip). `fake` reads what the driver recorded through
@@ -18,8 +19,13 @@ from pathlib import Path
 
 import pytest
 
+import kpack_testing_path
+
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
+
+# The tensor stand-ins (import kpack_testing) are a test-only module, not in the wheel.
+kpack_testing_path.add_to_sys_path()
 
 
 def fake_driver_path() -> str:
@@ -222,16 +228,23 @@ class Fake:
     def stream_destroy(self, stream: int) -> None:
         assert self._proc("cuStreamDestroy", 4000, ctypes.c_void_p)(stream) == 0
 
-    def begin_capture(self, stream: int, mode: int) -> int:
-        """cuStreamBeginCapture (mode 0 global, 1 thread-local, 2 relaxed); its result."""
-        return self._proc("cuStreamBeginCapture", 10010, ctypes.c_void_p, ctypes.c_int)(stream, mode)
+    def begin_capture(self, stream: int, mode: int = 0) -> None:
+        """cuStreamBeginCapture (mode 0 global, 1 thread-local, 2 relaxed)."""
+        begin = self._proc("cuStreamBeginCapture", 10010, ctypes.c_void_p, ctypes.c_int)
+        assert begin(stream, mode) == 0
 
-    def end_capture(self, stream: int) -> tuple:
-        """cuStreamEndCapture: (result, graph)."""
-        g = ctypes.c_void_p()
-        r = self._proc("cuStreamEndCapture", 10000, ctypes.c_void_p,
-                       ctypes.POINTER(ctypes.c_void_p))(stream, ctypes.byref(g))
-        return r, g.value
+    def end_capture_keep(self, stream: int) -> tuple:
+        """cuStreamEndCapture: (its result, the captured graph or None)."""
+        end = self._proc("cuStreamEndCapture", 10000, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_void_p))
+        graph = ctypes.c_void_p()
+        return end(stream, ctypes.byref(graph)), graph.value
+
+    def end_capture(self, stream: int) -> None:
+        """cuStreamEndCapture, and the captured graph destroyed."""
+        r, graph = self.end_capture_keep(stream)
+        assert r == 0
+        self.graph_destroy(graph)
 
     def graph_instantiate(self, graph: int) -> int:
         e = ctypes.c_void_p()

@@ -1,4 +1,5 @@
-// The launch path allocates nothing, locks nothing and logs nothing. This binary replaces
+// The launch path allocates nothing, locks nothing and logs nothing (nor does the Llama
+// engine's decode step, which is built on it). This binary replaces
 // the global operator new and interposes pthread_mutex_lock to count both, attaches a
 // counting sink to kpack's logger at trace level, then launches through every API path
 // against the fake driver (launch entry made a no-op, so only kpack's own work is seen).
@@ -16,12 +17,17 @@
 #include <new>
 #include <vector>
 
+#include "checkpoint.h"
+#include "device.h"
+#include "engine.h"
 #include "fake_driver.h"
 #include "fake_runtime.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
+#include "model.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "test_files.h"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -274,6 +280,97 @@ TEST_F(LaunchPathTest, StepGraphReplaysAllocateLockAndLogNothing) {
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per replay";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per replay";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages per replay";
+}
+
+// Unseen::kLaunchEagerly: a step whose signature has no graph, every launch prepared
+// before any is sent, allocates, locks and logs nothing either.
+TEST_F(LaunchPathTest, EagerStepsAllocateLockAndLogNothing) {
+  auto rt = kpack::testing::OpenFake(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rt->Preload().ok());
+  AttachSink();
+  Kernel axpy = *rt->Find("axpy");
+  auto a = axpy.BindArgs(nullptr, kX, kY, kOut, 17, 3, 2.0f);
+  auto b = axpy.BindArgs(nullptr, kX, kY, kOut, 33, 3, 2.0f);
+  ASSERT_TRUE(a.ok() && b.ok());
+  BoundLaunch* step[] = {&*a, &*b};
+  StepGraph::Options options;
+  options.unseen = StepGraph::Unseen::kLaunchEagerly;
+  auto graph = StepGraph::Create(step, options);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto eager = [&](int i) {
+    const int n = 17 + 16 * (i % 8);
+    return a->Set(3, n).ok() && b->Set(3, n + 16).ok() && graph->Replay(nullptr).ok();
+  };
+  bool ok = eager(0);
+  Counts before = Snapshot();
+  for (int i = 0; i < 1000; ++i) ok &= eager(i);
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(graph->stats().eager_steps, 1001u);
+  EXPECT_EQ(graph->stats().graphs_built, 0u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per eager step";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per eager step";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per eager step";
+}
+
+// The Llama engine's decode step (examples/llama) after warm-up: graph replays, eager
+// bound launches, a batch size changing inside its bucket, and the pinned read-backs. A
+// micro model of the llama pack's head size, written here; no kernel emulated (the
+// fake's launches do nothing), so only the engine's, kpack's and the driver's host work
+// runs.
+TEST_F(LaunchPathTest, LlamaDecodeStepsAllocateLockAndLogNothing) {
+  llama::LlamaConfig config = llama::testing::MicroConfig();
+  config.head_dim = 64;  // the pack's
+  llama::testing::TempDir dir;
+  llama::testing::WriteFile(dir.file("config.json"), llama::testing::ConfigJson(config));
+  llama::testing::WriteFile(
+      dir.file("model.safetensors"),
+      llama::testing::SafetensorsOf(llama::testing::CheckpointTensors(config)));
+  auto device = llama::Device::Open(KPACK_FAKE_DRIVER, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto rt = kpack::testing::OpenFake(KPACK_LLAMA_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto checkpoint = llama::Checkpoint::Open(dir.path().string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto model = llama::Model::Upload(**device, *checkpoint);
+  ASSERT_TRUE(model.ok()) << model.status();
+  llama::EngineOptions options;
+  options.max_batch = 3;
+  options.max_prompt = 4;
+  options.capacity = 4096;
+  options.read_logits = true;
+  auto engine = llama::Engine::Create(*rt, **device, *model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  llama::Engine& e = **engine;
+  const int32_t prompt[] = {1, 2, 3, 4};
+  for (int row = 0; row < 3; ++row) ASSERT_TRUE(e.Prefill(row, prompt).ok());
+  // A step: graph replay or eager launches, batch 3 or 2, read back a step late.
+  int step = 0;
+  auto decode = [&](int batch, llama::Engine::Mode mode) {
+    bool ok = e.Decode(batch, mode).ok() && e.EnqueueReadback(step % 2, batch).ok();
+    if (step > 0) ok &= e.WaitReadback((step - 1) % 2).ok();
+    ++step;
+    return ok;
+  };
+  for (llama::Engine::Mode mode : {llama::Engine::Mode::kGraph, llama::Engine::Mode::kEager}) {
+    ASSERT_TRUE(decode(3, mode) && decode(2, mode));  // warm-up: bind, build, first NVTX
+  }
+  fake::SetLaunchNoop(true);
+  AttachSink();
+
+  Counts before = Snapshot();
+  bool ok = true;
+  for (int i = 0; i < 200; ++i) {
+    const int batch = i % 10 == 0 ? 2 : 3;
+    ok &= decode(batch, i % 4 == 3 ? llama::Engine::Mode::kEager : llama::Engine::Mode::kGraph);
+  }
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(e.stats().graphs_built, 1u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per decode step";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per decode step";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per decode step";
 }
 
 }  // namespace

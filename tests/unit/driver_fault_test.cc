@@ -49,14 +49,14 @@ constexpr Classified kClassified[] = {
     {"GetErrorString", Use::kErrorText},
     {"Init", Use::kLibrary},
     {"DriverGetVersion", Use::kToolsOrTests},  // kpack doctor
-    {"DeviceGet", Use::kToolsOrTests},
-    {"DeviceGetCount", Use::kToolsOrTests},
+    {"DeviceGet", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
+    {"DeviceGetCount", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
     {"DeviceGetAttribute", Use::kLibrary},
     {"DeviceGetName", Use::kToolsOrTests},
-    {"DevicePrimaryCtxRetain", Use::kToolsOrTests},
+    {"DevicePrimaryCtxRetain", Use::kLibrary},  // Runtime::UseDevice
     {"DevicePrimaryCtxRelease", Use::kToolsOrTests},
     {"CtxGetCurrent", Use::kLibrary},
-    {"CtxSetCurrent", Use::kToolsOrTests},
+    {"CtxSetCurrent", Use::kLibrary},  // Runtime::UseDevice
     {"CtxGetDevice", Use::kLibrary},
     {"CtxGetId", Use::kLibrary},
     {"CtxPushCurrent", Use::kLibrary},
@@ -90,6 +90,7 @@ constexpr Classified kClassified[] = {
     {"StreamEndCapture", Use::kToolsOrTests},
     {"StreamIsCapturing", Use::kLibrary},
     {"StreamGetCaptureInfo", Use::kLibrary},
+    {"ThreadExchangeStreamCaptureMode", Use::kLibrary},  // kpack::StepGraph builds relaxed
     {"UserObjectCreate", Use::kLibrary},
     {"UserObjectRelease", Use::kCleanup},
     {"GraphRetainUserObject", Use::kLibrary},
@@ -101,12 +102,17 @@ constexpr Classified kClassified[] = {
     {"GraphAddKernelNode", Use::kLibrary},
     {"GraphKernelNodeSetAttribute", Use::kLibrary},
     {"GraphExecKernelNodeSetParams", Use::kLibrary},
+    {"GraphAddDependencies", Use::kLibrary},  // programmatic (PDL) edges
     {"EventCreate", Use::kToolsOrTests},  // bench/graph_bench
     {"EventRecord", Use::kToolsOrTests},
     {"EventSynchronize", Use::kToolsOrTests},
     {"EventElapsedTime", Use::kToolsOrTests},
     {"EventDestroy", Use::kToolsOrTests},
     {"MemGetInfo", Use::kToolsOrTests},
+    {"MemAllocHost", Use::kToolsOrTests},  // examples/llama
+    {"MemFreeHost", Use::kToolsOrTests},
+    {"MemcpyHtoDAsync", Use::kToolsOrTests},
+    {"MemcpyDtoHAsync", Use::kToolsOrTests},
 };
 
 constexpr const char* kSymbols[] = {
@@ -160,18 +166,28 @@ absl::Status LaunchDescriptors(Runtime& rt, CUstream s) {
   return rt.Launch("copy_tma", s, in, out, 64, 128);
 }
 
-void BindStep(World& w) {
+// Opens the runtime and a stream, then adds add(n = 2048) and `second` to the step.
+void BindAddAnd(World& w, const char* second) {
   Open(w);
   MakeStream(w);
   const Runtime& rt = *w.rt;
   auto add = rt.Find("add")->BindArgs(Grid{2}, w.stream, kX, kX, kOut, 2048);
-  auto cluster = rt.Find("cluster")->BindArgs(Grid{1}, w.stream, kX, kOut, 1024);
-  auto scratch = rt.Find("scratch")->BindArgs(Grid{2, 2}, w.stream, kX, kOut, 64, 64, 64);
-  ASSERT_TRUE(add.ok() && cluster.ok() && scratch.ok());
+  ASSERT_TRUE(add.ok()) << add.status();
   w.step.push_back(*std::move(add));
-  w.step.push_back(*std::move(cluster));
+  auto more = std::string_view(second) == "pdl"
+                  ? rt.Find("pdl")->BindArgs(Grid{1}, w.stream, kOut, kX, 1024)
+                  : rt.Find("cluster")->BindArgs(Grid{1}, w.stream, kX, kOut, 1024);
+  ASSERT_TRUE(more.ok()) << more.status();
+  w.step.push_back(*std::move(more));
+}
+void BindStep(World& w) {
+  BindAddAnd(w, "cluster");
+  auto scratch = w.rt->Find("scratch")->BindArgs(Grid{2, 2}, w.stream, kX, kOut, 64, 64, 64);
+  ASSERT_TRUE(scratch.ok());
   w.step.push_back(*std::move(scratch));
 }
+// A step whose second launch is a PDL launch: its graph has a programmatic edge.
+void BindPdlStep(World& w) { BindAddAnd(w, "pdl"); }
 // Builds the step's graph, replays it, patches one node and replays it again.
 absl::Status BuildAndReplay(World& w) {
   std::vector<BoundLaunch*> step;
@@ -265,6 +281,9 @@ const Operation kOperations[] = {
      },
      [](World& w) { return w.rt->ReleaseScratch(w.stream); }},
     {"step graph: build, replay, patch, replay", BindStep, BuildAndReplay, DropStep},
+    // A refused instantiation or patch falls back to full edges here: the operation may
+    // succeed where the one above fails.
+    {"step graph with a programmatic edge", BindPdlStep, BuildAndReplay, DropStep},
     {"destroy",
      [](World& w) {
        Open(w);
@@ -278,6 +297,9 @@ const Operation kOperations[] = {
        return absl::OkStatus();
      },
      nullptr, /*retry=*/false},
+    {"current device, first time in a context", Open,
+     [](World& w) { return w.rt->CurrentDevice().status(); }},
+    {"use device", Open, [](World& w) { return w.rt->UseDevice(0); }},
 };
 
 // Driver calls per function while `op` runs, without faults.

@@ -12,20 +12,26 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <latch>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fake_driver.h"
 #include "fake_runtime.h"
 #include "gmock/gmock.h"
+#include "graph/graph_grid.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 
 namespace kpack {
 namespace {
 
+using ::kpack::testing::At;
 using ::kpack::testing::OpenFake;
 using ::kpack::testing::TempPack;
 using ::testing::AllOf;
@@ -121,6 +127,20 @@ class StepGraphTest : public ::testing::Test {
     std::vector<CUgraphExec> execs = fake::LiveExecs();
     EXPECT_FALSE(execs.empty());
     return execs.empty() ? nullptr : execs.back();
+  }
+  // The scratch pointer a launch of testpack's `scratch` kernel passes.
+  CUdeviceptr ScratchOf(const fake::LaunchRecord& r) {
+    const size_t slot = Slot(*rt_->Find("scratch"), "default", "$global_scratch").offset;
+    CUdeviceptr p;
+    std::memcpy(&p, r.params.data() + slot, 8);
+    return p;
+  }
+  // Ends the capture on `stream`, expecting it valid, and returns its graph.
+  CUgraph EndCapture(CUstream stream) {
+    CUgraph graph = nullptr;
+    EXPECT_EQ(testing::FakeDriver().StreamEndCapture(stream, &graph), CUDA_SUCCESS)
+        << "the caller's capture was invalidated";
+    return graph;
   }
 
   CUstream stream_ = nullptr, other_ = nullptr;
@@ -403,14 +423,35 @@ TEST_F(StepGraphTest, TheGraphOwnsItsScratchApartFromStreamsAndOtherGraphs) {
   EXPECT_EQ(fake::LiveUserObjects(), 0);
 }
 
-TEST_F(StepGraphTest, LaunchAttributesBecomeNodeAttributesAndPdlAFullDependency) {
+// The edges of a graph as (from, to, programmatic) triples.
+std::vector<std::tuple<size_t, size_t, bool>> Edges(const std::vector<fake::GraphEdge>& edges) {
+  std::vector<std::tuple<size_t, size_t, bool>> out;
+  for (const fake::GraphEdge& e : edges) {
+    EXPECT_EQ(e.from_port, e.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+                               ? CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC
+                               : CU_GRAPH_KERNEL_NODE_PORT_DEFAULT);
+    out.emplace_back(e.from, e.to, e.type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC);
+  }
+  return out;
+}
+
+TEST_F(StepGraphTest, LaunchAttributesBecomeNodeAttributesAndPdlAProgrammaticEdge) {
   Open(KPACK_TEST_PACK_DIR);
   Bind("cluster", Grid{3}, {Arg(kX), Arg(kOut), Arg(4096)});
   Bind("pdl", Grid{2}, {Arg(kX), Arg(kOut), Arg(2048)});
+  Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
   StepGraph& g = MakeGraph();
   KP_ASSERT_OK(g.Replay(stream_));
+  // Each PDL launch waits for the one before through a programmatic edge; the plain
+  // launch after them through a full one.
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())),
+              ElementsAre(std::tuple{0u, 1u, true}, std::tuple{1u, 2u, true},
+                          std::tuple{2u, 3u, false}));
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 2u);
+  EXPECT_EQ(g.graphs()[0].pdl_fallback, "");
   std::vector<fake::LaunchRecord> nodes = fake::ExecNodes(LastExec());
-  ASSERT_EQ(nodes.size(), 2u);
+  ASSERT_EQ(nodes.size(), 4u);
   EXPECT_EQ(nodes[0].grid[0], 6u) << "x times num_ctas, as eagerly";
   bool cluster = false;
   for (unsigned i = 0; i < nodes[0].num_attrs; ++i) {
@@ -423,6 +464,76 @@ TEST_F(StepGraphTest, LaunchAttributesBecomeNodeAttributesAndPdlAFullDependency)
   for (unsigned i = 0; i < nodes[1].num_attrs; ++i) {
     EXPECT_NE(nodes[1].attrs[i].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
   }
+}
+
+TEST_F(StepGraphTest, APdlLaunchFirstOrAfterAnEmptyGridHasNoEdgeToIt) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("pdl", Grid{2}, {Arg(kX), Arg(kOut), Arg(2048)});
+  BoundLaunch& empty = Bind("add", Grid{0}, {Arg(kX), Arg(kY), Arg(kOut2), Arg(0)});
+  Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  // No node for the empty launch: the second PDL launch follows the first, as on a stream.
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())), ElementsAre(std::tuple{0u, 1u, true}));
+  empty.set_grid(Grid{1});
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())),
+              ElementsAre(std::tuple{0u, 1u, false}, std::tuple{1u, 2u, true}));
+}
+
+TEST_F(StepGraphTest, ProgrammaticEdgesRefusedAtInstantiationFallBackToFullEdgesAndSaySo) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  StepGraph& g = MakeGraph();
+  fake::FailNext("GraphInstantiateWithFlags", CUDA_ERROR_NOT_SUPPORTED);
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(fake::CallCount("GraphInstantiateWithFlags"), 2);
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())), ElementsAre(std::tuple{0u, 1u, false}));
+  ASSERT_EQ(g.graphs().size(), 1u);
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 0u);
+  EXPECT_THAT(g.graphs()[0].pdl_fallback,
+              AllOf(HasSubstr("the driver refused the programmatic (PDL) edges of this "
+                              "signature's graph when instantiating it"),
+                    HasSubstr("CUDA_ERROR_NOT_SUPPORTED"), HasSubstr("without the overlap")));
+  EXPECT_EQ(g.stats().pdl_fallbacks, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  EXPECT_EQ(fake::LiveGraphs(), 2) << "the refused graph is gone: one graph, one executable";
+
+  // A graph without programmatic edges that fails to instantiate is an error, as before.
+  binds_[1]->set_grid(Grid{0});
+  fake::FailNext("GraphInstantiateWithFlags", CUDA_ERROR_NOT_SUPPORTED);
+  absl::Status s = g.Replay(stream_);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuGraphInstantiateWithFlags for a step graph of 1 nodes"),
+                            HasSubstr("CUDA_ERROR_NOT_SUPPORTED")));
+  EXPECT_EQ(g.stats().pdl_fallbacks, 1u);
+}
+
+TEST_F(StepGraphTest, ProgrammaticEdgesRefusedAtAnUpdateFallBackToFullEdgesAndSaySo) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  BoundLaunch& pdl = Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 1u);
+  KP_ASSERT_OK(pdl.Set(2, 1000));
+  fake::FailNext("GraphExecKernelNodeSetParams", CUDA_ERROR_NOT_SUPPORTED);
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())), ElementsAre(std::tuple{0u, 1u, false}));
+  ASSERT_EQ(g.graphs().size(), 1u);
+  EXPECT_THAT(g.graphs()[0].pdl_fallback,
+              AllOf(HasSubstr("when updating its nodes"), HasSubstr("CUDA_ERROR_NOT_SUPPORTED")));
+  EXPECT_EQ(g.stats().pdl_fallbacks, 1u);
+  EXPECT_EQ(g.stats().replays, 2u);
+  // The rebuilt graph launched the new bytes.
+  const fake::LaunchRecord last = fake::GetLaunch(fake::LaunchCount() - 1);
+  EXPECT_TRUE(last.graph_replay);
+  EXPECT_EQ(At<int32_t>(last, Slot(*rt_->Find("pdl"), "default", "n").offset), 1000);
+  EXPECT_EQ(fake::LiveGraphs(), 2) << "the refused graph and its executable are gone";
+  // Later patches of the rebuilt graph are plain ones.
+  KP_ASSERT_OK(pdl.Set(2, 999));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
 }
 
 TEST_F(StepGraphTest, EmptyGridsHaveNoNode) {
@@ -503,6 +614,199 @@ TEST_F(StepGraphTest, AFailedPatchIsRetriedByTheNextReplay) {
   KP_ASSERT_OK(g.Replay(stream_));
   EXPECT_EQ(g.stats().last_nodes_patched, 1u);
   ASSERT_EQ(fake::NodeUpdates().size(), 1u);
+}
+
+
+TEST_F(StepGraphTest, EmptyWorkKeepsAnEmptyGridWhereTheGridToleranceProofStarts) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(0);
+  StepGraph& g = MakeGraph();
+  // n = 0: an eager launch sends nothing, and the graph has no node (the pack's proof of
+  // grid tolerance starts its buckets at 1: the padded grid is unproven at 0).
+  KP_ASSERT_OK(a.Launch());
+  EXPECT_EQ(fake::LaunchCount(), 0);
+  EXPECT_THAT(*g.Signature(), HasSubstr("[0,1,1]"));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.graphs()[0].nodes, 0u);
+  EXPECT_EQ(fake::LaunchCount(), 0) << "the replay launched no program";
+  KP_ASSERT_OK(a.Set(3, 1));
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,1,1]") << "from 1 on: padded";
+  // A pinned grid too keeps empty work empty.
+  KP_ASSERT_OK(g.PinGrid(0, Grid{32}));
+  KP_ASSERT_OK(a.Set(3, 0));
+  EXPECT_THAT(*g.Signature(), HasSubstr("[0,1,1]"));
+}
+
+TEST_F(StepGraphTest, GraphPaddingIntervalsStartAtOneAndCoverTheBucket) {
+  using internal::PaddingInterval;
+  const std::vector<int64_t> edges = {16, 64};
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 0), (std::pair<int64_t, int64_t>{1, 16}));
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 1), (std::pair<int64_t, int64_t>{17, 64}));
+  EXPECT_EQ(PaddingInterval(edges, std::nullopt, 2), std::nullopt) << "open-ended";
+  EXPECT_EQ(PaddingInterval(edges, 100, 2), (std::pair<int64_t, int64_t>{65, 100}));
+  const std::vector<int64_t> from_zero = {0, 8};
+  EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 0), std::nullopt) << "only sizes < 1";
+  EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 1), (std::pair<int64_t, int64_t>{1, 8}));
+}
+
+TEST_F(StepGraphTest, AnEagerStepPreparesEveryLaunchBeforeSendingAny) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  BoundLaunch& scratch = Bind("scratch", Grid{2, 2}, {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)});
+  scratch.set_scratch_allocator(
+      {[](size_t, size_t, CUstream, void*) -> CUdeviceptr { return 0; }, nullptr});
+  StepGraph::Options options;
+  options.unseen = StepGraph::Unseen::kLaunchEagerly;
+  StepGraph& g = MakeGraph(options);
+  absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("step graph launch 1: kernel 'scratch'"),
+                            HasSubstr("ScratchAllocator returned null")));
+  EXPECT_EQ(fake::LaunchCount(), 0) << "launch 0 was not sent either";
+  EXPECT_EQ(g.stats().eager_steps, 0u);
+}
+
+TEST_F(StepGraphTest, AReplayOnACapturedStreamGoesIntoTheCaptureAndNeverBuilds) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  Bind("scratch", Grid{2, 2}, {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)});
+  StepGraph& g = MakeGraph();
+  const internal::Driver& d = testing::FakeDriver();
+
+  // Nothing loaded yet: refused, naming Preload; the capture stays valid.
+  ASSERT_EQ(d.StreamBeginCapture(other_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  absl::Status s = g.Replay(other_);
+  CUgraph graph = EndCapture(other_);
+  ASSERT_EQ(d.GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("step graph launch 0"), HasSubstr("Preload")));
+  // Loaded, but no scratch reserved for the capture: refused, naming ReserveScratch.
+  KP_ASSERT_OK(rt_->Preload());
+  ASSERT_EQ(d.StreamBeginCapture(other_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  s = g.Replay(other_);
+  graph = EndCapture(other_);
+  ASSERT_EQ(d.GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("step graph launch 1"), HasSubstr("ReserveScratch")));
+  EXPECT_EQ(fake::LaunchCount(), 0) << "nothing went into the capture";
+
+  // Reserved: the step's launches go into the caller's capture, with their exact grids and
+  // the capture's own scratch. No graph is built (building would allocate inside the
+  // capture), and none is launched (a graph launch cannot be captured).
+  KP_ASSERT_OK(rt_->ReserveScratch(other_, 1 << 16));
+  ASSERT_EQ(d.StreamBeginCapture(other_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  KP_ASSERT_OK(g.Replay(other_));
+  graph = EndCapture(other_);
+  EXPECT_EQ(g.stats().captured_steps, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 0u);
+  EXPECT_EQ(g.stats().replays, 0u);
+  EXPECT_EQ(fake::CallCount("GraphCreate"), 0);
+  std::vector<fake::LaunchRecord> captured = fake::GraphNodes(graph);
+  ASSERT_EQ(captured.size(), 2u);
+  EXPECT_EQ(captured[0].stream, other_);
+  EXPECT_TRUE(captured[1].captured);
+  const CUdeviceptr capture_scratch = ScratchOf(captured[1]);
+  EXPECT_NE(capture_scratch, 0u);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 1u) << "the caller's graph owns the capture's arena";
+  ASSERT_EQ(d.GraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 0u);
+}
+
+TEST_F(StepGraphTest, AReplayCapturedIntoTheCallersGraphOwesNothingToTheStepGraph) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("scratch", Grid{2, 2}, {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)});
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));  // the step's graph, with its own scratch
+  const CUdeviceptr graph_scratch = ScratchOf(fake::GetLaunch(fake::LaunchCount() - 1));
+  const internal::Driver& d = testing::FakeDriver();
+  KP_ASSERT_OK(rt_->ReserveScratch(other_, 1 << 16));
+  ASSERT_EQ(d.StreamBeginCapture(other_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  KP_ASSERT_OK(g.Replay(other_));
+  CUgraph outer = EndCapture(other_);
+  ASSERT_NE(outer, nullptr);
+  ASSERT_EQ(fake::GraphNodes(outer).size(), 1u);
+  const CUdeviceptr outer_scratch = ScratchOf(fake::GraphNodes(outer)[0]);
+  EXPECT_NE(outer_scratch, graph_scratch) << "the caller's graph uses the capture's arena";
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 2u);
+  // The StepGraph destroyed: its arena is idle, and nothing of the caller's graph uses it.
+  graph_.reset();
+  EXPECT_EQ(rt_->stats().scratch_idle, 1u);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 1u) << "the caller's graph keeps its own";
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(d.GraphInstantiateWithFlags(&exec, outer, 0), CUDA_SUCCESS);
+  ASSERT_EQ(d.GraphLaunch(exec, stream_), CUDA_SUCCESS);
+  EXPECT_EQ(ScratchOf(fake::GetLaunch(fake::LaunchCount() - 1)), outer_scratch);
+  ASSERT_EQ(d.GraphExecDestroy(exec), CUDA_SUCCESS);
+  ASSERT_EQ(d.GraphDestroy(outer), CUDA_SUCCESS);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 0u);
+  EXPECT_EQ(fake::LiveUserObjects(), 0);
+}
+
+TEST_F(StepGraphTest, ReplaysRefuseCapturesTheyCannotJoinAndLeaveThemAlone) {
+  OpenTolerant();
+  BindAxpy(100);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  const int64_t launched = fake::LaunchCount();
+  // The legacy stream while a blocking stream of the context is captured (the driver says
+  // so with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): a graph launch there would invalidate it.
+  fake::FailNext("StreamIsCapturing", CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  absl::Status s = g.Replay(nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(s), HasSubstr("legacy (NULL) stream while a blocking stream of the context is "
+                                "being captured"));
+  // A capture already invalidated: nothing is sent into it.
+  const internal::Driver& d = testing::FakeDriver();
+  ASSERT_EQ(d.StreamBeginCapture(other_, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(d.StreamSynchronize(other_), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  s = g.Replay(other_);
+  EXPECT_THAT(Msg(s), HasSubstr("the stream's capture has been invalidated"));
+  CUgraph graph = nullptr;
+  EXPECT_EQ(d.StreamEndCapture(other_, &graph), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  EXPECT_EQ(fake::LaunchCount(), launched);
+  EXPECT_EQ(g.stats().replays, 1u);
+}
+
+TEST_F(StepGraphTest, BuildingWhileAnotherThreadCapturesInGlobalModeLeavesItsCaptureAlone) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  BoundLaunch& scratch = Bind("scratch", Grid{2, 2}, {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)});
+  StepGraph& g = MakeGraph();
+  const internal::Driver& d = testing::FakeDriver();
+  CUcontext context = nullptr;
+  ASSERT_EQ(d.CtxGetCurrent(&context), CUDA_SUCCESS);
+  std::latch capturing(1), built(1);
+  CUresult ended = CUDA_ERROR_UNKNOWN;
+  std::thread other([&] {
+    d.CtxSetCurrent(context);
+    CUstream s = nullptr;
+    d.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    d.StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    capturing.count_down();
+    built.wait();
+    CUgraph graph = nullptr;
+    ended = d.StreamEndCapture(s, &graph);
+    if (graph != nullptr) d.GraphDestroy(graph);
+    d.StreamDestroy(s);
+  });
+  capturing.wait();
+  // Loading the variants, allocating the graph's scratch, instantiating: all while the
+  // other thread's global capture forbids such calls to threads in the default mode.
+  absl::Status first = g.Build();
+  absl::Status replayed = g.Replay(stream_);  // on a stream of this thread's, not captured
+  KP_ASSERT_OK(scratch.Set(2, 32));
+  scratch.set_grid(Grid{2, 1});
+  absl::Status second = g.Replay(stream_);
+  graph_.reset();  // destroying the executables, too
+  const CUstreamCaptureMode mode = fake::ThreadCaptureMode();
+  built.count_down();
+  other.join();
+  KP_ASSERT_OK(first);
+  KP_ASSERT_OK(replayed);
+  KP_ASSERT_OK(second);
+  EXPECT_EQ(ended, CUDA_SUCCESS) << "the other thread's capture was invalidated";
+  EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL) << "the thread's own mode is restored";
+  EXPECT_EQ(fake::LiveGraphs(), 0);
 }
 
 }  // namespace

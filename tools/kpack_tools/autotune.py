@@ -79,11 +79,11 @@ def cuda_device() -> Tuple[Optional[str], str]:
 
 
 def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None,
-                 grid=None) -> Callable:
+                 grid=None, warm: bool = False) -> Callable:
     """A callable that launches ``fn`` (default: the spec's function) through
     Triton's JIT on ``args`` with ``config``; the grid is ``grid`` or else comes
     from the spec's grid expressions (launch values included), which it then
-    needs."""
+    needs. With ``warm`` it only compiles (``fn.warmup``), launching nothing."""
     fn = fn or spec.fn
     if grid is None and not spec.grid:
         raise TuningError(f"kernel '{spec.name}': the spec has no grid, so the builder cannot "
@@ -100,6 +100,8 @@ def jit_launcher(spec: KernelSpec, config, args: Mapping[str, object], fn=None,
     kwargs.update(spec.options)
     kwargs.update(num_warps=config.num_warps, num_stages=config.num_stages,
                   num_ctas=config.num_ctas)
+    if warm:
+        return lambda: fn.warmup(grid=grid, **kwargs)
     return lambda: fn[grid](**kwargs)
 
 

@@ -3,7 +3,7 @@
 ::
 
     python -m kpack_tools.build SPEC.py [SPEC.py ...] --out PACK
-        [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json]
+        [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json] [--jobs N]
 
 Each spec file defines ``KPACK_KERNELS`` (``docs/build-spec.md``).  For every
 kernel and bucket the builder picks a config -- when torch sees a CUDA GPU, the
@@ -99,6 +99,103 @@ def compile_variant(spec: KernelSpec, config: Config, special: Specialization,
     return compiled
 
 
+_WORKER_SPECS: Dict[tuple, Dict[str, KernelSpec]] = {}
+
+
+def _compile_in_worker(spec_paths, name, config_name, special_name, target) -> float:
+    """In a pool process: compile one variant (filling Triton's on-disk cache); return the
+    seconds it took."""
+    import time
+    paths = tuple(str(p) for p in spec_paths)
+    if paths not in _WORKER_SPECS:
+        _WORKER_SPECS[paths] = {s.name: s for path in paths for s in load_specs(path)}
+    spec = _WORKER_SPECS[paths][name]
+    special = next(s for s in spec.all_specializations() if s.name == special_name)
+    start = time.perf_counter()
+    compile_variant(spec, spec.config(config_name), special, target)
+    return time.perf_counter() - start
+
+
+def precompile(spec_paths: Sequence, keys: Sequence[tuple], target: int, jobs: int,
+               log: Callable[[str], None]) -> None:
+    """Compile the variants ``keys`` ((kernel, config, specialization) names) in ``jobs``
+    processes. Each fills Triton's on-disk cache (the key covers source, options and the
+    line-info setting), so the serial pass that then builds the pack finds every variant
+    there: the same cubins, ``jobs`` times sooner. Processes are spawned (each imports
+    the spec files anew), never forked from a parent that may hold a CUDA context."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+    start = time.perf_counter()
+    workers = min(jobs, len(keys))
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_in_worker, [str(p) for p in spec_paths], *key,
+                               target): key for key in keys}
+        seconds = []
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                seconds.append(future.result())
+            except Exception as err:  # noqa: BLE001 - the serial pass reports it properly
+                log(f"precompile of {futures[future]} failed ({type(err).__name__}: {err}); "
+                    f"compiling it in the build process")
+    log(f"compiled {len(keys)} variants in {time.perf_counter() - start:.1f} s with "
+        f"{workers} processes ({sum(seconds):.1f} s of compiling, "
+        f"{sum(seconds) / max(1, len(seconds)):.1f} s per variant)")
+
+
+def _warm_in_worker(spec_paths, name, bucket, config_names) -> float:
+    """In a pool process with a CUDA device: JIT-compile (``warmup``, no launch) ``config_names``
+    of kernel ``name`` on bucket ``bucket``'s representative inputs, filling Triton's on-disk
+    cache for the tuner; return the seconds it took."""
+    import time
+    from kpack_tools import autotune
+    paths = tuple(str(p) for p in spec_paths)
+    if paths not in _WORKER_SPECS:
+        _WORKER_SPECS[paths] = {s.name: s for path in paths for s in load_specs(path)}
+    spec = _WORKER_SPECS[paths][name]
+    args = dict(spec.make_inputs(dict(spec.representatives[bucket]), "cuda"))
+    start = time.perf_counter()
+    for config_name in config_names:
+        try:
+            autotune.jit_launcher(spec, spec.config(config_name), args, warm=True)()
+        except Exception:  # noqa: BLE001 - the tuner runs the config itself and records why
+            pass
+    return time.perf_counter() - start
+
+
+def prewarm_tuning(spec_paths: Sequence, specs: Sequence[KernelSpec], jobs: int,
+                   log: Callable[[str], None]) -> None:
+    """JIT-compile every candidate the tuner will run, in ``jobs`` spawned processes (one
+    task per kernel and bucket), so that the tuner's own compiles, serial in its process,
+    find them in Triton's on-disk cache: the same compiled kernels (the cache key covers
+    source, specialization, constexprs and options), tuned ``jobs`` times sooner. A
+    failure here only costs the time saved: the tuner compiles and checks every candidate
+    itself."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+    tasks = [(spec.name, number, [c.name for c in spec.configs if spec.allowed(shape, c)])
+             for spec in specs for number, shape in enumerate(spec.representatives)]
+    tasks = [t for t in tasks if t[2]]
+    if not tasks:
+        return
+    start = time.perf_counter()
+    workers = min(jobs, len(tasks))
+    compiles = sum(len(t[2]) for t in tasks)
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_warm_in_worker, [str(p) for p in spec_paths], *task): task
+                   for task in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                future.result()
+            except Exception as err:  # noqa: BLE001 - the tuner reports it properly
+                log(f"prewarm of {futures[future][:2]} failed ({type(err).__name__}: {err})")
+    log(f"JIT-compiled {compiles} tuning candidates in {time.perf_counter() - start:.1f} s "
+        f"with {workers} processes")
+
+
 def _untuned_results(spec: KernelSpec) -> List[Dict[str, Any]]:
     return [{"bucket": list(index), "range": describe_bucket(spec, index),
              "representative": dict(shape), "chosen": spec.default_config(i).name,
@@ -173,14 +270,15 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path) -> List[Dict
 
 def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
           reps: int = 25, log: Optional[Callable[[str], None]] = print, backend=None,
-          reuse_tuning=None):
+          reuse_tuning=None, jobs: int = 1):
     """Build a pack from spec files; return ``(manifest, tuning)``.
 
     ``tune`` asks for tuning; it happens only with a backend (default: torch
     and a CUDA GPU), otherwise the defaults are used and ``tuning.json`` says
     why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
     from there instead.  Raises ``BuildError`` for a bucket where no candidate
-    passes the check.
+    passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
+    (``precompile``).
     """
     import triton
     log = log or (lambda line: None)
@@ -215,10 +313,11 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     if device is None:
         log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning)}")
 
-    kernels = []
-    compiled_cache = {}
+    from kpack_tools import autotune
+    if device is not None and jobs > 1 and isinstance(backend, autotune.CudaBackend):
+        prewarm_tuning(spec_paths, [s for s in specs if s.name not in reused], jobs, log)
+    chosen = []  # per spec: (bucket results, grid tolerance entry)
     for spec in specs:
-        params = None  # the first variant's types; later variants override what differs
         entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
         if spec.name in reused:
             old, was_tuned, was_device = reused[spec.name]
@@ -239,6 +338,17 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         if tolerance is not None:
             entry["grid_tolerance"] = tolerance
         tuning["kernels"].append(entry)
+        chosen.append((results, tolerance))
+
+    keys = list(dict.fromkeys((spec.name, spec.config(result["chosen"]).name, special.name)
+                              for spec, (results, _) in zip(specs, chosen)
+                              for result in results for special in spec.all_specializations()))
+    if jobs > 1 and len(keys) > 1:
+        precompile(spec_paths, keys, target, jobs, log)
+    kernels = []
+    compiled_cache = {}
+    for spec, (results, tolerance) in zip(specs, chosen):
+        params = None  # the first variant's types; later variants override what differs
         variants = []
         for index, result in zip(spec.bucket_indices(), results):
             config = spec.config(result["chosen"])
@@ -321,15 +431,20 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
                         help="do not autotune: use each spec's default configs")
     parser.add_argument("--tune-reps", type=int, default=25, metavar="N",
                         help="timed launches per config and bucket (median; default 25)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="compile the pack's variants, and the tuning candidates, in N "
+                             "processes (default 1)")
     parser.add_argument("--reuse-tuning", metavar="TUNING_JSON",
                         help="take the configs of every kernel this tuning.json lists from it "
                              "(e.g. the pack's own, to add a kernel without retuning the rest)")
     args = parser.parse_args(argv)
     if args.tune_reps < 1:
         parser.error("--tune-reps must be at least 1")
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     try:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
-              reps=args.tune_reps, reuse_tuning=args.reuse_tuning)
+              reps=args.tune_reps, reuse_tuning=args.reuse_tuning, jobs=args.jobs)
     except (SpecError, BuildError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 1

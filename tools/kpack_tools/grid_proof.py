@@ -12,7 +12,12 @@ pack uses there:
    the bucket's lowest value and at its middle (the highest needs no padding), and the
    representative itself.  The *padded grid* of a shape is the grid with each bucket
    parameter at the bucket's upper edge (the spec's ``grid_max`` for the open-ended last
-   bucket; without one that bucket keeps exact grids and is not padded).  Besides, on the
+   bucket; without one that bucket keeps exact grids and is not padded).  The values a
+   graph pads are those of kpack's own rule, ``PaddingInterval`` in src/graph/graph_grid.h,
+   called through the extension (``kpack._kpack.graph_padding``): one rule, so what is
+   proven here is what graphs pad.  It starts the first bucket at 1: a size below 1 is
+   empty work, which an eager call launches nothing for, and graphs keep exact (empty)
+   grids there.  Besides, on the
    representative, every axis of the exact grid doubled: a grid the kernel must tolerate
    too, also in a bucket that is never padded.
 2. **Check**: the kernel runs through Triton's JIT once at the exact and once at the
@@ -50,20 +55,14 @@ TOO_COSTLY = "too costly"
 
 
 def bucket_bounds(spec: KernelSpec, index: Sequence[int]) -> List[Optional[Tuple[int, int]]]:
-    """Per bucket dim, the (lowest, highest) value of bucket ``index`` that the graph pads
-    to its highest; None for an open-ended last interval without a ``grid_max``."""
-    bounds = []
-    for dim, i in zip(spec.buckets, index):
-        edges = list(dim.edges)
-        if i < len(edges):
-            high = edges[i]
-            low = edges[i - 1] + 1 if i > 0 else (1 if high >= 1 else high)
-            bounds.append((low, high))
-        elif dim.param in spec.grid_max:
-            bounds.append((edges[-1] + 1, spec.grid_max[dim.param]))
-        else:
-            bounds.append(None)
-    return bounds
+    """Per bucket dim, the (lowest, highest) value of bucket ``index`` that step graphs pad
+    to its highest; None where they keep exact grids (an open-ended last interval without
+    a ``grid_max``, a first interval below 1).  kpack's C++ rule decides, through the
+    extension."""
+    from kpack._kpack import graph_padding  # pylint: disable=import-outside-toplevel
+
+    return [graph_padding([int(e) for e in dim.edges], spec.grid_max.get(dim.param), int(i))
+            for dim, i in zip(spec.buckets, index)]
 
 
 def padded_values(spec: KernelSpec, index: Sequence[int]) -> Dict[str, int]:

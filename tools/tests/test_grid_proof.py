@@ -280,3 +280,31 @@ def test_committed_graphpack_is_its_spec_built_without_tuning(tmp_path):
         "vector_add": {"proof": "asserted"}, "matmul_fp16": {"proof": "asserted"},
         "softmax": None, "layer_norm": None}
     validate_manifest(manifest, committed)
+
+
+def test_the_proof_pads_exactly_what_step_graphs_pad():
+    """bucket_bounds is kpack's C++ rule (PaddingInterval in src/graph/graph_grid.h),
+    reached through the extension: each bucket from its lowest value but from 1, where
+    empty work ends (a graph keeps exact, empty grids for sizes below 1), to its upper
+    edge or grid_max; None where graphs keep exact grids."""
+    from types import SimpleNamespace
+
+    from kpack._kpack import graph_padding
+
+    assert graph_padding([1000, 4000], None, 0) == (1, 1000)
+    assert graph_padding([1000, 4000], None, 1) == (1001, 4000)
+    assert graph_padding([1000, 4000], None, 2) is None
+    assert graph_padding([1000, 4000], 9000, 2) == (4001, 9000)
+    assert graph_padding([0, 8], None, 0) is None
+    assert graph_padding([0, 8], None, 1) == (1, 8)
+
+    spec = SimpleNamespace(buckets=[SimpleNamespace(param="M", edges=[0, 8]),
+                                    SimpleNamespace(param="N", edges=[64])],
+                           grid_max={"N": 256})
+    assert grid_proof.bucket_bounds(spec, (0, 0)) == [None, (1, 64)]
+    assert grid_proof.bucket_bounds(spec, (1, 1)) == [(1, 8), (65, 256)]
+    assert grid_proof.padded_values(spec, (0, 1)) == {"N": 256}
+    # No shape the proof runs has a padded size below 1.
+    for index in ((0, 0), (1, 0), (2, 1)):
+        for shape in grid_proof.shapes_across(spec, index, {"M": 5, "N": 40}):
+            assert shape["N"] >= 1

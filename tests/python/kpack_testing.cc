@@ -1,4 +1,18 @@
-#include "testing.h"
+// kpack_testing: tensor stand-ins for the Python tests (tests/python) and the no-GPU
+// overhead benchmark (bench/python_launch_bench.py --fake-driver), built beside the
+// extension (src/python/CMakeLists.txt) and never installed: test-only code stays out of
+// the kpack wheel. conftest.py puts its build directory on sys.path.
+//
+// FakeTensor(ptr, device_type=2, device_id=0, code=2, bits=32, lanes=1, fail=False): its
+// type carries a `__dlpack_c_exchange_api__` capsule, as torch.Tensor does, implemented in
+// C (so that timing it measures kpack, not a Python callback). `dltensor_from_py_object_
+// no_sync` reports the given pointer, device and dtype (or fails with RuntimeError when
+// `fail`); `current_work_stream` reports the stream set with set_current_stream(handle,
+// device=0). FakeManagedTensor is the same through a table without
+// `dltensor_from_py_object_no_sync` (the managed, owning export instead). counters()
+// counts the calls of every table function; reset_counters() zeroes them.
+
+#include <Python.h>
 
 #include <cstdint>
 #include <map>
@@ -120,7 +134,7 @@ PyObject* MakeFakeType(PyObject* module, const char* name, DLPackExchangeAPI* ap
   if (type == nullptr) return nullptr;
   PyObject* capsule = PyCapsule_New(api, kExchangeApiCapsuleName, nullptr);
   if (capsule == nullptr || PyObject_SetAttrString(type, kExchangeApiAttr, capsule) != 0 ||
-      PyModule_AddObjectRef(module, name + sizeof("kpack._testing.") - 1, type) != 0) {
+      PyModule_AddObjectRef(module, name + sizeof("kpack_testing.") - 1, type) != 0) {
     Py_XDECREF(capsule);
     Py_DECREF(type);
     return nullptr;
@@ -160,14 +174,23 @@ PyMethodDef g_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-}  // namespace
+PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "kpack_testing",
+                        "Tensor stand-ins for kpack's tests; not part of kpack.", -1, g_methods};
 
-bool InitTesting(PyObject* module) {
-  PyObject* a = MakeFakeType(module, "kpack._testing.FakeTensor", &g_api);
-  PyObject* b = MakeFakeType(module, "kpack._testing.FakeManagedTensor", &g_managed_api);
+}  // namespace
+}  // namespace kpack::python
+
+PyMODINIT_FUNC PyInit_kpack_testing() {
+  using namespace kpack::python;  // NOLINT(build/namespaces)
+  PyObject* module = PyModule_Create(&g_module);
+  if (module == nullptr) return nullptr;
+  PyObject* a = MakeFakeType(module, "kpack_testing.FakeTensor", &g_api);
+  PyObject* b = MakeFakeType(module, "kpack_testing.FakeManagedTensor", &g_managed_api);
   Py_XDECREF(a);
   Py_XDECREF(b);
-  return a != nullptr && b != nullptr && PyModule_AddFunctions(module, g_methods) == 0;
+  if (a == nullptr || b == nullptr) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
-
-}  // namespace kpack::python

@@ -1,0 +1,508 @@
+"""Check the Llama kernels (llama_kernels.py) against the torch math of docs/llama.md.
+
+::
+
+    /work/devvenv/bin/python kernels/llama/check_kernels.py --device cpu    # interpreter
+    python kernels/llama/check_kernels.py --device cuda [--bench-only] [--no-bench]
+
+Every case runs a kernel on inputs whose tensors are followed by guard memory of random
+bytes and checks: its outputs against ``llama_torch`` within the spec's tolerances (the
+integer outputs exactly), every other tensor unchanged (scratch excepted), a second run
+giving the same bits, and a padded grid (every axis doubled plus one: extra programs)
+giving the same bits with the guards untouched.
+
+Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unless
+``KPACK_REQUIRE_GPU=1`` (then 1); ctest runs the cuda checks as ``kpack_llama_kernels_gpu``.
+
+``--device cpu`` runs Triton's interpreter (``TRITON_INTERPRET=1``, torch CPU tensors,
+``USE_PDL`` off) at the tiny model's shapes and odd sizes, with one config per code path
+(the GEMV, the multiply-add over a few rows, ``tl.dot``). ``--device cuda`` compiles them
+(``USE_PDL`` on, launched with PDL): the same cases with every candidate config of the
+spec, the Llama-3.2-1B shapes of every bucket, then the timing tables issue 22 asks for:
+each projection at M = 1 (µs, GB/s, % of a measured device-to-device copy) and decode
+attention at contexts 128/1K/4K/8K.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def _parse():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    parser.add_argument("--bench-only", action="store_true", help="cuda: timings only")
+    parser.add_argument("--no-bench", action="store_true", help="cuda: checks only")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="cuda: compile and launch without PDL")
+    parser.add_argument("--only", default="", help="comma-separated kernel names")
+    parser.add_argument("--json", help="write the timing tables here")
+    return parser.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.device == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+sys.path[:0] = [str(HERE), str(REPO / "tools")]
+SKIP = 77  # ctest's skip code (tests/CMakeLists.txt)
+
+
+def unavailable(reason):
+    """Exit 77 (skipped), or 1 under KPACK_REQUIRE_GPU=1."""
+    print(f"check_kernels: {reason}")
+    sys.exit(1 if os.environ.get("KPACK_REQUIRE_GPU") == "1" else SKIP)
+
+
+try:
+    import torch  # noqa: E402
+except ImportError:
+    unavailable("torch is not installed")
+import triton  # noqa: E402
+
+import llama_kernels as lk  # noqa: E402
+import llama_spec  # noqa: E402
+import llama_torch as lt  # noqa: E402
+
+SPECS = {spec.name: spec for spec in llama_spec.ALL_KERNELS}
+SCRATCH = {"o_part", "ml_part", "part_max", "part_idx"}
+GUARD = 4096  # bytes of random guard after every tensor
+
+
+def interpreter_fixes():
+    """Triton 3.6's interpreter with numpy 2 and bf16, fixed for this check only: a
+    1-element array as a loop bound (numpy 2 refuses int() of it), fp32 -> bf16 casts
+    (it truncates; the GPU rounds to nearest even) and tl.dot on bf16 (it multiplies the
+    raw uint16 patterns)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+    if getattr(it, "_llama_fixed", False):
+        return
+    it._llama_fixed = True
+    patch = it._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    it._patch_lang_tensor = patched
+    builder, handle = it.InterpreterBuilder, it.TensorHandle
+    cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.from_numpy(np.ascontiguousarray(src.data)).to(torch.bfloat16)
+            return handle(rounded.view(torch.int16).numpy().view(np.uint16), dst_type.scalar)
+        return cast(self, src, dst_type)
+    builder.cast_impl = cast_impl
+
+    def as_f32(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return (h.data.astype(np.uint32) << 16).view(np.float32)
+        return h.data
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return handle(np.matmul(as_f32(a), as_f32(b), dtype=d.data.dtype) + d.data,
+                      d.dtype.scalar)
+    builder.create_dot = create_dot
+
+
+# ---------------------------------------------------------------------------- running
+
+def _guarded(args, seed=11):
+    """Copies of the tensors of `args`, each at the front of a buffer whose last GUARD
+    bytes are random; returns (args, [(name, tail, pattern)])."""
+    gen = torch.Generator().manual_seed(seed)
+    out, guards = dict(args), []
+    for name, value in args.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        nbytes = value.numel() * value.element_size()
+        buf = torch.empty(nbytes + GUARD, dtype=torch.uint8, device=value.device)
+        tail = buf[nbytes:]
+        tail.copy_(torch.randint(0, 256, (GUARD,), generator=gen, dtype=torch.uint8))
+        view = buf[:nbytes].view(value.dtype).view(value.shape)
+        view.copy_(value)
+        out[name] = view
+        guards.append((name, tail, tail.clone()))
+    return out, guards
+
+
+def _fn(name):
+    return SPECS[name].fn
+
+
+def _grid(spec, args, config):
+    return spec.grid_for(args, config)
+
+
+def launch(name, args, config, grid, pdl):
+    spec = SPECS[name]
+    kwargs = {k: v for k, v in args.items() if k in spec.call_params}
+    kwargs.update(spec.constexprs(config))
+    kwargs["USE_PDL"] = pdl
+    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if pdl:
+        opts["launch_pdl"] = True
+    spec.fn[grid](**kwargs, **opts)
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+FAILURES = []
+
+
+def _fail(where, text):
+    FAILURES.append(f"{where}: {text}")
+    print(f"  FAIL {where}: {text}", flush=True)
+
+
+def _tolerance(spec, output):
+    tol = spec.tolerance
+    if isinstance(tol, dict):
+        tol = tol.get(output)
+    return tol
+
+
+def _compare(where, spec, output, got, want):
+    tol = _tolerance(spec, output)
+    if got.dtype in (torch.int32, torch.int64) or tol == (0.0, 0.0):
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()
+            _fail(where, f"{output}: {len(bad)} elements differ, first at "
+                         f"{bad[0].tolist()}: {got[tuple(bad[0])].item()} != "
+                         f"{want[tuple(bad[0])].item()}")
+            return False
+        return True
+    rtol, atol = tol
+    g, w = got.double(), want.double()
+    diff = (g - w).abs()
+    bad = ~(diff <= atol + rtol * w.abs())
+    if bad.any():
+        i = int(torch.where(bad.reshape(-1), diff.reshape(-1), -1.0).argmax())
+        _fail(where, f"{output}: {int(bad.sum())} of {g.numel()} elements outside rtol "
+                     f"{rtol} atol {atol}; worst at {i}: {g.reshape(-1)[i].item():.6g} vs "
+                     f"{w.reshape(-1)[i].item():.6g}")
+        return False
+    return True
+
+
+def _same_bits(a, b):
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def check_case(name, shape, config, device, pdl, padded=True, tweak=None):
+    """One kernel, one shape, one config: reference, determinism, padded grid."""
+    spec = SPECS[name]
+    where = f"{name} {config.name} {dict((k, v) for k, v in shape.items() if k not in lt.TINY or shape.get(k) != lt.TINY.get(k))}"
+    t0 = time.time()
+    pristine = lt.make_inputs(name, shape, device)
+    if tweak is not None:
+        tweak(pristine)
+    want = lt.reference(name, {k: v.clone() if isinstance(v, torch.Tensor) else v
+                               for k, v in pristine.items()})
+    grid = _grid(spec, pristine, config)
+    runs = []
+    grids = [grid, grid] + ([tuple(2 * g + 1 for g in grid)] if padded else [])
+    for number, g in enumerate(grids):
+        args, guards = _guarded(pristine, seed=11)
+        launch(name, args, config, g, pdl)
+        _sync(device)
+        damaged = [n for n, tail, pattern in guards if not torch.equal(tail, pattern)]
+        if damaged:
+            _fail(where, f"grid {g}: wrote past the end of {damaged}")
+        runs.append(args)
+    ok = True
+    for output in spec.outputs:
+        ok &= _compare(where, spec, output, runs[0][output], want[output])
+    for n, value in pristine.items():
+        if isinstance(value, torch.Tensor) and n not in spec.outputs and n not in SCRATCH:
+            if not _same_bits(runs[0][n], value):
+                ok = False
+                _fail(where, f"input '{n}' changed")
+    for number, label in ((1, "second run"), (2, f"padded grid {grids[-1]}")):
+        if number >= len(runs):
+            continue
+        differ = [n for n, v in runs[0].items()
+                  if isinstance(v, torch.Tensor) and not _same_bits(v, runs[number][n])]
+        if differ:
+            ok = False
+            _fail(where, f"{label}: {differ} differ bitwise from the first run")
+    print(f"  {'ok  ' if ok else 'BAD '} {where} grid {grid} ({time.time() - t0:.1f}s)",
+          flush=True)
+    return ok
+
+
+# ------------------------------------------------------------------------------ cases
+
+def _cfg(name, warps, stages, **blocks):
+    return llama_spec._config(name, warps, stages, **blocks)
+
+
+# Compact configs for the interpreter, one per code path (the spec's, larger, run on the
+# GPU): the GEMV (BLOCK_M 1), the multiply-add over a few rows, tl.dot.
+CPU_PROJ = {
+    "gemv": dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
+    "rows4": dict(BLOCK_M=4, BLOCK_N=16, BLOCK_K=128),
+    "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
+    "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
+}
+
+
+def _proj_cfg(kernel, path):
+    blocks = dict(CPU_PROJ[path])
+    if kernel == "llama_qkv_rope":
+        blocks["BLOCK_J"] = blocks.pop("BLOCK_N")
+    return _cfg(f"p_{path}", 4, 2, **blocks)
+
+
+def _lm_ties(args):
+    """Exact ties: row 0's winner duplicated further on in another program and row 1's in
+    the next column (same program), so the smallest index must win."""
+    v, m = args["V"], args["M"]
+    xn = lt.rmsnorm(args["h"], args["norm_w"], args["eps"]).float()
+    w = args["w"]
+    w[300] = (xn[0] * 0.05).to(lt.BF16)
+    w[v - 3] = w[300]
+    if m > 1:
+        w[500] = (xn[1] * 0.05).to(lt.BF16)
+        w[501] = w[500]
+
+
+def cases(device):
+    """(kernel, shape, config, padded, tweak) to check."""
+    tiny = dict(lt.TINY)
+    gqa4 = dict(tiny, NH=8, NKV=2)
+    out = []
+    cpu = device == "cpu"
+    proj_kernels = ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
+                    "llama_lm_head")
+    for m in (1, 3, 17, 70):
+        out.append(("llama_embed", dict(tiny, M=m), SPECS["llama_embed"].config("b512_w1"),
+                    m in (3, 17), None))
+    if cpu:
+        plan = {1: ("gemv", "rows4"), 3: ("rows4", "dot16"), 17: ("gemv", "dot16"),
+                70: ("dot64",)}
+        for kernel in proj_kernels:
+            for m, paths in plan.items():
+                for path in paths:
+                    shape = dict(tiny, M=m, CAP=128)
+                    out.append((kernel, shape, _proj_cfg(kernel, path),
+                                m in (3, 17) and path != "gemv" or m == 1, None))
+    else:  # every bucket's default config (the tuner checks every candidate at scale)
+        for kernel in proj_kernels:
+            spec = SPECS[kernel]
+            configs = {spec.default_config(i).name: spec.default_config(i)
+                       for i in range(len(spec.representatives))}
+            for config in configs.values():
+                small = config.constexprs["BLOCK_M"] < 16
+                for m in ((1, 3) if small else (3, 17, 70)):
+                    out.append((kernel, dict(tiny, M=m, CAP=128), config, True, None))
+    # KV append at positions near and at CAP (the row at CAP is dropped), prefill rows.
+    qkv = _proj_cfg("llama_qkv_rope", "rows4") if cpu else SPECS["llama_qkv_rope"].config(
+        "p4_4_k256_w4_s3")
+
+    def near_cap(args):
+        args["pos"][:] = torch.tensor([127, 126, 128], dtype=torch.int32)[:args["M"]]
+    out.append(("llama_qkv_rope", dict(tiny, M=3, CAP=128), qkv, True, near_cap))
+    out.append(("llama_qkv_rope", dict(gqa4, M=17, CAP=128, prefill=True), qkv, True, None))
+    lm = _proj_cfg("llama_lm_head", "gemv") if cpu else SPECS["llama_lm_head"].config(
+        "p1_16_k512_w4_s3")
+    lm4 = _proj_cfg("llama_lm_head", "rows4") if cpu else SPECS["llama_lm_head"].config(
+        "p4_4_k256_w4_s3")
+    out.append(("llama_lm_head", dict(tiny, M=1, clear_winner=False), lm, False, _lm_ties))
+    out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False), lm4, False, _lm_ties))
+    # Decode attention: GQA groups 2 and 4, contexts up to CAP, S = 1 (no partials), S
+    # from the formula, S above the number of KV tiles.
+    dec_cfgs = [SPECS["llama_attn_decode"].config(n) for n in
+                (("n32_w4_s3",) if cpu else [c.name for c in SPECS["llama_attn_decode"].configs])]
+    for config in dec_cfgs:
+        for shape in (dict(tiny, M=1, CAP=128, ctx=128), dict(tiny, M=3, CAP=128, ctx=100),
+                      dict(gqa4, M=2, CAP=128, ctx=128, S=1),
+                      dict(gqa4, M=3, CAP=128, ctx=77, S=3),
+                      dict(tiny, M=1, CAP=128, ctx=5, S=32),
+                      dict(gqa4, M=17, CAP=64, ctx=64)):
+            out.append(("llama_attn_decode", shape, config, True, None))
+    pre_cfgs = [SPECS["llama_attn_prefill"].config(n) for n in
+                (("m16_n32_w4_s3", "m64_n64_w4_s3") if cpu else
+                 [c.name for c in SPECS["llama_attn_prefill"].configs])]
+    for config in pre_cfgs:
+        for shape in (dict(tiny, M=1, CAP=128, ctx=128), dict(tiny, M=17, CAP=128, ctx=40),
+                      dict(gqa4, M=3, CAP=128, ctx=3), dict(gqa4, M=70, CAP=128, ctx=100)):
+            out.append(("llama_attn_prefill", shape, config, shape["M"] != 70 or cpu is False,
+                        None))
+    return out
+
+
+def big_cases():
+    """The Llama-3.2-1B representative of every bucket with the bucket's default config."""
+    out = []
+    for name, spec in SPECS.items():
+        for number, shape in enumerate(spec.representatives):
+            out.append((name, dict(shape), spec.default_config(number), number < 4, None))
+    return out
+
+
+# ----------------------------------------------------------------------------- timing
+
+def _time_graph(fn, reps):
+    """GPU µs per call of `fn` (launching one kernel) replayed from a CUDA graph of
+    `reps` calls (the per-kernel cost inside a step graph)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(reps):
+                fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(5):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / reps)
+    return sorted(samples)[len(samples) // 2]
+
+
+def copy_bandwidth():
+    """Device-to-device copy bandwidth (read + write bytes per second), 1 GiB."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = None
+    for _ in range(10):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        t = start.elapsed_time(end) / 1000.0
+        best = t if best is None else min(best, t)
+    return 2 * n / best
+
+
+def _chosen(name, bucket):
+    """The config the committed pack uses for `bucket` (tuning.json), else the default."""
+    path = REPO / "kernels" / "llamapack" / "tuning.json"
+    spec = SPECS[name]
+    if path.is_file():
+        for kernel in json.loads(path.read_text())["kernels"]:
+            if kernel["name"] == name:
+                return spec.config(kernel["buckets"][bucket]["chosen"])
+    return spec.default_config(bucket)
+
+
+def bench(pdl, out_json=None):
+    model = dict(lt.LLAMA_1B)
+    bw = copy_bandwidth()
+    print(f"\ndevice-to-device copy: {bw / 1e12:.3f} TB/s (read + write)")
+    rows, attn_rows = [], []
+    weight_bytes = {
+        "llama_qkv_rope": (model["NH"] + 2 * model["NKV"]) * 64 * model["H"] * 2,
+        "llama_o_proj": model["H"] * model["NH"] * 64 * 2,
+        "llama_gate_up": 2 * model["I"] * model["H"] * 2,
+        "llama_down_proj": model["H"] * model["I"] * 2,
+        "llama_lm_head": model["V"] * model["H"] * 2,
+    }
+    print(f"\nprojections at M = 1 (Llama-3.2-1B), weights rotated over copies larger than "
+          f"L2; graph = µs per kernel inside a CUDA graph of back-to-back launches"
+          f"{' with PDL' if pdl else ''}")
+    print(f"{'kernel':18} {'config':20} {'MB':>7} {'µs':>8} {'GB/s':>8} {'% copy':>7}")
+    for name, nbytes in weight_bytes.items():
+        spec = SPECS[name]
+        shape = dict(model, M=1, CAP=4096)
+        base = lt.make_inputs(name, shape, "cuda")
+        copies = max(2, -(-(512 << 20) // nbytes))
+        weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
+        for config in [_chosen(name, 0)] + [c for c in spec.configs if spec.allowed(
+                shape, c) and c.name != _chosen(name, 0).name]:
+            grid = spec.grid_for(base, config)
+
+            def run(i=0, config=config, grid=grid):
+                launch(name, {**base, "w": weights[i % copies]}, config, grid, pdl)
+            try:
+                us = _time_graph(run, 2 * copies)
+            except Exception as err:  # noqa: BLE001 - report and go on
+                print(f"{name:18} {config.name:20} failed: {type(err).__name__}: {err}")
+                continue
+            moved = nbytes + (8 * model["H"] if name != "llama_down_proj" else 0)
+            gbs = moved / us / 1e3
+            rows.append({"kernel": name, "config": config.name, "us": us, "GB/s": gbs,
+                         "pct_copy": 100 * gbs * 1e9 / bw})
+            print(f"{name:18} {config.name:20} {nbytes / 1e6:7.1f} {us:8.2f} {gbs:8.0f} "
+                  f"{100 * gbs * 1e9 / bw:6.1f}%", flush=True)
+    print(f"\ndecode attention (Llama-3.2-1B heads), bytes = K and V read")
+    print(f"{'M':>3} {'ctx':>6} {'S':>3} {'config':12} {'µs':>8} {'GB/s':>8} {'% copy':>7}")
+    spec = SPECS["llama_attn_decode"]
+    for m in (1, 4, 16, 64):
+        for ctx in (128, 1024, 4096, 8192):
+            shape = dict(model, M=m, CAP=ctx, ctx=ctx)
+            args = lt.make_inputs("llama_attn_decode", shape, "cuda")
+            args["pos"][:] = ctx - 1
+            config = _chosen("llama_attn_decode", llama_spec._bucket(m))
+            grid = spec.grid_for(args, config)
+            try:
+                us = _time_graph(
+                    lambda i=0: launch("llama_attn_decode", args, config, grid, pdl), 20)
+            except Exception as err:  # noqa: BLE001 - report and go on
+                print(f"{m:3} {ctx:6} failed: {type(err).__name__}: {err}")
+                continue
+            moved = m * model["NKV"] * ctx * 64 * 2 * 2
+            gbs = moved / us / 1e3
+            attn_rows.append({"M": m, "ctx": ctx, "S": args["S"], "config": config.name,
+                              "us": us, "GB/s": gbs, "pct_copy": 100 * gbs * 1e9 / bw})
+            print(f"{m:3} {ctx:6} {args['S']:3} {config.name:12} {us:8.2f} {gbs:8.0f} "
+                  f"{100 * gbs * 1e9 / bw:6.1f}%", flush=True)
+            del args
+    if out_json:
+        Path(out_json).write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "pdl": pdl,
+             "projections_m1": rows, "attn_decode": attn_rows}, indent=2) + "\n")
+
+
+def main():
+    args = ARGS
+    pdl = args.device == "cuda" and not args.no_pdl
+    if args.device == "cpu":
+        interpreter_fixes()
+    elif not torch.cuda.is_available():
+        unavailable("--device cuda needs a CUDA GPU; torch sees none")
+    only = set(filter(None, args.only.split(",")))
+    t0 = time.time()
+    if not args.bench_only:
+        todo = cases(args.device) + (big_cases() if args.device == "cuda" else [])
+        todo = [c for c in todo if not only or c[0] in only]
+        print(f"{len(todo)} cases on {args.device}" + (" (interpreter)" if args.device == "cpu" else ""))
+        for name, shape, config, padded, tweak in todo:
+            try:
+                check_case(name, shape, config, args.device, pdl, padded, tweak)
+            except Exception as err:  # noqa: BLE001 - one broken case must not hide the rest
+                _fail(f"{name} {config.name} {shape}", f"{type(err).__name__}: {err}")
+        print(f"\n{len(todo) - len(FAILURES)} of {len(todo)} cases passed "
+              f"({time.time() - t0:.0f}s)")
+    if args.device == "cuda" and not args.no_bench:
+        bench(pdl, args.json)
+    if FAILURES:
+        print("\nFAILURES:\n" + "\n".join(FAILURES))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""Build spec of the Llama decode engine's pack (``kernels/llamapack``; docs/llama.md).
+
+::
+
+    PYTHONPATH=tools python3 -m kpack_tools.build kernels/llama/llama_spec.py \\
+        --out kernels/llamapack [--no-tune]
+
+Every kernel is bucketed on ``M`` (the rows of a step: the batch in decode, the prompt
+length in prefill) with edges ``[1, 4, 16, 64, 256]``, tuned per bucket at the
+Llama-3.2-1B shapes from a short candidate list per bucket (each candidate costs a JIT
+compile on the tuning GPU), checked against the torch math of the contract
+(``llama_torch.py``). Every kernel masks all it touches by its size arguments, so all are
+``grid_tolerant`` (proven on the GPU at build). Each has the generic variant and one
+``aligned`` variant (pointers and the sizes that are multiples of 16 in the real model).
+All are compiled with ``USE_PDL`` on and Triton's ``launch_pdl``: kpack launches them
+with programmatic stream serialization; without it they are equally correct.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import llama_kernels as lk  # noqa: E402
+from kpack_tools.spec import Bucket, Config, KernelSpec, Specialization  # noqa: E402
+
+M_EDGES = [1, 4, 16, 64, 256]
+HEAD_DIM = 64
+MODEL = {"H": 2048, "NH": 32, "NKV": 8, "D": HEAD_DIM, "I": 8192, "V": 128256}
+# One M per bucket: 1, 2-4, 5-16, 17-64, 65-256, 257+.
+BUCKET_M = [1, 4, 16, 64, 256, 1024]
+PDL = {"constants": {"USE_PDL": True}, "options": {"launch_pdl": True}}
+
+
+def _bucket(m):
+    return next((i for i, edge in enumerate(M_EDGES) if m <= edge), len(M_EDGES))
+
+
+def _config(name, warps, stages, **blocks):
+    """A config; the projection kernels' K loop takes its pipelining depth as the
+    constexpr STAGES (Triton pipelines a loop without tl.dot only when told)."""
+    if name.startswith("p"):
+        blocks["STAGES"] = stages
+    return Config(name, blocks, num_warps=warps, num_stages=stages)
+
+
+def _proj_configs(n_name):
+    """Projection candidates, BLOCK_N named `n_name` (BLOCK_J for the QKV pairs). Names:
+    p<M>_<n>_k<K>_w<warps>_s<stages>; BLOCK_M 1 and < 16 multiply-add without tl.dot."""
+    table = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+        (1, 2, 1024, 4, 3), (1, 4, 512, 4, 3), (1, 4, 1024, 4, 2), (1, 8, 256, 4, 4),
+        (1, 8, 512, 8, 3),
+        (4, 4, 256, 4, 3), (4, 8, 128, 4, 3), (4, 4, 512, 8, 2), (8, 4, 256, 8, 3),
+        (16, 16, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 4),
+        (32, 32, 128, 4, 3), (64, 32, 128, 4, 3), (64, 64, 64, 4, 4),
+        (64, 64, 64, 8, 3), (128, 64, 64, 8, 3), (64, 128, 64, 8, 3),
+    ]
+    return [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k)
+            for m, n, k, w, s in table]
+
+
+def _candidates(per_bucket):
+    """(default per bucket, config_allowed) from one list of candidate names per bucket,
+    the first being the bucket's default."""
+    def allowed(shape, config):
+        return config.name in per_bucket[_bucket(shape["M"])]
+    return [names[0] for names in per_bucket], allowed
+
+
+# Per bucket: M = 1 GEMV configs; 2-4 multiply-add over 4 rows or tl.dot over 16; tl.dot
+# tiles growing with M, with narrow ones among them so that the 2048-row projections (o,
+# down, QKV's 1536 pairs) still spread over all 132 SMs. BLOCK_N <= 64 for the kernels that read two row sets (the L2
+# prefetch splits its bytes between them).
+PROJ_BUCKETS = [
+    ["p1_4_k512_w4_s3", "p1_2_k1024_w4_s3", "p1_4_k1024_w4_s2", "p1_8_k256_w4_s4",
+     "p1_8_k512_w8_s3"],
+    ["p4_4_k256_w4_s3", "p4_8_k128_w4_s3", "p4_4_k512_w8_s2", "p16_16_k128_w4_s4"],
+    ["p16_16_k128_w4_s4", "p8_4_k256_w8_s3", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4"],
+    ["p64_32_k128_w4_s3", "p16_32_k128_w4_s4", "p16_16_k128_w4_s4", "p32_32_k128_w4_s3",
+     "p64_64_k64_w4_s4"],
+    ["p64_64_k64_w4_s4", "p64_64_k64_w8_s3", "p128_64_k64_w8_s3", "p64_32_k128_w4_s3"],
+    ["p128_64_k64_w8_s3", "p64_64_k64_w8_s3", "p64_64_k64_w4_s4"],
+]
+# o/down and the LM head read one row set: BLOCK_N up to 128 in the prefill buckets.
+PROJ1_BUCKETS = PROJ_BUCKETS[:4] + [PROJ_BUCKETS[4] + ["p64_128_k64_w8_s3"],
+                                    PROJ_BUCKETS[5] + ["p64_128_k64_w8_s3"]]
+
+
+def _shape(m, **extra):
+    return {"M": m, **MODEL, **extra}
+
+
+def _inputs(name, **extra):
+    def make_inputs(shape, device):
+        import llama_torch
+        return llama_torch.make_inputs(name, {**shape, **extra}, device)
+    return make_inputs
+
+
+def _reference(name):
+    def reference(args):
+        import llama_torch
+        return llama_torch.reference(name, args, HEAD_DIM)
+    return reference
+
+
+BF16_TOL = (1e-2, 1e-3)
+M_BUCKETS = [Bucket("M", M_EDGES)]
+
+
+def _spec(name, fn, params, configs, per_bucket, grid, outputs, readonly, aligned,
+          representatives, tolerance, constants=None, make_inputs=None):
+    default, allowed = _candidates(per_bucket)
+    return KernelSpec(
+        name=name, fn=fn, params=params, configs=configs, default=default,
+        grid=grid, buckets=M_BUCKETS, representatives=representatives,
+        specializations=[Specialization("aligned", div16=aligned)],
+        constants={**PDL["constants"], **(constants or {})}, options=PDL["options"],
+        make_inputs=make_inputs or _inputs(name), outputs=outputs,
+        reference=_reference(name), tolerance=tolerance, config_allowed=allowed,
+        readonly=readonly, grid_tolerant=True)
+
+
+def _p(names, kind):
+    return [(n, kind) for n in names.split()]
+
+
+EMBED = _spec(
+    "llama_embed", lk.llama_embed,
+    _p("tokens", "*i32") + _p("table", "*bf16") + _p("h", "*fp32") + _p("M H", "i32")
+    + _p("BLOCK USE_PDL", "constexpr"),
+    [Config(f"b{b}_w{w}", {"BLOCK": b}, num_warps=w, num_stages=1)
+     for b, w in ((512, 1), (1024, 2), (2048, 4), (256, 1))],
+    [["b1024_w2", "b512_w1", "b2048_w4"]] * 3 + [["b2048_w4", "b1024_w2", "b256_w1"]] * 3,
+    ["M", "cdiv(H, BLOCK)"], ["h"], ["tokens", "table"], ["tokens", "table", "h", "H"],
+    [_shape(m) for m in BUCKET_M], (0.0, 0.0))
+
+QKV = _spec(
+    "llama_qkv_rope", lk.llama_qkv_rope,
+    _p("h", "*fp32") + _p("norm_w w", "*bf16") + _p("inv_freq", "*fp32")
+    + _p("pos seq", "*i32") + _p("q k_cache v_cache", "*bf16")
+    + _p("M H NH NKV CAP", "i32") + _p("eps", "fp32")
+    + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES USE_PDL", "constexpr"),
+    _proj_configs("BLOCK_J"), PROJ_BUCKETS,
+    ["cdiv((NH + 2 * NKV) * HEAD_DIM / 2, BLOCK_J)", "cdiv(M, BLOCK_M)"],
+    ["q", "k_cache", "v_cache"], ["h", "norm_w", "w", "inv_freq", "pos", "seq"],
+    ["h", "norm_w", "w", "inv_freq", "q", "k_cache", "v_cache", "H", "CAP"],
+    [_shape(m, CAP=4096, prefill=m > 64) for m in BUCKET_M], BF16_TOL,
+    constants={"HEAD_DIM": HEAD_DIM})
+
+_ATTN_DECODE_CONFIGS = [
+    Config(f"n{n}_w{w}_s{s}", {"GROUP_BLOCK": 16, "BLOCK_N": n}, num_warps=w, num_stages=s)
+    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3))]
+ATTN_DECODE = _spec(
+    "llama_attn_decode", lk.llama_attn_decode,
+    _p("q k_cache v_cache", "*bf16") + _p("pos seq", "*i32") + _p("o_part ml_part", "*fp32")
+    + _p("counters", "*i32") + _p("out", "*bf16") + _p("M NH NKV CAP S", "i32")
+    + _p("sm_scale", "fp32") + _p("HEAD_DIM GROUP_BLOCK BLOCK_N USE_PDL", "constexpr"),
+    _ATTN_DECODE_CONFIGS,
+    [["n64_w4_s3", "n32_w4_s3", "n128_w4_s2", "n64_w8_s3"]] * 3
+    + [["n64_w4_s3", "n128_w4_s2", "n64_w8_s3", "n128_w8_s3"]] * 3,
+    ["S", "NKV", "M"], ["out", "counters"], ["q", "k_cache", "v_cache", "pos", "seq"],
+    ["q", "k_cache", "v_cache", "o_part", "ml_part", "out", "CAP"],
+    [_shape(m, CAP=1024, ctx=1024) for m in BUCKET_M[:-1]] + [_shape(512, CAP=1024, ctx=1024)],
+    {"out": BF16_TOL, "counters": (0.0, 0.0)}, constants={"HEAD_DIM": HEAD_DIM})
+
+_ATTN_PREFILL_CONFIGS = [
+    Config(f"m{m}_n{n}_w{w}_s{s}", {"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+    for m, n, w, s in ((16, 64, 4, 3), (16, 32, 4, 3), (32, 64, 4, 3), (64, 64, 4, 3),
+                       (64, 32, 4, 3), (128, 64, 8, 3), (64, 64, 8, 2))]
+ATTN_PREFILL = _spec(
+    "llama_attn_prefill", lk.llama_attn_prefill,
+    _p("q k_cache v_cache", "*bf16") + _p("pos seq", "*i32") + _p("out", "*bf16")
+    + _p("M NH NKV CAP", "i32") + _p("sm_scale", "fp32")
+    + _p("HEAD_DIM BLOCK_M BLOCK_N USE_PDL", "constexpr"),
+    _ATTN_PREFILL_CONFIGS,
+    [["m16_n64_w4_s3", "m16_n32_w4_s3"]] * 2 + [["m16_n64_w4_s3", "m16_n32_w4_s3",
+                                                 "m32_n64_w4_s3"]]
+    + [["m32_n64_w4_s3", "m16_n64_w4_s3", "m64_n64_w4_s3", "m64_n32_w4_s3"]]
+    + [["m64_n64_w4_s3", "m128_n64_w8_s3", "m64_n64_w8_s2", "m64_n32_w4_s3"]] * 2,
+    ["cdiv(M, BLOCK_M)", "NH"], ["out"], ["q", "k_cache", "v_cache", "pos", "seq"],
+    ["q", "k_cache", "v_cache", "out", "CAP"],
+    [_shape(m, CAP=m + 512, ctx=m + 500) for m in BUCKET_M], BF16_TOL,
+    constants={"HEAD_DIM": HEAD_DIM})
+
+
+def _proj_residual(name):
+    """o (K = NH * D) and down (K = I): one function, tuned at each one's shape."""
+    return _spec(
+        name, lk.llama_proj_residual,
+        _p("x w", "*bf16") + _p("h", "*fp32") + _p("M N K", "i32")
+        + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
+        _proj_configs("BLOCK_N"), PROJ1_BUCKETS,
+        ["cdiv(N, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["h"], ["x", "w"],
+        ["x", "w", "h", "N", "K"], [_shape(m) for m in BUCKET_M], (2e-4, 2e-4))
+
+
+O_PROJ = _proj_residual("llama_o_proj")
+DOWN_PROJ = _proj_residual("llama_down_proj")
+
+GATE_UP = _spec(
+    "llama_gate_up", lk.llama_gate_up,
+    _p("h", "*fp32") + _p("norm_w w out", "*bf16") + _p("M H I", "i32") + _p("eps", "fp32")
+    + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
+    _proj_configs("BLOCK_N"), PROJ_BUCKETS,
+    ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "norm_w", "w"],
+    ["h", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
+
+LM_HEAD = _spec(
+    "llama_lm_head", lk.llama_lm_head,
+    _p("h", "*fp32") + _p("norm_w w", "*bf16") + _p("logits part_max", "*fp32")
+    + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
+    + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
+    _proj_configs("BLOCK_N") + [
+        _config("p1_16_k512_w4_s3", 4, 3, BLOCK_M=1, BLOCK_N=16, BLOCK_K=512),
+        _config("p1_16_k256_w8_s4", 8, 4, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
+        _config("p1_32_k256_w8_s3", 8, 3, BLOCK_M=1, BLOCK_N=32, BLOCK_K=256)],
+    # The LM head's argmax reduction reads cdiv(V, BLOCK_N) partials: wider programs at
+    # M = 1 than the other projections.
+    [["p1_16_k512_w4_s3", "p1_8_k512_w8_s3", "p1_16_k256_w8_s4", "p1_32_k256_w8_s3",
+      "p1_4_k1024_w4_s2"]] + PROJ1_BUCKETS[1:],
+    ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
+    ["h", "norm_w", "w"],
+    ["h", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],
+    [_shape(m) for m in BUCKET_M[:-1]] + [_shape(512)],
+    {"logits": (1e-3, 1e-3), "tokens": (0.0, 0.0), "pos": (0.0, 0.0),
+     "counters": (0.0, 0.0)})
+
+ALL_KERNELS = [EMBED, QKV, ATTN_DECODE, ATTN_PREFILL, O_PROJ, GATE_UP, DOWN_PROJ, LM_HEAD]
+
+
+def _selected(kernels):
+    """LLAMA_SPEC_KERNELS=name,name,... builds only those (tuning in steps that each fit a
+    time limit: every step passes --reuse-tuning the previous step's tuning.json and names
+    one more kernel); unset, all of them."""
+    names = [n for n in os.environ.get("LLAMA_SPEC_KERNELS", "").split(",") if n]
+    unknown = sorted(set(names) - {k.name for k in kernels})
+    if unknown:
+        raise ValueError(f"LLAMA_SPEC_KERNELS names unknown kernels {unknown}")
+    return [k for k in kernels if not names or k.name in names]
+
+
+KPACK_KERNELS = _selected(ALL_KERNELS)
