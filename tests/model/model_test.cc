@@ -85,6 +85,17 @@ using absl::StatusCode;
 
 const internal::Driver& D() { return testing::FakeDriver(); }
 
+// The model's own instantiation and destruction of executables: calls a capture in
+// global mode forbids to other threads in the default interaction mode, so made in
+// RELAXED mode, as the driver provides for work that is not captured.
+CUresult Relaxed(const std::function<CUresult()>& call) {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (D().ThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) return CUDA_ERROR_UNKNOWN;
+  const CUresult r = call();
+  D().ThreadExchangeStreamCaptureMode(&mode);
+  return r;
+}
+
 // Checks turned off by --skip (to look past a known hole while exploring; CI skips none).
 std::set<std::string>& Skipped() {
   static std::set<std::string> skipped;
@@ -920,21 +931,24 @@ Expect Model::LaunchExpect(int runtime, int k, const StreamRef& s, int thread, u
   const uint64_t need = programs * kScratchPerProgram;
   if (scratch && allocator == 2) {
     // The caller's allocator returns null: RESOURCE_EXHAUSTED (loading comes first, and
-    // inside a capture may be refused first).
-    if (Capturing(s) && !r.preloaded && !r.kernels_preloaded.contains(def.name)) {
+    // inside a capture or during another thread's global capture may be refused first).
+    if ((Capturing(s) || GlobalCaptureElsewhere(thread)) && !r.preloaded &&
+        !r.kernels_preloaded.contains(def.name)) {
       e.allowed = {StatusCode::kFailedPrecondition, StatusCode::kResourceExhausted};
       return e;
     }
     e.must_fail = StatusCode::kResourceExhausted;
     return e;
   }
+  const bool loaded = r.preloaded || r.kernels_preloaded.contains(def.name);
   if (!Capturing(s)) {
-    e.must_ok = !(kpack_arena && need > StreamArena(runtime, s, thread) &&
-                  GlobalCaptureElsewhere(thread));
+    // Allocating or loading is forbidden while another thread captures in global mode:
+    // FAILED_PRECONDITION then (the driver's refusal), unless nothing needs either.
+    e.must_ok = !GlobalCaptureElsewhere(thread) ||
+                (loaded && !(kpack_arena && need > StreamArena(runtime, s, thread)));
     return e;
   }
   const CaptureM& c = captures_.at(streams_.at(s.id).capture);
-  const bool loaded = r.preloaded || r.kernels_preloaded.contains(def.name);
   bool arena = !kpack_arena;
   if (kpack_arena) {
     auto it = c.arena.find(runtime);
@@ -984,10 +998,11 @@ void Model::AfterLaunch(bool ok, int runtime, int k, const StreamRef& s, int thr
       }
     }
     if (ok && programs > 0) ++c.nodes;
-  } else if (ok && kpack_arena) {
+  } else if (kpack_arena) {
+    // A launch the driver refused may have made the stream's arena first.
     const std::string key = StreamKey(runtime, s, thread);
-    arena_lb_[key] = std::max(arena_lb_[key], need);
     arena_keys_[runtime].insert(key);
+    if (ok) arena_lb_[key] = std::max(arena_lb_[key], need);
   }
   if (ok) {
     Emit(s, effect);
@@ -1088,13 +1103,9 @@ void Model::ScratchUse(const fake::LaunchRecord& r, const RecordCtx& ctx) {
     alloc.holders.insert(holder);
   };
   if (r.graph_replay) {
+    // (A graph launch cannot be captured: the driver refuses it.)
+    if (r.captured) Fail(absl::StrCat(what, ": a graph launch went into a capture"));
     take(ctx.replay_source);
-    if (r.captured) {
-      // A caller's capture around a replay: its graph runs the source's nodes, with the
-      // source's scratch, for as long as it lives.
-      if (capture < 0) Fail(absl::StrCat(what, ": captured, but the model knows no capture"));
-      alloc.holders.insert(absl::StrCat("cap:", capture));
-    }
     return;
   }
   if (r.captured) {
@@ -1349,7 +1360,8 @@ void Model::TearDown() {
     std::vector<std::pair<int, int>> items;
     for (const auto& [id, s] : steps_) items.push_back({0, id});
     for (const auto& [id, g] : graphs_) items.push_back({1, id});
-    const auto [kind, id] = rng_.Pick(items);
+    const std::pair<int, int> item = rng_.Pick(items);
+    const int kind = item.first, id = item.second;
     if (kind == 0) {
       Note(absl::StrCat("tear-down: destroy step graph x", id));
       DestroyStep(id);
@@ -1366,7 +1378,8 @@ void Model::TearDown() {
       for (const auto& [bid, b] : bounds_) free &= b.runtime != id;
       if (free) items.push_back({1, id});
     }
-    const auto [kind, id] = rng_.Pick(items);
+    const std::pair<int, int> item = rng_.Pick(items);  // (no structured binding: clang 14
+    const int kind = item.first, id = item.second;     // cannot capture one in a lambda)
     if (kind == 0) {
       Note(absl::StrCat("tear-down: destroy bound launch l", id));
       W(t).Run([&] { bounds_.at(id).b.reset(); });
@@ -1444,7 +1457,7 @@ bool Model::OpOpen() {
   e.allowed = {StatusCode::kUnavailable, StatusCode::kInvalidArgument, StatusCode::kNotFound,
                StatusCode::kUnimplemented};
   if (o.preload) e.allowed.insert(StatusCode::kFailedPrecondition);  // Preload's own errors
-  e.must_ok = true;
+  e.must_ok = !o.preload || !GlobalCaptureElsewhere(t);
   CheckStatus("Runtime::Open", s, e, f);
   op_.expected_records = 0;
   if (s.ok()) {
@@ -1518,7 +1531,9 @@ void Model::DestroyGraph(int id) {
   GraphM& g = graphs_.at(id);
   W(workers_.front()->id()).Run([&] {
     for (CUgraphExec e : g.execs) {
-      if (D().GraphExecDestroy(e) != CUDA_SUCCESS) Fail("cuGraphExecDestroy");
+      if (Relaxed([&] { return D().GraphExecDestroy(e); }) != CUDA_SUCCESS) {
+        Fail("cuGraphExecDestroy");
+      }
     }
     if (g.graph != nullptr && D().GraphDestroy(g.graph) != CUDA_SUCCESS) Fail("cuGraphDestroy");
   });
@@ -1562,7 +1577,8 @@ bool Model::OpDestroyRuntime() {
   }
   for (auto* list : {&first, &second}) {
     for (size_t i = list->size(); i > 1; --i) std::swap((*list)[i - 1], (*list)[rng_.Index(i)]);
-    for (auto [kind, oid] : *list) {
+    for (const std::pair<int, int>& item : *list) {
+      const int kind = item.first, oid = item.second;
       if (kind == 0) {
         Note(absl::StrCat("  destroy step graph x", oid));
         DestroyStep(oid);
@@ -1615,7 +1631,7 @@ bool Model::OpPreload() {
   });
   Expect e;
   e.allowed = {StatusCode::kFailedPrecondition};
-  e.must_ok = true;
+  e.must_ok = !GlobalCaptureElsewhere(t);  // loading is forbidden then
   CheckStatus("Preload", s, e, f);
   if (s.ok()) {
     if (one) {
@@ -1633,7 +1649,9 @@ bool Model::OpQuery() {
   const int r = PickRuntime();
   if (r < 0) return false;
   RuntimeM& rt = runtimes_.at(r);
-  auto [k, kernel] = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const auto& picked = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const int k = picked.first;
+  const Kernel kernel = picked.second;
   const KernelDef& def = Kernels()[k];
   const int t = PickThread(false);
   BeginOp("query", t);
@@ -1816,7 +1834,9 @@ bool Model::OpBind() {
   // Not from Restrict()ed views: a Set they refuse would leave the model's arguments
   // half changed.
   const bool view = false;
-  auto [k, kernel] = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const auto& picked = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const int k = picked.first;
+  const Kernel kernel = picked.second;
   const KernelDef& def = Kernels()[k];
   StreamRef s;
   if (!PickStream(&s, rng_.Percent(15), true)) return false;
@@ -2254,7 +2274,8 @@ bool Model::OpGraphInstantiate() {
   Note(absl::StrCat("cuGraphInstantiate(g", id, ")"));
   CUgraphExec exec = nullptr;
   W(t).Run([&] {
-    if (D().GraphInstantiateWithFlags(&exec, graphs_.at(id).graph, 0) != CUDA_SUCCESS) {
+    if (Relaxed([&] { return D().GraphInstantiateWithFlags(&exec, graphs_.at(id).graph, 0); }) !=
+        CUDA_SUCCESS) {
       Fail("cuGraphInstantiateWithFlags");
     }
   });
@@ -2271,8 +2292,10 @@ bool Model::OpGraphLaunch() {
     for (int r : g.runtimes) alive &= runtimes_.contains(r);  // their kernels must live
     if (alive) ids.push_back(id);
   }
+  // Not into a capture: the driver refuses to capture a graph launch (and invalidates the
+  // capture), the caller's mistake.
   StreamRef s;
-  if (ids.empty() || !PickStream(&s, rng_.Percent(30), true)) return false;
+  if (ids.empty() || !PickStream(&s, false, true)) return false;
   const int id = focus_graph_ >= 0 ? focus_graph_ : rng_.Pick(ids);
   if (std::find(ids.begin(), ids.end(), id) == ids.end()) return false;
   GraphM& g = graphs_.at(id);
@@ -2285,11 +2308,6 @@ bool Model::OpGraphLaunch() {
   W(t).Run([&] { res = D().GraphLaunch(exec, Handle(s)); });
   if (res != CUDA_SUCCESS) Fail(absl::StrCat("cuGraphLaunch: ", static_cast<int>(res)));
   for (const Effect& e : g.effects) Emit(s, e);
-  if (Capturing(s)) {
-    CaptureM& c = captures_.at(streams_.at(s.id).capture);
-    c.nodes += g.nodes;
-    c.runtimes.insert(g.runtimes.begin(), g.runtimes.end());
-  }
   op_.expected_records = g.nodes;
   EndOp();
   return true;
@@ -2307,7 +2325,9 @@ bool Model::OpGraphDestroy() {
     const size_t i = rng_.Index(g.execs.size());
     Note(absl::StrCat("cuGraphExecDestroy(an executable of g", id, ")"));
     W(t).Run([&] {
-      if (D().GraphExecDestroy(g.execs[i]) != CUDA_SUCCESS) Fail("cuGraphExecDestroy");
+      if (Relaxed([&] { return D().GraphExecDestroy(g.execs[i]); }) != CUDA_SUCCESS) {
+        Fail("cuGraphExecDestroy");
+      }
     });
     g.execs.erase(g.execs.begin() + static_cast<std::ptrdiff_t>(i));
   } else if (g.graph != nullptr) {
@@ -2409,14 +2429,17 @@ bool Model::OpStepBuildOrReplay(bool replay) {
     return false;
   }
   const bool capturing = replay && Capturing(s);
-  const int t = focus_thread_ >= 0 ? focus_thread_ : PickThread(!capturing);
+  // graph.h: Build "works while any thread captures any stream"; a replay that builds
+  // too; a replay on a capturing stream sends its launches into the capture.
+  const int t = focus_thread_ >= 0 ? focus_thread_ : PickThread(replay && !capturing);
   if (t < 0) return false;
   const absl::StatusOr<std::string> sig = x.g->Signature();
   const std::vector<StepGraph::GraphInfo> before = x.g->graphs();
   const StepGraph::Stats stats_before = x.g->stats();
   bool is_new = sig.ok();
   for (const StepGraph::GraphInfo& info : before) is_new &= !(sig.ok() && info.signature == *sig);
-  // The launches, in order: their exact grids decide which have a node.
+  // The launches, in order: their exact grids decide which are sent (a graph has a node
+  // exactly for each launch with a non-empty grid, as eagerly).
   struct L {
     BoundM* b;
     Grid exact;
@@ -2430,21 +2453,10 @@ bool Model::OpStepBuildOrReplay(bool replay) {
     launches.push_back({&b, exact, Programs(exact)});
     nodes += Programs(exact) > 0;
   }
-  const bool eager = replay && is_new && x.unseen == StepGraph::Unseen::kLaunchEagerly;
-  if (capturing && is_new && x.unseen == StepGraph::Unseen::kBuild &&
-      Skip("replay-build-in-capture")) {
-    return false;
-  }
-  bool scratch = false, empty_padded = false;
-  for (int id : x.bounds) {
-    const BoundM& b = bounds_.at(id);
-    scratch |= Kernels()[b.kernel].scratch;
-    empty_padded |= Kernels()[b.kernel].tolerant &&
-                    Programs(ExactGrid(b.kernel, b.args, b.explicit_grid, b.grid)) == 0;
-  }
-  if (capturing && scratch && Skip("graph-borrow")) return false;
-  if (capturing && eager && Skip("eager-atomic")) return false;
-  if (capturing && empty_padded && Skip("empty-grid-node")) return false;
+  // Sent launch by launch: eagerly for an unseen signature with kLaunchEagerly, and into
+  // the capture on a capturing stream (whatever Unseen says).
+  const bool eager = replay && sig.ok() &&
+                     (capturing || (is_new && x.unseen == StepGraph::Unseen::kLaunchEagerly));
   for (const auto& [i, pin] : x.pins) {
     const BoundM& b = bounds_.at(x.bounds[i]);
     const Grid own = ExactGrid(b.kernel, b.args, false, b.grid);
@@ -2457,38 +2469,54 @@ bool Model::OpStepBuildOrReplay(bool replay) {
                StatusCode::kResourceExhausted};
   if (!sig.ok()) {
     e.must_fail = sig.status().code();  // "the error Replay would give"
+  } else if (eager) {
+    // Every launch prepared before any is sent: each as a launch on `s` would be (into a
+    // capture: the variants loaded, the scratch from the allocator or the capture's arena).
+    e.must_ok = true;
+    std::map<int, uint64_t> arena;  // a capture arena each runtime takes on the way
+    for (const L& l : launches) {
+      Expect le = LaunchExpect(l.b->runtime, l.b->kernel, s, t, l.programs, l.b->allocator);
+      const KernelDef& def = Kernels()[l.b->kernel];
+      if (capturing && def.scratch && l.programs > 0 && l.b->allocator == 0 &&
+          !runtimes_.at(l.b->runtime).options_allocator) {
+        // The first such launch of a runtime takes the capture's arena (known, or the
+        // reservation if it fits, or an idle one of at least its need); the next share it.
+        const uint64_t need = l.programs * kScratchPerProgram;
+        const CaptureM& c = captures_.at(streams_.at(s.id).capture);
+        auto it = arena.find(l.b->runtime);
+        if (it != arena.end()) {
+          const RuntimeM& r = runtimes_.at(l.b->runtime);
+          le.must_ok = (r.preloaded || r.kernels_preloaded.contains(def.name)) &&
+                       need <= it->second;
+        } else if (auto known = c.arena.find(l.b->runtime); known != c.arena.end()) {
+          arena[l.b->runtime] = known->second;
+        } else {
+          auto res = reserved_lb_.find(StreamKey(l.b->runtime, s, t));
+          arena[l.b->runtime] =
+              res != reserved_lb_.end() && need <= res->second ? res->second : need;
+        }
+      }
+      if (le.must_fail.has_value()) {
+        e.must_fail.reset();
+        e.allowed.insert(*le.must_fail);
+      }
+      e.must_ok &= le.must_ok && !le.must_fail.has_value();
+    }
   } else if (!replay || (is_new && x.unseen == StepGraph::Unseen::kBuild)) {
     if (is_new && before.size() >= x.max_graphs) {
       e.must_fail = StatusCode::kResourceExhausted;
-    } else if (capturing) {
-      e.allowed = {StatusCode::kFailedPrecondition};
     } else {
-      // graph.h: building "neither invalidates nor is invalidated by another thread's
-      // capture".
-      e.must_ok = !(Skip("build-global-capture") && GlobalCaptureElsewhere(t));
+      e.must_ok = true;  // graph.h: whatever any thread captures
     }
   } else if (is_new && x.unseen == StepGraph::Unseen::kError) {
     e.must_fail = StatusCode::kFailedPrecondition;
-  } else if (eager) {
-    if (capturing) {
-      e.allowed = {StatusCode::kFailedPrecondition, StatusCode::kResourceExhausted};
-    } else {
-      e.must_ok = true;
-      for (const L& l : launches) {
-        const Expect le = LaunchExpect(l.b->runtime, l.b->kernel, s, t, l.programs, l.b->allocator);
-        if (le.must_fail.has_value()) e.must_fail = le.must_fail;
-        e.must_ok &= le.must_ok;
-      }
-    }
-  } else if (capturing) {
-    e.allowed = {StatusCode::kFailedPrecondition};
   } else {
     e.must_ok = true;
   }
   Fault f = MaybeFault(12, {"LaunchKernelEx", "GraphLaunch", "GraphExecKernelNodeSetParams",
                             "GraphCreate", "GraphAddKernelNode", "GraphInstantiateWithFlags",
                             "MemAlloc", "UserObjectCreate", "GraphRetainUserObject",
-                            "StreamGetCaptureInfo"});
+                            "StreamGetCaptureInfo", "StreamIsCapturing"});
   BeginOp(replay ? "replay step graph" : "build step graph", t);
   op_.targets_capture = capturing;
   op_.ctx = {x.runtime, t, absl::StrCat("sg:", x.id)};
@@ -2507,7 +2535,8 @@ bool Model::OpStepBuildOrReplay(bool replay) {
   // Its graphs and counters.
   const std::vector<StepGraph::GraphInfo> after = x.g->graphs();
   const StepGraph::Stats stats = x.g->stats();
-  const bool building = is_new && !eager && (!replay || x.unseen == StepGraph::Unseen::kBuild);
+  const bool building = sig.ok() && is_new && !eager &&
+                        (!replay || x.unseen == StepGraph::Unseen::kBuild);
   // A replay that fails after building (patching or launching) may keep what it built.
   const bool built = building && (st.ok() || after.size() == before.size() + 1);
   if (after.size() != before.size() + (built ? 1 : 0) ||
@@ -2516,43 +2545,42 @@ bool Model::OpStepBuildOrReplay(bool replay) {
                       " built); it held ", before.size(), " and this ", st.ok() ? "" : "failed ",
                       "call should have built ", built ? 1 : 0));
   }
-  const bool graph_replay = replay && st.ok() && !eager;
-  if (stats.replays != stats_before.replays + (graph_replay ? 1 : 0) ||
-      stats.eager_steps != stats_before.eager_steps + (replay && st.ok() && eager ? 1 : 0)) {
+  const bool ok_replay = replay && st.ok();
+  if (stats.replays != stats_before.replays + (ok_replay && !eager ? 1 : 0) ||
+      stats.eager_steps != stats_before.eager_steps + (ok_replay && eager && !capturing ? 1 : 0) ||
+      stats.captured_steps != stats_before.captured_steps + (ok_replay && capturing ? 1 : 0)) {
     Fail(absl::StrCat("step graph counters: replays ", stats_before.replays, " -> ", stats.replays,
-                      ", eager_steps ", stats_before.eager_steps, " -> ", stats.eager_steps));
+                      ", eager_steps ", stats_before.eager_steps, " -> ", stats.eager_steps,
+                      ", captured_steps ", stats_before.captured_steps, " -> ",
+                      stats.captured_steps));
   }
   if (capturing) captures_.at(streams_.at(s.id).capture).runtimes.insert(x.runtime);
   op_.expected_records = 0;
-  if (replay && st.ok()) {
-    // One launch per launch with a non-empty grid, as the same launches sent eagerly (an
-    // empty grid launches nothing there: a graph must not launch a padded one).
-    if (eager) {
-      for (const L& l : launches) {
-        AfterLaunch(true, l.b->runtime, l.b->kernel, s, t, l.programs, l.b->allocator,
-                    Effect{Kernels()[l.b->kernel].sem, l.b->args, l.exact});
+  // Sent: all on success; on failure nothing, except that a driver refusing
+  // cuLaunchKernelEx part-way through an eager step leaves the launches before it sent.
+  int64_t sent = replay && st.ok() ? nodes : 0;
+  if (!st.ok() && eager && f.fired && f.fn == "LaunchKernelEx") {
+    sent = fake::LaunchCount() - op_.launch_mark;
+    if (sent >= nodes) Fail(absl::StrCat("a failed step sent all its ", nodes, " launches"));
+  }
+  if (replay && sent > 0) {
+    int64_t left = sent;
+    for (const L& l : launches) {
+      if (l.programs == 0) continue;
+      if (left-- == 0) break;
+      const Effect effect{Kernels()[l.b->kernel].sem, l.b->args, l.exact};
+      if (eager) {
+        AfterLaunch(true, l.b->runtime, l.b->kernel, s, t, l.programs, l.b->allocator, effect);
+      } else {
+        Emit(s, effect);
       }
-    } else {
-      for (const L& l : launches) {
-        if (l.programs > 0) Emit(s, Effect{Kernels()[l.b->kernel].sem, l.b->args, l.exact});
-      }
-      if (capturing) captures_.at(streams_.at(s.id).capture).nodes += static_cast<int>(nodes);
     }
-    op_.expected_records = nodes;
-    if (empty_padded && Skip("empty-grid-node")) op_.expected_records = -1;
-  } else if (replay && eager && capturing && !st.ok()) {
-    // A refused eager step may have taken the capture's reservation.
+  }
+  if (eager && capturing && !st.ok()) {
+    // A refused captured step may have taken the capture's reservation.
     for (const L& l : launches) reserved_lb_.erase(StreamKey(l.b->runtime, s, t));
   }
-  if (replay && eager && !st.ok() && Skip("eager-atomic")) {
-    // Exploring past issue 23.3: whatever the failed step sent is taken as done.
-    op_.expected_records = -1;
-    for (size_t b = 0; b < buffers_.size(); ++b) {
-      std::memcpy(memory_.bytes[b].data(),
-                  fake::DeviceMemory(buffers_[b], memory_.bytes[b].size(), "model resync"),
-                  memory_.bytes[b].size());
-    }
-  }
+  op_.expected_records = sent;
   EndOp();
   return true;
 }
@@ -2800,7 +2828,9 @@ bool Model::OpNoContext() {
   std::vector<MArg> margs;
   bool explicit_grid;
   Grid grid;
-  auto [k, kernel] = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const auto& picked = *std::next(rt.kernels.begin(), rng_.Index(rt.kernels.size()));
+  const int k = picked.first;
+  const Kernel kernel = picked.second;
   GenArgs(k, &margs, &explicit_grid, &grid);
   std::vector<int> my_bounds;
   for (const auto& [id, b] : bounds_) {
@@ -2814,7 +2844,7 @@ bool Model::OpNoContext() {
                         explicit_grid ? absl::StrCat(GridText(grid), ", ") : "", "null, ",
                         ArgsText(margs), ")");
     empty_grid = Programs(ExactGrid(k, margs, explicit_grid, grid)) == 0;
-    call = [&, kernel = kernel] {
+    call = [&] {
       const std::vector<Arg> args = ToArgs(margs);
       return explicit_grid ? kernel.LaunchArgs(grid, nullptr, args) : kernel.LaunchArgs(nullptr, args);
     };
@@ -3009,7 +3039,6 @@ bool Model::OpBurst() {
   for (size_t i = 0; i < n; ++i) workers_[i]->Start(bodies[i]);
   for (size_t i = 0; i < n; ++i) workers_[i]->Wait();
   int64_t records = 0;
-  bool unsure = false;
   for (ThreadPlan& p : plans) {
     Expect e;
     e.must_ok = true;
@@ -3030,8 +3059,6 @@ bool Model::OpBurst() {
         if (Programs(exact) > 0) {
           Emit(p.s, Effect{Kernels()[b.kernel].sem, b.args, exact});
           ++records;
-        } else if (Kernels()[b.kernel].tolerant && Skip("empty-grid-node")) {
-          unsure = true;
         }
       }
     }
@@ -3045,7 +3072,7 @@ bool Model::OpBurst() {
     x.g = std::move(p.step);
     steps_[x.id] = std::move(x);
   }
-  op_.expected_records = unsure ? -1 : records;
+  op_.expected_records = records;
   EndOp();
   return true;
 }
