@@ -435,9 +435,7 @@ class Model:
         if self.rng.random() < 0.5:
             g.unseen = self.rng.choice(["build", "error", "eager"])
             self.note(f"graph {gid}.unseen = {g.unseen}")
-        elif self.capture is None or self.capture[1] == 2:
-            # (Building allocates: during the caller's own non-relaxed capture that is the
-            # caller's doing, so not done then.)
+        else:  # graph.h: Build works while any thread captures any stream
             self.call(f"graph {gid}.build()", g.build, allowed=(), fault=True, records=0,
                       must_ok=True)
 
