@@ -38,6 +38,13 @@
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
 // arena are the only slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
 //
+// Driver errors: a driver call that fails makes the kpack call return the status of its
+// CUresult, with a message naming the driver function, the error and what kpack was
+// doing: RESOURCE_EXHAUSTED for CUDA_ERROR_OUT_OF_MEMORY; INVALID_ARGUMENT for an invalid
+// value, handle or image; UNAVAILABLE for a driver not initialized or without devices;
+// FAILED_PRECONDITION for no binary for the GPU, not supported, an invalid context and
+// stream-capture errors; INTERNAL for any other.
+//
 // Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
 // once (launch state is immutable after load; loading and scratch growth are
 // synchronized). A `BoundLaunch` belongs to one thread at a time.
@@ -189,6 +196,8 @@ class BoundLaunch {
   BoundLaunch& operator=(BoundLaunch&&) noexcept;
   ~BoundLaunch();
 
+  // OUT_OF_RANGE for an index past the arguments; INVALID_ARGUMENT, naming the parameter,
+  // for a value it does not take (the bound value stays).
   absl::Status Set(size_t index, Arg value);
   void set_grid(const Grid& grid);
   void set_stream(CUstream stream);
@@ -294,7 +303,9 @@ class Kernel {
   }
 
   // The name of the variant these arguments would launch, or the error a launch would
-  // return. Launches nothing.
+  // return for a wrong argument count or arguments no variant takes: the dispatch alone
+  // (buckets and assumptions), without packing. The other arguments' types and ranges
+  // are checked by Launch and Bind only. Launches nothing.
   absl::StatusOr<std::string_view> SelectVariant(std::span<const Arg> args) const;
   // The grid a launch without an explicit grid would get: the manifest's grid expressions
   // evaluated for these arguments and the variant they select. FAILED_PRECONDITION if
@@ -379,7 +390,8 @@ class Runtime {
   // capture on `stream` (which the capture's graph then owns; see "CUDA graphs" above:
   // call it before each capture). A launch needs grid.x*grid.y*grid.z*num_ctas*
   // (global_scratch_size, plus profile_scratch_size at its alignment) bytes.
-  // FAILED_PRECONDITION while `stream` is being captured. Works in `stream`'s context.
+  // FAILED_PRECONDITION while `stream` is being captured (0 bytes: nothing to do, OK on
+  // any stream). Works in `stream`'s context.
   absl::Status ReserveScratch(CUstream stream, size_t bytes);
   // Frees `stream`'s arena and capture reservation (cuMemFree, which waits for the work
   // that used them). For CU_STREAM_PER_THREAD, the calling thread's (freed anyway when the

@@ -205,6 +205,7 @@ struct Allocation {
   CUdeviceptr base;
   size_t size;  // as requested
   const Context* context;
+  uint64_t id;  // AllocationId: unique for the process, never reused like `base` may be
 };
 
 // The driver's own thread. libcuda runs host functions (cuLaunchHostFunc) and user-object
@@ -1654,7 +1655,8 @@ CUresult FakeMemAlloc(CUdeviceptr* pointer, size_t size) {
   if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(memory, kUninitializedByte, rounded);
   const auto base = reinterpret_cast<CUdeviceptr>(memory);
-  s.allocations.push_back({.base = base, .size = size, .context = CurrentContext(s)});
+  s.allocations.push_back(
+      {.base = base, .size = size, .context = CurrentContext(s), .id = NewId()});
   s.live_bytes += static_cast<int64_t>(size);
   *pointer = base;
   return CUDA_SUCCESS;
@@ -2733,6 +2735,18 @@ void FailNext(std::string_view fn, CUresult code, int skip) {
   s.pending_failures.fetch_add(1);
 }
 
+int CancelFailures() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  int pending = 0;
+  for (std::vector<Failure>& failures : s.failures) {
+    pending += static_cast<int>(failures.size());
+    failures.clear();
+  }
+  s.pending_failures.store(0);
+  return pending;
+}
+
 void HideSymbol(std::string_view fn) {
   const int index = FnIndexOrDie(fn);
   State& s = S();
@@ -2792,6 +2806,17 @@ std::vector<std::string> Faults() {
   State& s = S();
   MutexLock lock(&s.mu);
   return s.faults;
+}
+
+uint64_t AllocationId(CUdeviceptr pointer) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  for (const Allocation& allocation : s.allocations) {
+    if (pointer >= allocation.base && pointer - allocation.base < allocation.size) {
+      return allocation.id;
+    }
+  }
+  return 0;
 }
 
 void SetLaunchNoop(bool on) { S().launch_noop.store(on); }
@@ -2875,6 +2900,14 @@ int LiveUserObjects() {
   State& s = S();
   MutexLock lock(&s.mu);
   return static_cast<int>(s.user_objects.size());
+}
+
+CUstreamCaptureStatus CaptureStatus(CUstream stream) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(stream)) return CU_STREAM_CAPTURE_STATUS_NONE;
+  const Stream* found = s.streams.Find(stream);
+  return found != nullptr ? found->capture : CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 // ---- tensor maps

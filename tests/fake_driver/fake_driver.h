@@ -190,6 +190,9 @@ KPACK_FAKE_EXPORT void SetKernelLimits(const KernelLimits& limits);
 // same call, both are used up and the earlier-registered code is returned.
 KPACK_FAKE_EXPORT void FailNext(std::string_view fn, CUresult code, int skip = 0);
 
+// Drops every pending FailNext failure and returns how many there were (0: all fired).
+KPACK_FAKE_EXPORT int CancelFailures();
+
 // cuGetProcAddress reports `fn` as missing (CUDA_ERROR_NOT_FOUND).
 KPACK_FAKE_EXPORT void HideSymbol(std::string_view fn);
 
@@ -263,6 +266,11 @@ T* DeviceArray(CUdeviceptr pointer, size_t count, std::string_view what) {
 // Emulation faults since Reset(), one message each.
 KPACK_FAKE_EXPORT std::vector<std::string> Faults();
 
+// A process-unique id of the live allocation that holds device address `pointer` (0 when
+// none does). Unlike an address, an id is never given to a later allocation: it tells
+// memory freed and allocated again at the same address apart.
+KPACK_FAKE_EXPORT uint64_t AllocationId(CUdeviceptr pointer);
+
 // On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
 // nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks. The environment
 // variable KPACK_FAKE_LAUNCH_NOOP=1 turns it on when the fake is first used (Reset turns
@@ -299,6 +307,10 @@ KPACK_FAKE_EXPORT int PrimaryContextRefCount(int device);
 KPACK_FAKE_EXPORT int LiveStreams();
 KPACK_FAKE_EXPORT int LiveGraphs();
 KPACK_FAKE_EXPORT int LiveUserObjects();
+
+// A stream's capture status as the driver holds it (NONE for a default or dead stream),
+// read without a driver call: nothing is counted, failed or invalidated.
+KPACK_FAKE_EXPORT CUstreamCaptureStatus CaptureStatus(CUstream stream);
 
 // The id cuCtxGetId reports for `context` (0 if it is not a live context).
 KPACK_FAKE_EXPORT uint64_t ContextId(CUcontext context);

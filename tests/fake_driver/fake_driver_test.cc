@@ -769,6 +769,16 @@ TEST_F(FakeDriverTest, FailNextAndCallCounts) {
   EXPECT_EQ(CallCount("LaunchKernelEx"), 2);
   ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
   ASSERT_EQ(cu.MemFree(c), CUDA_SUCCESS);
+
+  // Failures not yet due are dropped (and counted) by CancelFailures.
+  FailNext("MemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
+  FailNext("MemFree", CUDA_ERROR_INVALID_VALUE, /*skip=*/3);
+  EXPECT_EQ(cu.MemAlloc(&a, 64), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(CancelFailures(), 1);
+  EXPECT_EQ(CancelFailures(), 0);
+  CUdeviceptr four[4];
+  for (CUdeviceptr& p : four) ASSERT_EQ(cu.MemAlloc(&p, 64), CUDA_SUCCESS);
+  for (CUdeviceptr p : four) EXPECT_EQ(cu.MemFree(p), CUDA_SUCCESS) << "a cancelled failure fired";
 }
 
 TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
@@ -795,6 +805,25 @@ TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
   EXPECT_EQ(cu.MemFree(pointer), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(LiveAllocations(), 0);
   EXPECT_EQ(LiveBytes(), 0);
+
+  // Allocation ids: per allocation, for any address inside it, never given again.
+  CUdeviceptr a, b;
+  ASSERT_EQ(cu.MemAlloc(&a, 512), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemAlloc(&b, 512), CUDA_SUCCESS);
+  const uint64_t id = AllocationId(a);
+  EXPECT_NE(id, 0u);
+  EXPECT_EQ(AllocationId(a + 511), id);
+  EXPECT_NE(AllocationId(b), id);
+  EXPECT_EQ(AllocationId(a + 512), a + 512 == b ? AllocationId(b) : 0u);
+  ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
+  EXPECT_EQ(AllocationId(a), 0u);
+  std::set<uint64_t> seen = {id, AllocationId(b)};
+  for (int i = 0; i < 8; ++i) {  // the allocator may well hand `a`'s address out again
+    ASSERT_EQ(cu.MemAlloc(&a, 512), CUDA_SUCCESS);
+    EXPECT_TRUE(seen.insert(AllocationId(a)).second);
+    ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(cu.MemFree(b), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, PinnedMemoryAndAsyncCopies) {
@@ -1164,10 +1193,16 @@ TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {
   Init();
   CUstream stream;
   ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_NONE);
   ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(CaptureStatus(nullptr), CU_STREAM_CAPTURE_STATUS_NONE);
   CUdeviceptr pointer;
   EXPECT_EQ(cu.MemAlloc(&pointer, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CUstreamCaptureStatus status;
+  const int64_t calls = CallCount("StreamIsCapturing");
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(CallCount("StreamIsCapturing"), calls) << "CaptureStatus is no driver call";
   ASSERT_EQ(cu.StreamIsCapturing(stream, &status), CUDA_SUCCESS);
   EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   CUgraph graph = reinterpret_cast<CUgraph>(&pointer);
