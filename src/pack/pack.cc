@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "manifest/pack.h"
+#include "pack/files.h"
 #include "pack/pack_state.h"
 #include "util/parallel.h"
 #include "util/status_macros.h"

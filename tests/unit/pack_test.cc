@@ -184,6 +184,23 @@ std::vector<HostileCase> HostileCases() {
        },
        kInvalid,
        {"kernel 'axpy'", "'buckets'", "6003 buckets"}},
+      // A block size the cubin refuses: ptxas recorded .reqntid 128 (Triton's 4 warps).
+      {"num_warps_contradicts_the_cubins_block",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["num_warps"] = 8; },
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'num_warps'",
+        "8 warps launch blocks of 256x1x1 threads", "entry 'add_kernel'",
+        "requires blocks of 128x1x1 (its .reqntid"}},
+      // Sizes from fstat, checked before anything is allocated (a sparse terabyte).
+      {"cubin_of_a_terabyte",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) {
+         fs::resize_file(fs::path(p.dir()) / "cubins/add/default.cubin", uintmax_t{1} << 40);
+       },
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'cubin'", "1099511627776 bytes",
+        "more than the 1073741824 a pack's cubin may have"}},
       // The manifest.
       {"num_warps_1e30",
        KPACK_TEST_PACK_DIR,
@@ -302,6 +319,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, HostilePackTest, ::testing::ValuesIn(HostileCase
                          [](const ::testing::TestParamInfo<HostileCase>& info) {
                            return info.param.name;
                          });
+
+TEST(PackTest, AManifestOfATerabyteIsRefusedByItsSize) {
+  fake::Reset();
+  TempPack pack(KPACK_TEST_PACK_DIR);
+  fs::resize_file(fs::path(pack.dir()) / "manifest.json", uintmax_t{1} << 40);
+  absl::StatusOr<Pack> read = Pack::Read(pack.dir());
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+  EXPECT_THAT(Msg(read.status()),
+              AllOf(HasSubstr("manifest.json' is 1099511627776 bytes"),
+                    HasSubstr("more than the 268435456 a pack's manifest may have")));
+  ExpectReadOpenAndVerifyAgree(pack.dir());
+}
 
 TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {
   for (const char* dir : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR, KPACK_ARCH_PACK_DIR,
