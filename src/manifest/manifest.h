@@ -60,6 +60,9 @@ uint32_t SlotSize(ParamType type);
 // Bytes per element of a Triton scalar type used as a descriptor's element type ("fp16":
 // 2, "fp8e4nv": 1, ...); 0 for a name kpack does not know.
 int ElementBytes(absl::string_view dtype);
+// Bytes per element of a CUtensorMapDataType (the driver's numbering: UINT8 0 .. TFLOAT32_FTZ
+// 12); 0 for the sub-byte types (13..15) and anything else.
+int TensorMapDataTypeBytes(int data_type);
 // Whether a descriptor of this element type may pad with NaN (Triton: a floating-point
 // base tensor).
 bool IsFloatElement(absl::string_view dtype);

@@ -2,7 +2,10 @@
 // `tensordesc<fp16[64, 64]>`, ...), and the tables every other part of kpack reads them
 // by -- slot sizes, element sizes, names, and the names of a tensor descriptor's slots.
 
+#include <cuda.h>
+
 #include <cstdint>
+#include <iterator>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -145,6 +148,16 @@ int ElementBytes(absl::string_view dtype) {
       {"fp32", 4},     {"i64", 8},      {"u64", 8},      {"fp64", 8}};
   auto it = kBytes->find(dtype);
   return it == kBytes->end() ? 0 : it->second;
+}
+
+int TensorMapDataTypeBytes(int data_type) {
+  // UINT8, UINT16, UINT32, INT32, UINT64, INT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16,
+  // FLOAT32_FTZ, TFLOAT32, TFLOAT32_FTZ (cuda.h's CUtensorMapDataType, 0..12).
+  static constexpr int kBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4};
+  static_assert(CU_TENSOR_MAP_DATA_TYPE_FLOAT16 == 6 && CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 == 9 &&
+                CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ == 12);
+  if (data_type < 0 || data_type >= static_cast<int>(std::size(kBytes))) return 0;
+  return kBytes[data_type];
 }
 
 bool IsFloatElement(absl::string_view dtype) {

@@ -111,6 +111,17 @@ absl::Status ParseTensorDescMeta(const json& v, const Where& where, VariantSpec&
       return w.Error("elem_size", absl::StrCat(d.elem_size, " differs from the ", declared,
                                                " bytes of the element type of ", d.type_name));
     }
+    // The encode's element type decides how many bytes each element of the tensor covers:
+    // a wider one than the parameter's would have TMA reach past the end of the tensor.
+    if (const int encoded = TensorMapDataTypeBytes(d.data_type);
+        !d.fp4_padded && encoded != declared) {
+      return w.Error(
+          "data_type",
+          absl::StrCat(d.data_type, " (a CUtensorMapDataType of ",
+                       encoded == 0 ? "sub-byte" : absl::StrCat(encoded, "-byte"),
+                       " elements) does not match the ", declared,
+                       "-byte elements of ", d.type_name));
+    }
     const size_t rank = d.block.size();
     KPACK_RETURN_IF_ERROR(ParseDims(m, "block_size", w, rank, 256, d.type_name, &d.box));
     if (m.contains("element_strides")) {
