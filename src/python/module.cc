@@ -4,9 +4,11 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +117,22 @@ NB_MODULE(_kpack, m) {
       });
 
   InitGraph(m);
+
+  // The one spelling of a bucket's range (kpack::DescribeBucket), for the pack tools
+  // (tools/kpack_tools), so that their messages say what the runtime's say.
+  m.def(
+      "describe_bucket",
+      [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& dims,
+         const std::vector<int>& index) {
+        std::vector<kpack::BucketDimInfo> infos;
+        for (const auto& [param, edges] : dims) infos.push_back({param, edges, std::nullopt});
+        return kpack::DescribeBucket(infos, index);
+      },
+      nb::arg("dims"), nb::arg("index"),
+      "describe_bucket(dims, index) -> str: a bucket in words, e.g. '17 <= M <= 64, N >= "
+      "4097' (kpack::DescribeBucket): `dims` are (parameter, inclusive upper edges) pairs, "
+      "`index` one bucket index per dim; 'every bucket' for no index, 'no buckets' for no "
+      "dims.");
 
   nb::module_ testing = m.def_submodule(
       "_testing", "Test and benchmark helpers (tensor stand-ins); not part of the API.");

@@ -91,7 +91,7 @@ TEST_F(CliTest, InspectShowsKernelsVariantsAndLayouts) {
   ASSERT_EQ(r.code, kOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("buckets on n: edges 4096, 262144"),
                            HasSubstr("grid: (cdiv(n, BLOCK))"),
-                           HasSubstr("bucket: 4096 < n <= 262144"), HasSubstr("n > 262144"),
+                           HasSubstr("bucket: 4097 <= n <= 262144"), HasSubstr("n >= 262145"),
                            HasSubstr("\"stride_x\":[\"eq1\"]"), HasSubstr("{\"n\":\"i64\"}")));
 }
 

@@ -300,7 +300,7 @@ TEST_F(DispatchRuntimeTest, BucketWithoutVariantIsRefusedAtOpen) {
   EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(rt.status().message()),
               AllOf(HasSubstr("manifest.json: kernel 'axpy'"),
-                    HasSubstr("no variant serves bucket 1 (4096 < n <= 262144)")));
+                    HasSubstr("no variant serves bucket 1 (4097 <= n <= 262144)")));
   EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
 }
 

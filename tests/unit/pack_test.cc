@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -331,6 +332,38 @@ TEST(PackTest, AManifestOfATerabyteIsRefusedByItsSize) {
               AllOf(HasSubstr("manifest.json' is 1099511627776 bytes"),
                     HasSubstr("more than the 268435456 a pack's manifest may have")));
   ExpectReadOpenAndVerifyAgree(pack.dir());
+}
+
+// kpack::DescribeBucket and BucketDimInfo::RangeOf: the one rule for a bucket's range and
+// its spelling, which dispatch errors, StepGraph errors, `kpack inspect` and the Python
+// tools (through the extension) all use.
+TEST(PackTest, BucketRangesHaveOneSpelling) {
+  const BucketDimInfo m{"M", {16, 64}, std::nullopt};
+  EXPECT_FALSE(m.RangeOf(0).low.has_value());
+  EXPECT_EQ(m.RangeOf(0).high, 16);
+  EXPECT_EQ(m.RangeOf(1).low, 17);
+  EXPECT_EQ(m.RangeOf(1).high, 64);
+  EXPECT_EQ(m.RangeOf(2).low, 65);
+  EXPECT_FALSE(m.RangeOf(2).high.has_value());
+  EXPECT_EQ(m.DescribeRange(0), "M <= 16");
+  EXPECT_EQ(m.DescribeRange(1), "17 <= M <= 64");
+  EXPECT_EQ(m.DescribeRange(2), "M >= 65");
+  EXPECT_EQ(m.DescribeRange(3), "M in no bucket (index 3 of 3)");
+  const BucketDimInfo n{"N", {4096}, 8192};
+  const BucketDimInfo dims[] = {m, n};
+  const int index[] = {1, 1};
+  EXPECT_EQ(DescribeBucket(dims, index), "17 <= M <= 64, N >= 4097");
+  EXPECT_EQ(DescribeBucket(dims, {}), "every bucket");
+  EXPECT_EQ(DescribeBucket({}, index), "no buckets");
+  // The largest edge there is: the bucket above it holds nothing, and nothing overflows.
+  const BucketDimInfo top{"n", {0, std::numeric_limits<int64_t>::max()}, std::nullopt};
+  EXPECT_EQ(top.DescribeRange(1), "1 <= n <= 9223372036854775807");
+  EXPECT_EQ(top.DescribeRange(2), "n >= 9223372036854775807");
+  // What `kpack inspect` prints for the dispatch pack (whose edges are 4096 and 262144).
+  absl::StatusOr<Pack> pack = Pack::Read(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(pack.ok()) << pack.status();
+  const KernelInfo& axpy = pack->kernels()[0];
+  EXPECT_EQ(DescribeBucket(axpy.buckets, axpy.variants[0].bucket), "n <= 4096");
 }
 
 TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {

@@ -99,25 +99,6 @@ json KernelJson(const KernelInfo& k) {
   return kernel;
 }
 
-std::string BucketText(const KernelInfo& k, const VariantInfo& v) {
-  if (k.buckets.empty()) return "";
-  if (v.bucket.empty()) return "all buckets";
-  std::vector<std::string> parts;
-  for (size_t d = 0; d < v.bucket.size(); ++d) {
-    const auto& edges = k.buckets[d].edges;
-    const std::string& name = k.buckets[d].param;
-    size_t i = static_cast<size_t>(v.bucket[d]);
-    if (i == 0) {
-      parts.push_back(absl::StrCat(name, " <= ", edges[0]));
-    } else if (i == edges.size()) {
-      parts.push_back(absl::StrCat(name, " > ", edges.back()));
-    } else {
-      parts.push_back(absl::StrCat(edges[i - 1], " < ", name, " <= ", edges[i]));
-    }
-  }
-  return absl::StrJoin(parts, ", ");
-}
-
 // "tensordesc a_desc: fp16, block [64, 128]; TMA: box [64, 64], ..." (the encode's
 // arguments from the manifest), or the pointer form.
 std::string DescText(const TensorDescInfo& d) {
@@ -166,8 +147,7 @@ void PrintKernel(const KernelInfo& k, std::ostream& out) {
     out << "    scratch: global " << v.global_scratch_size << " B/program (align "
         << v.global_scratch_align << "), profile " << v.profile_scratch_size << " B/program (align "
         << v.profile_scratch_align << ")\n";
-    std::string bucket = BucketText(k, v);
-    if (!bucket.empty()) out << "    bucket: " << bucket << "\n";
+    if (!k.buckets.empty()) out << "    bucket: " << DescribeBucket(k.buckets, v.bucket) << "\n";
     json assumptions = Assumptions(v), types = Types(k, v);
     if (!assumptions.empty()) out << "    assumptions: " << assumptions.dump() << "\n";
     if (!types.empty()) out << "    types: " << types.dump() << "\n";
