@@ -23,8 +23,6 @@
 #include "kpack/kpack.h"
 #include "manifest/manifest.h"
 #include "npy.h"
-#include "runtime/launch.h"
-#include "runtime/runtime_impl.h"
 #include "util/status_macros.h"
 
 namespace kpack::cli {
@@ -96,26 +94,6 @@ class Session {
       KPACK_ASSIGN_OR_RETURN(d.grid, kernel_.GridFor(args_));
     }
     return d;
-  }
-
-  // For Bench: the variant's internals, to send kpack's very buffer through the raw
-  // driver. internal::KernelAccess stays for this until BoundLaunch::Prepare (workstream E)
-  // replaces it; Run uses only the public API (Describe).
-  struct Plan {
-    const internal::VariantData* variant;
-    Grid grid;
-  };
-  absl::StatusOr<Plan> MakePlan() const {
-    const internal::KernelData* k = internal::KernelAccess::Get(kernel_);
-    internal::DispatchTable::Choice choice;
-    KPACK_RETURN_IF_ERROR(k->runtime->Select(*k, args_, &choice));
-    Plan plan{k->variants[choice.variant], {}};
-    if (grid_.has_value()) {
-      plan.grid = *grid_;
-    } else {
-      KPACK_ASSIGN_OR_RETURN(plan.grid, k->runtime->EvalGrid(*plan.variant, args_));
-    }
-    return plan;
   }
 
   absl::Status Launch(CUstream stream) const {
@@ -400,9 +378,9 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
   }
   Session& s = **session;
   const Driver& d = s.driver();
-  auto plan = s.MakePlan();
-  if (!plan.ok()) {
-    err << "kpack bench: " << plan.status().message() << "\n";
+  auto call = s.Describe();
+  if (!call.ok()) {
+    err << "kpack bench: " << call.status().message() << "\n";
     return kFailed;
   }
   CUstream stream;
@@ -449,8 +427,8 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
     return kFailed;
   }
   const double kpack_m = Median(kpack_us), raw_m = Median(raw_us);
-  out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
-      << GridText(plan->grid) << ", " << o.repetitions << " batches of " << o.batch
+  out << "kernel " << o.kernel << ": variant " << call->variant->name << ", grid "
+      << GridText(call->grid) << ", " << o.repetitions << " batches of " << o.batch
       << " launches\n";
   out << absl::StrFormat("%-34s %10s %10s %10s\n", "host time per launch", "median us", "min us",
                          "x raw");
