@@ -1,5 +1,7 @@
-// kpack inspect PACK [KERNEL] [--json]
+// kpack inspect PACK [KERNEL] [--json] [--driver PATH]: what a pack holds, from kpack::Pack
+// (no driver needed).
 
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "commands.h"
+#include "driver/driver.h"
 #include "kpack/pack.h"
 #include "nlohmann/json.hpp"
 
@@ -170,6 +173,15 @@ int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     err << "kpack inspect: " << pack.status().message() << "\n";
     return kFailed;
   }
+  std::string driver_line;  // inspecting reads the pack alone; a named driver must load
+  if (!o.driver.empty()) {
+    absl::StatusOr<std::shared_ptr<const internal::Driver>> d = internal::Driver::Load(o.driver);
+    if (!d.ok()) {
+      err << "kpack inspect: " << d.status().message() << "\n";
+      return kFailed;
+    }
+    driver_line = absl::StrCat("driver: ", (*d)->path, " (loads; inspecting needs none)\n");
+  }
   std::vector<const KernelInfo*> kernels;
   if (o.kernel.empty()) {
     for (const KernelInfo& k : pack->kernels()) kernels.push_back(&k);
@@ -188,6 +200,7 @@ int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
         << "\n";
     return kOk;
   }
+  out << driver_line;
   out << "pack " << pack->dir() << " (" << pack->generator() << "): " << pack->kernels().size()
       << " kernel" << (pack->kernels().size() == 1 ? "" : "s") << "\n";
   for (const KernelInfo* k : kernels) PrintKernel(*k, out);
