@@ -52,6 +52,7 @@
 #include <bit>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <type_traits>
 
 namespace kpack {
@@ -82,7 +83,8 @@ struct TensorDesc {
                                    // positive multiples of 16 bytes
   TensorDescPadding padding = TensorDescPadding::kZero;
 
-  // A contiguous (row-major) tensor of `shape` at `base`.
+  // A contiguous (row-major) tensor of `shape` at `base`. A stride that would not fit in
+  // int64 (a hostile shape) is INT64_MAX, which the launch refuses.
   static TensorDesc RowMajor(CUdeviceptr base, std::initializer_list<int64_t> shape,
                              TensorDescPadding padding = TensorDescPadding::kZero) {
     TensorDesc d;
@@ -95,10 +97,12 @@ struct TensorDesc {
       }
       d.shape[d.rank++] = n;
     }
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
     int64_t stride = 1;
     for (int i = d.rank < kMaxRank ? d.rank : kMaxRank; i-- > 0;) {
       d.strides[i] = stride;
-      stride *= d.shape[i];
+      const int64_t n = d.shape[i];
+      stride = n > 0 && stride <= kMax / n ? stride * n : kMax;
     }
     return d;
   }

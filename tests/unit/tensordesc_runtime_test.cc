@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,19 @@ TEST_F(TensorDescRuntimeTest, Fp4PaddingDoublesTheLastDimension) {
               HasSubstr("shape[1] = 4611686018427387904 is outside [1, 2^31) (the last "
                         "dimension is doubled for fp4 padding)"));
   EXPECT_EQ(fake::LaunchCount(), launches);
+}
+
+// RowMajor of a hostile shape: strides that do not fit saturate (and are refused at
+// launch) instead of overflowing int64 (undefined behaviour the UBSan tier catches).
+TEST(TensorDescTest, RowMajorStridesSaturateInsteadOfOverflowing) {
+  const TensorDesc d = TensorDesc::RowMajor(kIn, {3, int64_t{1} << 40, int64_t{1} << 40});
+  EXPECT_EQ(d.strides[2], 1);
+  EXPECT_EQ(d.strides[1], int64_t{1} << 40);
+  EXPECT_EQ(d.strides[0], std::numeric_limits<int64_t>::max());
+  const TensorDesc wide = TensorDesc::RowMajor(kIn, {64, int64_t{1} << 62});
+  EXPECT_EQ(wide.strides[0], int64_t{1} << 62);
+  const TensorDesc negative = TensorDesc::RowMajor(kIn, {-5, 8, 2});
+  EXPECT_EQ(negative.strides[0], 16);
 }
 
 // Without TMA (an sm_80 build): base pointer, shape and strides as i64, the padding flag,
