@@ -105,6 +105,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -117,12 +118,13 @@
 
 namespace kpack {
 
+class StepGraph;
+struct BoundLaunchSnapshot;
+
 namespace internal {
 struct KernelData;
 struct BoundState;
 class RuntimeImpl;
-struct KernelAccess;  // `kpack bench` only, until BoundLaunch can prepare a raw launch
-struct BoundAccess;   // kpack::StepGraph (kpack/graph.h) reads a BoundLaunch's state
 }  // namespace internal
 
 // Scratch memory from the caller, as Triton's triton.set_allocator provides it: `allocate`
@@ -208,10 +210,15 @@ class BoundLaunch {
   // context if needed, takes its scratch, and returns the driver call's arguments (see
   // PreparedLaunch for what they are and how long they live). Counts no launch.
   absl::StatusOr<PreparedLaunch> Prepare();
+  // What this BoundLaunch holds now (see BoundLaunchSnapshot): loads nothing, calls no
+  // driver function, allocates nothing.
+  BoundLaunchSnapshot snapshot() const;
 
  private:
   friend class Kernel;
-  friend struct internal::BoundAccess;
+  // StepGraph (kpack/graph.h) reads each BoundLaunch's variant, grid and packed bytes at
+  // every replay, through the state behind it, which stays put when the BoundLaunch moves.
+  friend class StepGraph;
   explicit BoundLaunch(std::unique_ptr<internal::BoundState> state);
   std::unique_ptr<internal::BoundState> state_;
 };
@@ -327,11 +334,37 @@ class Kernel {
 
  private:
   friend class internal::RuntimeImpl;
-  friend struct internal::KernelAccess;
   explicit Kernel(const internal::KernelData* data) : data_(data) {}
   absl::StatusOr<BoundLaunch> BindImpl(const Grid* grid, CUstream stream,
                                        std::span<const Arg> args) const;
   const internal::KernelData* data_ = nullptr;
+};
+
+// A BoundLaunch as it stands (BoundLaunch::snapshot()): what its next Launch sends, for
+// tools, tests and callers that inspect launches or send them themselves (Prepare gives
+// the driver call itself). `args` and `params` point into the BoundLaunch: they stay valid
+// when it moves, and until it is destroyed or changed (Set, set_grid, set_stream,
+// set_scratch_allocator); Launch and Prepare rewrite the scratch slots of `params` in
+// place. `variant` lives as long as the Runtime.
+struct BoundLaunchSnapshot {
+  Kernel kernel;  // the kernel (or Kernel::Restrict view) it was bound from
+  // The variant the arguments select now, one of kernel.info().variants (Set selects it
+  // again when an argument that decides the bucket or an assumption changes).
+  const VariantInfo* variant = nullptr;
+  // The choice was a fallback: a more specialized variant of the same bucket exists, but
+  // an assumption of it fails for these arguments (counted in variant_stats()).
+  bool fallback = false;
+  // The explicit grid (Bind with a grid, set_grid); nullopt: the grid expressions,
+  // evaluated at each Launch for the arguments (Kernel::GridFor(args) gives it).
+  std::optional<Grid> grid;
+  CUstream stream = nullptr;
+  ScratchAllocator scratch;   // set_scratch_allocator's; unset: the Runtime's (Options)
+  std::span<const Arg> args;  // the call arguments bound now; a tensordesc's points at the
+                              // BoundLaunch's own copy of the descriptor
+  // The packed parameter buffer, laid out as variant->layout says (param_bytes long), every
+  // argument's bytes as they go to the kernel; the scratch slots hold what the last
+  // Launch or Prepare wrote there (0 before either).
+  std::span<const std::byte> params;
 };
 
 class Runtime {

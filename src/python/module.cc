@@ -21,9 +21,11 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -148,4 +150,20 @@ NB_MODULE(_kpack, m) {
       .def("stats", &Stats,
            "stats() -> dict of Runtime::Stats: libraries_loaded, scratch_arenas, "
            "scratch_reserved, scratch_in_graphs, scratch_idle, scratch_bytes.");
+
+  // The one spelling of a bucket's range (kpack::DescribeBucket), for the pack tools
+  // (tools/kpack_tools), so that their messages say what the runtime's say.
+  m.def(
+      "describe_bucket",
+      [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& dims,
+         const std::vector<int>& index) {
+        std::vector<kpack::BucketDimInfo> infos;
+        for (const auto& [param, edges] : dims) infos.push_back({param, edges, std::nullopt});
+        return kpack::DescribeBucket(infos, index);
+      },
+      nb::arg("dims"), nb::arg("index"),
+      "describe_bucket(dims, index) -> str: a bucket in words, e.g. '17 <= M <= 64, N >= "
+      "4097' (kpack::DescribeBucket): `dims` are (parameter, inclusive upper edges) pairs, "
+      "`index` one bucket index per dim; 'every bucket' for no index, 'no buckets' for no "
+      "dims.");
 }

@@ -274,14 +274,6 @@ inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
-// A Kernel's internals for `kpack bench` (tools/cli/run.cc), which sends kpack's very
-// packed buffer through the raw driver. Everything else in the tools uses the public API
-// (kpack/pack.h, Kernel::info, GridFor); remove this once BoundLaunch::Prepare serves
-// bench.
-struct KernelAccess {
-  static const KernelData* Get(const Kernel& k) { return k.data_; }
-};
-
 // A BoundLaunch's packed call. `args` keeps the values so that a Set that changes the
 // dispatch re-selects the variant and repacks. `prepared` is what BoundLaunch::Prepare
 // last handed out (its extra array points into it and at `buf`).
@@ -300,13 +292,6 @@ struct BoundState {
   RuntimeImpl::DriverLaunch prepared{};
   std::byte* buf = nullptr;  // the variant's buffer in `storage`
   ParamStorage storage;
-};
-
-// A BoundLaunch's state for kpack::StepGraph (src/graph/), which reads its variant, grid,
-// arguments and packed buffer at every replay.
-struct BoundAccess {
-  static BoundState& Get(BoundLaunch& b) { return *b.state_; }
-  static const BoundState& Get(const BoundLaunch& b) { return *b.state_; }
 };
 
 }  // namespace kpack::internal

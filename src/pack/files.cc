@@ -1,4 +1,7 @@
-#include "manifest/pack.h"
+// Reading a pack's files (pack/files.h): the directory opened once, each cubin opened
+// beneath it and read whole, checked against its sha256 and the manifest's variant.
+
+#include "pack/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,10 +12,12 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <span>
 #include <system_error>
 #include <utility>
@@ -28,10 +33,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A file of a pack, for ReadFd: what it is, and the most bytes it may have.
+struct FileKind {
+  const char* name;    // "manifest", "cubin"
+  const char* field;   // the manifest field naming it, or null
+  uint64_t max_bytes;
+};
+constexpr FileKind kManifestFile{"manifest", nullptr, kMaxManifestBytes};
+constexpr FileKind kCubinFile{"cubin", "cubin", kMaxCubinBytes};
+
 // Reads the regular file open as `fd` (closing it); -1 means open failed with `errno`.
-// `path` names it in messages.
+// `path` names it in messages. The size fstat gives is checked against `kind`'s limit
+// before anything is allocated, and an allocation that fails anyway is an error, not a
+// std::bad_alloc.
 absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
-                                              absl::string_view what) {
+                                              absl::string_view what, const FileKind& kind) {
   struct stat st;
   if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int error = errno;
@@ -43,7 +59,22 @@ absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
     return absl::NotFoundError(
         absl::StrCat(what, ": '", path.string(), "' does not exist or is not a regular file"));
   }
-  std::vector<std::byte> data(static_cast<size_t>(st.st_size));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > kind.max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, kind.field != nullptr ? absl::StrCat(": field '", kind.field, "'") : "", ": ",
+        kind.name, " '", path.string(), "' is ", size, " bytes, more than the ",
+        kind.max_bytes, " a pack's ", kind.name, " may have"));
+  }
+  std::vector<std::byte> data;
+  try {
+    data.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": no memory for the ", size,
+                                                     " bytes of '", path.string(), "'"));
+  }
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
@@ -63,8 +94,9 @@ absl::StatusOr<std::vector<std::byte>> ReadFd(int fd, const fs::path& path,
 // instead of blocking the open.
 constexpr int kOpenFlags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;
 
-absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what) {
-  return ReadFd(::open(path.c_str(), kOpenFlags), path, what);
+absl::StatusOr<std::vector<std::byte>> ReadFile(const fs::path& path, absl::string_view what,
+                                                const FileKind& kind) {
+  return ReadFd(::open(path.c_str(), kOpenFlags), path, what, kind);
 }
 
 // Opens `rel` below the directory `dir` in one system call, the kernel refusing any
@@ -116,7 +148,7 @@ absl::StatusOr<ManifestSpec> ReadManifest(absl::string_view dir, std::string* ro
   *root = canonical.string();
   fs::path manifest_path = canonical / "manifest.json";
   KPACK_ASSIGN_OR_RETURN(std::vector<std::byte> text,
-                         ReadFile(manifest_path, absl::StrCat("pack '", dir, "'")));
+                         ReadFile(manifest_path, absl::StrCat("pack '", dir, "'"), kManifestFile));
   return ParseManifest(absl::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
                        manifest_path.string());
 }
@@ -141,6 +173,26 @@ absl::Status CheckCubin(const KernelSpec& kernel, const VariantSpec& variant,
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": field 'entry': '", variant.entry, "' is not a kernel of cubin '", variant.cubin,
         "' (it has: ", names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
+  }
+  // The block a launch uses, 32 * num_warps threads in x, against what ptxas recorded: a
+  // contradiction would fail only when the driver loads or launches it.
+  const uint64_t threads = uint64_t{32} * static_cast<uint64_t>(variant.num_warps);
+  const std::string block = absl::StrCat(variant.num_warps, " warps launch blocks of ",
+                                         threads, "x1x1 threads");
+  if (const auto& r = entry->required_block; r.has_value() && *r != std::array<uint32_t, 3>{
+                                                 static_cast<uint32_t>(threads), 1, 1}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'num_warps': ", block, ", but entry '", variant.entry, "' in cubin '",
+        variant.cubin, "' requires blocks of ", (*r)[0], "x", (*r)[1], "x", (*r)[2],
+        " (its .reqntid, EIATTR_REQNTID)"));
+  }
+  if (const auto& m = entry->max_block;
+      m.has_value() && threads > uint64_t{(*m)[0]} * (*m)[1] * (*m)[2]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": field 'num_warps': ", block, ", but entry '", variant.entry, "' in cubin '",
+        variant.cubin, "' takes at most ", uint64_t{(*m)[0]} * (*m)[1] * (*m)[2],
+        " threads per block (its .maxntid ", (*m)[0], "x", (*m)[1], "x", (*m)[2],
+        ", EIATTR_MAX_THREADS)"));
   }
   std::vector<std::string> differences;
   const size_t n = std::max(variant.layout.size(), entry->params.size());
@@ -205,9 +257,9 @@ absl::StatusOr<std::vector<std::byte>> PackDir::ReadFile(absl::string_view rel,
   // The common case in one system call; everything else (a symlink, even one that stays
   // inside; a missing file; an old kernel) through the path that says precisely why.
   const int fd = OpenBeneath(fd_, path.native());
-  if (fd >= 0) return ReadFd(fd, (fs::path(root_) / path).lexically_normal(), where);
+  if (fd >= 0) return ReadFd(fd, (fs::path(root_) / path).lexically_normal(), where, kCubinFile);
   KPACK_ASSIGN_OR_RETURN(fs::path full, ResolveInside(fs::path(root_), rel, where));
-  return internal::ReadFile(full, where);
+  return internal::ReadFile(full, where, kCubinFile);
 }
 
 absl::StatusOr<std::vector<std::byte>> ReadVariantCubin(const PackDir& dir,
