@@ -153,16 +153,16 @@ TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
 // Counts in words ("1 kernel", not "1 kernels"), and each problem on stderr under the
 // subcommand's name, as the other subcommands write theirs.
 TEST_F(CliTest, VerifySpeaksLikeTheOtherSubcommands) {
-  Result one = Cli({"verify", KPACK_SCALAR_PACK_DIR, "--driver", kNoDriver});
+  Result one = Cli({"verify", KPACK_SCALAR_PACK_DIR, "--offline"});
   EXPECT_EQ(one.code, kOk) << one.err;
   EXPECT_THAT(one.out, HasSubstr("offline: manifest, 1 kernel, 1 variant ("));
-  Result many = Cli({"verify", KPACK_DISPATCH_PACK_DIR, "--driver", kNoDriver});
+  Result many = Cli({"verify", KPACK_DISPATCH_PACK_DIR, "--offline"});
   EXPECT_THAT(many.out, HasSubstr("offline: manifest, 1 kernel, 10 variants ("));
   TempPack pack;
   pack.variant("add")["arch"] = 80;
   pack.variant("scalars")["entry"] = "not_there";
   pack.Save();
-  Result bad = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  Result bad = Cli({"verify", pack.dir(), "--offline"});
   EXPECT_EQ(bad.code, kFailed);
   const std::vector<std::string> lines = absl::StrSplit(bad.err, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 3u) << bad.err;
