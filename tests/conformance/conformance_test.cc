@@ -545,16 +545,23 @@ TEST_P(ScratchTest, EachThreadsPerThreadStreamHasItsOwnScratch) {
 
 // A thread that exits while its last launch is still queued on the GPU (behind a host
 // function that waits for the test): its per-thread arena is freed as it exits, but the
-// launch must still find its scratch there when it runs (cuMemFree waits for it).
+// launch must still find its scratch there when it runs (cuMemFree waits for it). A first
+// launch, synchronized, makes the arena and loads the kernel before the host function is
+// queued: on the real driver a module load or a legacy-stream copy behind the blocked
+// per-thread stream would wait for the test, which waits for the thread.
 TEST_P(ScratchTest, AnExitingThreadsScratchOutlivesItsLastLaunch) {
   auto rt = Open(KPACK_TEST_PACK_DIR);
   Kernel scratch = *rt->Find("scratch");
+  ScratchJob warm = Job(128, 96, 39);
   ScratchJob job = Job(128, 96, 40);
   std::atomic<bool> open{false}, launched{false};
   absl::Status status;
   std::thread t([&] {
     if (d().CtxSetCurrent(primary_) != CUDA_SUCCESS) {
       status = absl::InternalError("cuCtxSetCurrent");
+    } else if (status = Launch(scratch, warm, CU_STREAM_PER_THREAD); !status.ok()) {
+    } else if (d().StreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) {
+      status = absl::InternalError("cuStreamSynchronize");
     } else if (d().LaunchHostFunc(
                    CU_STREAM_PER_THREAD,
                    [](void* open) { static_cast<std::atomic<bool>*>(open)->wait(false); },
@@ -571,6 +578,7 @@ TEST_P(ScratchTest, AnExitingThreadsScratchOutlivesItsLastLaunch) {
   open.notify_all();
   t.join();
   KP_ASSERT_OK(status);
+  EXPECT_EQ(Mismatches(warm), 0u);
   EXPECT_EQ(Mismatches(job), 0u);
   EXPECT_EQ(rt->stats().scratch_arenas, 0u);
   EXPECT_EQ(rt->stats().scratch_bytes, 0u);
