@@ -285,6 +285,9 @@ absl::Status Engine::SyntheticContext(int rows, int context, uint64_t seed, bool
     state ^= state >> 27;
     return state * 0x2545f4914f6cdd1dull;
   };
+  // The tokens first: they must not depend on whether the cache is filled this time.
+  std::vector<int32_t> tokens(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows), context);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(next() % static_cast<uint64_t>(c.vocab_size));
   const internal::Driver& cu = device_.driver();
   if (fill_cache) {
     // One block of random bf16 values, copied over the rows' slots of every layer (slots
@@ -309,8 +312,6 @@ absl::Status Engine::SyntheticContext(int rows, int context, uint64_t seed, bool
       }
     }
   }
-  std::vector<int32_t> tokens(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows), context);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(next() % static_cast<uint64_t>(c.vocab_size));
   const StepBuffers& b = buffers_;
   KPACK_RETURN_IF_ERROR(device_.Check(cu.MemcpyHtoD(b.tokens(), tokens.data(), tokens.size() * 4),
                                       "setting synthetic tokens"));

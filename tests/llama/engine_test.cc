@@ -236,6 +236,20 @@ TEST_F(LlamaEngineTest, SyntheticContextStartsRowsAtAPositionOverARandomCache) {
     EXPECT_EQ(e.sequences().position(1), 34);
   }
   EXPECT_EQ(tokens[0], tokens[1]);
+  // The start tokens follow from the seed alone, whether or not the cache is filled again:
+  // the benchmark fills it once and compares every sequence with the first.
+  LL_ASSERT_OK(e.SyntheticContext(2, 30, 7, /*fill_cache=*/true));
+  const std::vector<int32_t> filled = DeviceRead<int32_t>(*device_, e.buffers().tokens(), 2);
+  LL_ASSERT_OK(e.SyntheticContext(2, 30, 7, /*fill_cache=*/false));
+  EXPECT_EQ(DeviceRead<int32_t>(*device_, e.buffers().tokens(), 2), filled);
+  RunOptions run;
+  run.batch = 2;
+  run.steps = 3;
+  run.context = 30;
+  run.warmup_seqs = 1;
+  run.timed_seqs = 2;
+  const absl::StatusOr<RunResult> repeated = RunSequences(e, run);
+  EXPECT_TRUE(repeated.ok()) << repeated.status();
 }
 
 TEST_F(LlamaEngineTest, DecodeRefusesRowsWithoutASequence) {

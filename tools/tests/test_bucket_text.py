@@ -4,7 +4,7 @@ checkout without the extension) must say the same."""
 
 import pytest
 
-from kpack_tools import pack as pack_module
+from kpack_tools import pack_dispatch as pack_module
 from kpack_tools.spec import describe_bucket_index
 
 CASES = [
