@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
   }
   paths.push_back({"kpack_by_kernel_no_nvtx/args4",
                    [&] { return g.KpackByKernel(args4.kernel_no_nvtx, args4.inputs, s); }});
-  paths.push_back({"kpack_by_name/args4", [&] { return g.KpackByName(args4, s); }});
+  for (const ArgsKernel& k : g.kernels()) {
+    paths.push_back({"kpack_by_name/" + k.name, [&g, &k, s] { return g.KpackByName(k, s); }});
+  }
   auto bound = g.Bind(args4, s);
   if (!bound.ok()) {
     std::fprintf(stderr, "kpack_overhead_bench: bind failed: %s\n",

@@ -183,12 +183,14 @@ class Arg {
   uint64_t bits() const { return bits_; }
 
  private:
+  // In this order: the runtime's packing reads an Arg array as 16-byte records, the
+  // payload at byte 0 and the kind at byte 8.
   uint64_t bits_ = 0;
   Kind kind_ = Kind::kUnsigned;
 };
 
 static_assert(sizeof(Arg) == 16);
-static_assert(std::is_trivially_copyable_v<Arg>);
+static_assert(std::is_trivially_copyable_v<Arg> && std::is_standard_layout_v<Arg>);
 
 // A short English description of an Arg's C++ type, for error messages.
 const char* ArgKindName(Arg::Kind kind);

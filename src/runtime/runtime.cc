@@ -209,6 +209,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
     if (variant != st.variant) {
       internal::ParamStorage packed;
       std::byte* const buf = packed.bytes + variant->buffer_shift;
+      // PackArgs writes every byte of the buffer, the gaps and scratch pointers as zeros.
       absl::Status s = k.runtime->PackArgs(*variant, st.args, buf);
       if (!s.ok()) {
         st.args[index] = old;

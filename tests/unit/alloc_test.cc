@@ -170,6 +170,12 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
     ok &= bound->Launch().ok();
     ok &=
         scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40).ok();
+    // Kinds the packing plan leaves to PackArg (unsigned n, a float for bf16 and an
+    // unsigned for i64): the whole call repacked through PackEach, allocating nothing too.
+    ok &= scalars
+              .Launch(Grid{2}, nullptr, kX, kOut, static_cast<uint32_t>(i), 0.5f, 0.25f, 1.5, true,
+                      uint64_t{1} << 40)
+              .ok();
     ok &= cluster.Launch(Grid{3}, nullptr, kX, kOut, i).ok();
     ok &= scratch.Launch(Grid{4, 4}, nullptr, kX, kOut, 128, 128, 128).ok();
     ok &= scratch.Launch(Grid{4, 4}, CU_STREAM_PER_THREAD, kX, kOut, 128, 128, 128).ok();
@@ -178,7 +184,7 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
   }
   Counts after = Snapshot();
   EXPECT_TRUE(ok);
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 10000);
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 11000);
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
