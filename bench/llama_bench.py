@@ -150,11 +150,24 @@ class TorchArm:
         self.pos = torch.zeros(batch, dtype=torch.int64, device="cuda")
         self.step = self.model.decode_step
         if compiled:
+            # The compiled function mutates no input but the static KV cache: the next
+            # tokens are returned and copied eagerly (reduce-overhead skips CUDA graphs for
+            # functions that mutate their arguments; Inductor says why under perf_hints).
             self.model.mark_static()
-            torch._dynamo.mark_static_address(self.tokens)
-            torch._dynamo.mark_static_address(self.pos)
-            self.step = torch.compile(self.model.decode_step, mode="reduce-overhead",
-                                      fullgraph=True)
+            torch._logging.set_logs(perf_hints=True)
+            model = self.model
+
+            def next_tokens(tokens, pos):
+                rows = model.batch_rows[:tokens.shape[0]]
+                return model.forward(tokens[:, None], pos[:, None], rows)[:, 0].argmax(dim=-1)
+
+            compiled_step = torch.compile(next_tokens, mode="reduce-overhead", fullgraph=True)
+
+            def step(tokens, pos):
+                tokens.copy_(compiled_step(tokens, pos))
+                pos.add_(1)
+
+            self.step = step
 
     def sequence(self, steps, prompt=None, context=None, seed=0):
         import reference  # noqa: PLC0415

@@ -246,20 +246,36 @@ class Fake:
         assert r == 0
         self.graph_destroy(graph)
 
+    def _relaxed(self, call):
+        """``call()`` in RELAXED capture interaction mode (cuThreadExchangeStreamCaptureMode),
+        as a program instantiates or destroys graphs while one of its streams captures."""
+        exchange = self._proc("cuThreadExchangeStreamCaptureMode", 10010,
+                              ctypes.POINTER(ctypes.c_int))
+        mode = ctypes.c_int(2)
+        assert exchange(ctypes.byref(mode)) == 0
+        try:
+            return call()
+        finally:
+            assert exchange(ctypes.byref(mode)) == 0
+
     def graph_instantiate(self, graph: int) -> int:
         e = ctypes.c_void_p()
-        assert self._proc("cuGraphInstantiateWithFlags", 11040, ctypes.POINTER(ctypes.c_void_p),
-                          ctypes.c_void_p, ctypes.c_uint64)(ctypes.byref(e), graph, 0) == 0
+        instantiate = self._proc("cuGraphInstantiateWithFlags", 11040,
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                 ctypes.c_uint64)
+        assert self._relaxed(lambda: instantiate(ctypes.byref(e), graph, 0)) == 0
         return e.value
 
     def graph_launch(self, exec_: int, stream: int) -> int:
         return self._proc("cuGraphLaunch", 10000, ctypes.c_void_p, ctypes.c_void_p)(exec_, stream)
 
     def graph_destroy(self, graph: int) -> None:
-        assert self._proc("cuGraphDestroy", 10000, ctypes.c_void_p)(graph) == 0
+        destroy = self._proc("cuGraphDestroy", 10000, ctypes.c_void_p)
+        assert self._relaxed(lambda: destroy(graph)) == 0
 
     def graph_exec_destroy(self, exec_: int) -> None:
-        assert self._proc("cuGraphExecDestroy", 10000, ctypes.c_void_p)(exec_) == 0
+        destroy = self._proc("cuGraphExecDestroy", 10000, ctypes.c_void_p)
+        assert self._relaxed(lambda: destroy(exec_)) == 0
 
     def mem_alloc(self, size: int) -> int:
         alloc = self._proc("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)

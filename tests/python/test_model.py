@@ -13,7 +13,7 @@ faults -- and after each one checks:
   a ``TypeError``/``ValueError`` for arguments, or the scratch callable's own), never a
   ``SystemError``; a call that must succeed did;
 - a failed launch or replay launched nothing;
-- no capture was invalidated, and nothing on a capturing stream allocated or loaded;
+- no capture was invalidated, and nothing on a capturing stream allocated;
 - no scratch allocation serves two owners (a stream's arena, a capture, a step graph);
 - after the sequence, with every object dropped, the driver holds no more allocations,
   graphs or user objects than before.
@@ -33,7 +33,7 @@ import threading
 import pytest
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 from conftest import KERNELS
 
@@ -169,8 +169,10 @@ class Model:
             what += f" [fault cu{fault_fn}={code}]"
         self.note(what)
         mark = self.fake.launch_count()
-        calls = {f: self.fake.call_count(f) for f in ("MemAlloc", "LibraryLoadData",
-                                                       "KernelGetFunction")}
+        # Loading during a capture is allowed: kpack loads in RELAXED capture mode, which
+        # neither the driver refuses nor invalidates a capture for (checked below); a
+        # launch on the capturing stream itself refuses to load (FunctionFor).
+        calls = {f: self.fake.call_count(f) for f in ("MemAlloc",)}
         if fault_fn:
             self.fake.fail_next(fault_fn, code, self.rng.choice([0, 0, 1]))
         error = None
@@ -190,7 +192,7 @@ class Model:
             for f, before in calls.items():
                 if self.fake.call_count(f) != before:
                     self.fail(f"{what} on a capturing stream called cu{f}: during a capture "
-                              "kpack must never allocate or load")
+                              "kpack must never allocate")
         self.scan(what, mark, owner)
         self.check_capture(what)
         return error is None, result
@@ -217,9 +219,10 @@ class Model:
         if self.capture is not None and self.fake.capture_status(self.capture[0]) != 1:
             self.fail(f"the capture on stream {self.capture[0]:#x} is invalidated after {what}")
 
-    def scan(self, what, mark, owner, thread="main"):
+    def scan(self, what, mark, owner, thread="main", exited=False):
         """Scratch ownership: each scratch launch's allocation has one owner at a time (a
-        capture around a step graph's replay borrows the step graph's)."""
+        capture around a step graph's replay borrows the step graph's). ``exited``: the
+        launches were a thread's that has exited, whose per-thread arena went with it."""
         for launch in self.fake.launches_since(mark):
             if launch.entry != "scratch_kernel":
                 continue
@@ -229,6 +232,8 @@ class Model:
                     self.fail(f"{what}: a step graph node uses a scratch= callable's memory")
                 continue
             a = self.fake.allocation_id(p)
+            if a == 0 and exited:
+                continue  # freed when the thread exited (issue 23.6), after its launch ran
             if a == 0:
                 self.fail(f"{what}: a launch uses scratch {p:#x} outside every allocation")
             self.pointers[a] = p
@@ -259,10 +264,13 @@ class Model:
         preload = self.rng.choice([False, True, "first_use"])
         if preload == "first_use" and "first-use" in SKIP:
             preload = True
+        # Loading is an unsafe call during a capture in global or thread-local mode: a
+        # preload then is refused cleanly (and leaves the capture valid).
+        loading_refused = preload is True and self.capture is not None and self.capture[1] != 2
         ok, pack = self.call(f"open({name}, preload={preload})",
                              lambda: kpack.open(KERNELS / name, driver=self.driver,
                                                 preload=preload),
-                             must_ok=True, fault=True)
+                             must_ok=not loading_refused, fault=True)
         if ok:
             self.packs[self.new_id()] = pack
 
@@ -386,7 +394,7 @@ class Model:
             return
         pid = self.rng.choice(list(by_pack))
         ids = self.rng.sample(by_pack[pid], self.rng.randrange(1, len(by_pack[pid]) + 1))
-        unseen = self.rng.choice(["build", "build", "error", "eager"])
+        unseen = self.rng.choice(["build", "build", "error", "launch_eagerly"])
         ok, g = self.call(f"graph({ids}, unseen={unseen})",
                           lambda: kpack.graph([self.bounds[i][2] for i in ids], unseen=unseen),
                           must_ok=True, records=0)
@@ -413,7 +421,7 @@ class Model:
         built = [info["signature"] for info in g.graphs()]
         new = g.signature not in built
         must_ok = not capturing and not (new and g.unseen == "error") and \
-            not (new and g.unseen == "eager" and any(a.mode != "ok" for a in allocators))
+            not (new and g.unseen == "launch_eagerly" and any(a.mode != "ok" for a in allocators))
         if capturing:
             self.capture[2].append(pid)
         before = [a.calls for a in allocators]
@@ -421,7 +429,7 @@ class Model:
                           f"unseen={g.unseen}, allocators {[a.mode for a in allocators]})",
                           lambda: g.replay(stream=s), fault=True, allocator=raising,
                           must_ok=must_ok, targets_capture=capturing, owner=f"graph {gid}")
-        if ok and new and g.unseen == "eager":
+        if ok and new and g.unseen == "launch_eagerly":
             # Issue 23.7: an eager step asks its scratch callables again at every replay.
             for a, n in zip(allocators, before):
                 if a.calls == n and a.mode == "ok":
@@ -433,7 +441,7 @@ class Model:
         gid = self.rng.choice(list(self.graphs))
         pid, g, ids = self.graphs[gid]
         if self.rng.random() < 0.5:
-            g.unseen = self.rng.choice(["build", "error", "eager"])
+            g.unseen = self.rng.choice(["build", "error", "launch_eagerly"])
             self.note(f"graph {gid}.unseen = {g.unseen}")
         else:  # graph.h: Build works while any thread captures any stream
             self.call(f"graph {gid}.build()", g.build, allowed=(), fault=True, records=0,
@@ -573,7 +581,7 @@ class Model:
         t.start()
         t.join()
         self.check_error(f"thread {tid}: {name}", box.get("error"), (), True, None)
-        self.scan(f"thread {tid}", mark, None, thread=tid)
+        self.scan(f"thread {tid}", mark, None, thread=tid, exited=True)
         self.drop_owner(f"stream {PER_THREAD:#x} (thread {tid})")
 
     # ---- the sequence
