@@ -19,7 +19,9 @@
 #   run       tools/run.sh, the README's main job, with a GPU
 #   llama-tune  kernels/llamapack tuned on this GPU in place (three kernel groups, each a
 #             kpack-build with --jobs; their tuning merged; the pack rebuilt from it with
-#             --reuse-tuning); tuning.json and the logs kept in $LOGS/llamapack-tuned
+#             --reuse-tuning); tuning.json and the logs kept in $LOGS/llamapack-tuned.
+#             Needs the kpack package installed (the build stage's pip install): the
+#             grid-tolerance proof calls kpack's padding rule through the extension
 #   llama     the Llama engine's GPU tier: the kernels against their torch math
 #             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size
 #             (LlamaGpuTest.*), Python vs C++ and the reference's KL check
@@ -87,6 +89,8 @@ stage_run() {
 
 stage_llama-tune() {
   local out="$LOGS/llamapack-tuned" group i=0
+  "$python" -c 'import kpack._kpack' 2> /dev/null ||
+    { echo "llama-tune: install the kpack package first (the build stage does)"; return 1; }
   rm -rf "$out" && mkdir -p "$out" || return 1
   for group in llama_embed,llama_attn_decode,llama_attn_prefill,llama_qkv_rope \
                llama_o_proj,llama_gate_up llama_down_proj,llama_lm_head; do
