@@ -72,9 +72,12 @@
 //  - else, inside a capture, an arena owned by the captured graph (see below).
 //
 // CUDA graphs. kpack launches may be captured (cuStreamBeginCapture) and the graph
-// replayed on any stream. During a capture kpack never loads a kernel and never allocates
-// (either would invalidate the capture): such a launch is FAILED_PRECONDITION naming what
-// to call beforehand, and the capture stays valid. Before each capture, in its context:
+// replayed on any stream. A launch on a capturing stream never loads a kernel and never
+// allocates: such a launch is FAILED_PRECONDITION naming what to call beforehand, and the
+// capture stays valid. Loading that is not on a capturing stream (Preload(), or a lazy
+// load by a launch on another stream) runs in RELAXED capture interaction mode, so that
+// it neither fails nor invalidates a capture this thread or another runs meanwhile.
+// Before each capture, in its context:
 //  - `Preload()`, so every variant is loaded for the context;
 //  - `ReserveScratch(stream, bytes)` for each captured stream that launches kernels with
 //    scratch (without a ScratchAllocator), `bytes` at least what one launch needs.
