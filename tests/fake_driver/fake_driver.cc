@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -2484,9 +2485,13 @@ CUresult FakeGraphAddDependencies(CUgraph graph, const CUgraphNode* from, const 
 // Swaps the calling thread's capture interaction mode (see CheckUnsafeCall).
 CUresult FakeThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (CUresult r = Enter(Fn::kThreadExchangeStreamCaptureMode); r != CUDA_SUCCESS) return r;
-  if (mode == nullptr || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
-                          *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-                          *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Read as its integer: a caller's value outside the enum must be refused, not loaded as
+  // a CUstreamCaptureMode (undefined behaviour, which UBSan reports).
+  std::underlying_type_t<CUstreamCaptureMode> raw;
+  std::memcpy(&raw, mode, sizeof(raw));
+  if (raw != CU_STREAM_CAPTURE_MODE_GLOBAL && raw != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      raw != CU_STREAM_CAPTURE_MODE_RELAXED) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   State& s = S();

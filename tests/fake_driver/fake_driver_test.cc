@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -1232,7 +1233,8 @@ TEST_F(FakeDriverTest, UnsafeCallsFollowTheThreadsCaptureInteractionMode) {
   ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
   EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL) << "a thread starts in GLOBAL mode";
   EXPECT_EQ(ThreadCaptureMode(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-  mode = static_cast<CUstreamCaptureMode>(7);
+  const std::underlying_type_t<CUstreamCaptureMode> no_mode = 7;  // not a mode
+  std::memcpy(&mode, &no_mode, sizeof(no_mode));
   EXPECT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_ERROR_INVALID_VALUE);
   mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
