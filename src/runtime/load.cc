@@ -178,7 +178,8 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
   // Loading is "potentially unsafe" during a capture: in the thread's own (GLOBAL or
   // THREAD_LOCAL) mode it would be refused and invalidate a capture this thread runs on
   // another stream, or another thread's global one. Nothing of it is captured, so it
-  // runs in RELAXED mode (a launch on a capturing stream was refused above).
+  // runs in RELAXED mode (FunctionFor refuses a launch on a capturing stream before it
+  // gets here; Preload loads off any stream).
   RelaxedCaptureMode relaxed(d);
   KPACK_RETURN_IF_ERROR(relaxed.status());
   // The library: loaded once, for every context (cuLibraryLoadData is context-free).

@@ -7,14 +7,14 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
-#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <latch>
+#include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -647,13 +647,39 @@ TEST_F(RuntimeTest, ACaptureIsNeverInvalidatedByLoadingOrAllocating) {
   ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   s = rt.Launch("scratch", Grid{3, 2}, stream, kX, kOut, 96, 64, 64);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("ReserveScratch(stream, 768)")));
+  EXPECT_THAT(Msg(s),
+              AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("ReserveScratch(stream, 768)")));
   EXPECT_EQ(rt.ReserveScratch(stream, 768).code(), absl::StatusCode::kFailedPrecondition)
       << "not during the capture";
   EXPECT_EQ(rt.ReleaseScratch(stream).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
   ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(fake::CallCount("LibraryLoadData"), 7) << "all by Preload";
+}
+
+// Loading off the capturing stream -- Preload, or a launch on another stream loading
+// lazily -- while this thread captures in any mode: RELAXED for the load, so the driver
+// neither refuses it nor invalidates the capture, and the thread's mode is restored.
+TEST_F(RuntimeTest, LoadingOffTheCapturingStreamLeavesTheCaptureValid) {
+  for (const CUstreamCaptureMode mode :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    SCOPED_TRACE(mode);
+    const int loads = fake::CallCount("LibraryLoadData");
+    Runtime rt = Open();
+    CUstream capturing = NewStream(), other = NewStream();
+    ASSERT_EQ(d().StreamBeginCapture(capturing, mode), CUDA_SUCCESS);
+    KP_ASSERT_OK(rt.Launch("add", Grid{1}, other, kX, kY, kOut, 1));  // loads 'add'
+    KP_ASSERT_OK(rt.Preload());                                       // loads the rest
+    EXPECT_EQ(fake::CallCount("LibraryLoadData") - loads, 7);
+    EXPECT_EQ(fake::CaptureStatus(capturing), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUstreamCaptureMode now = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    ASSERT_EQ(d().ThreadExchangeStreamCaptureMode(&now), CUDA_SUCCESS);
+    EXPECT_EQ(now, CU_STREAM_CAPTURE_MODE_GLOBAL) << "the thread's mode is back";
+    KP_ASSERT_OK(rt.Launch("add", Grid{1}, capturing, kX, kY, kOut, 1));  // loaded: captured
+    CUgraph graph = nullptr;
+    ASSERT_EQ(d().StreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+    ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  }
 }
 
 TEST_F(RuntimeTest, ReleaseScratchFreesAStreamsArenaAndItsSlotServesAgain) {
