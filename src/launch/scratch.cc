@@ -1,6 +1,7 @@
 #include "launch/scratch.h"
 
 #include "absl/strings/str_cat.h"
+#include "driver/capture_mode.h"
 #include "util/status_macros.h"
 
 namespace kpack::internal {
@@ -97,17 +98,14 @@ void ScratchArenas::WatchThread(const StreamKey& key) {
 
 void ScratchArenas::OnThreadExit(void* self, uint64_t token) {
   auto* arenas = static_cast<ScratchArenas*>(self);
-  const Driver& d = arenas->driver_;
   // Nobody asked for these frees, so they must not disturb a capture another thread runs
   // in global mode (an unsafe call from a thread in the default global interaction mode
   // is refused, and documented to invalidate it): they run in relaxed mode, which is safe
-  // since no capture uses a thread's per-thread arenas or reservation. Should the exchange fail, a free
-  // that the driver then refuses is kept for the Runtime's destruction.
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  const bool relaxed = d.ThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
+  // since no capture uses a thread's per-thread arenas or reservation. Should the exchange
+  // fail, a free that the driver then refuses is kept for the Runtime's destruction.
+  RelaxedCaptureMode relaxed(arenas->driver_);
   arenas->streams_.ReleaseThread(token);
   arenas->graphs_.ReleaseThread(token);
-  if (relaxed) d.ThreadExchangeStreamCaptureMode(&mode);
 }
 
 ScratchArenas::Stats ScratchArenas::stats() const {
