@@ -170,6 +170,10 @@ class StepGraph {
     // Graphs a StepGraph may hold; building one more is RESOURCE_EXHAUSTED naming the
     // launches whose grids or variants keep changing (each graph costs device memory).
     size_t max_graphs = 256;
+    // false: every launch gets a full edge, PDL launches too (they wait for the node
+    // before them to finish, as without PDL): for measuring what the overlap buys. The
+    // kernels are correct either way; GraphInfo::programmatic_edges is then 0.
+    bool programmatic_edges = true;
   };
 
   // A step of `launches`, in launch order (each at most once; all of one Runtime), in the

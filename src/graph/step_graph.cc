@@ -147,8 +147,8 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> StepGraphImpl::NewGraph(
   KPACK_RETURN_IF_ERROR(relaxed.status());
   bool pdl_refused = false;
   absl::StatusOr<std::unique_ptr<BucketGraph>> graph = BucketGraph::Build(
-      *rt_, launches_, shapes, context_, stream, /*programmatic_edges=*/refused.ok(),
-      &pdl_refused);
+      *rt_, launches_, shapes, context_, stream,
+      /*programmatic_edges=*/options_.programmatic_edges && refused.ok(), &pdl_refused);
   const absl::Status first = graph.status();
   if (pdl_refused) {
     graph = BucketGraph::Build(*rt_, launches_, shapes, context_, stream,

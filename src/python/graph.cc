@@ -108,7 +108,8 @@ const PyType_Slot kGraphSlots[] = {
     {0, nullptr},
 };
 
-PyStepGraph MakeGraph(nb::sequence launches, const std::string& unseen, size_t max_graphs) {
+PyStepGraph MakeGraph(nb::sequence launches, const std::string& unseen, size_t max_graphs,
+                      bool programmatic_edges) {
   PyStepGraph g;
   std::vector<BoundLaunch*> step;
   size_t i = 0;
@@ -126,6 +127,7 @@ PyStepGraph MakeGraph(nb::sequence launches, const std::string& unseen, size_t m
   StepGraph::Options options;
   options.unseen = ParseUnseen(unseen);
   options.max_graphs = max_graphs;
+  options.programmatic_edges = programmatic_edges;
   g.unseen = options.unseen;
   g.graph.emplace(ValueOrThrow(StepGraph::Create(step, options)));
   return g;
@@ -231,9 +233,10 @@ void InitGraph(nb::module_& m) {
            "pdl_fallback.");
 
   m.def("graph", &MakeGraph, nb::arg("launches"), nb::arg("unseen") = "build",
-        nb::arg("max_graphs") = 256,
-        "graph(launches, unseen='build', max_graphs=256) -> StepGraph over kpack.BoundLaunch "
-        "objects (kernel.bind(...)) of one pack, in launch order.");
+        nb::arg("max_graphs") = 256, nb::arg("programmatic_edges") = true,
+        "graph(launches, unseen='build', max_graphs=256, programmatic_edges=True) -> "
+        "StepGraph over kpack.BoundLaunch objects (kernel.bind(...)) of one pack, in launch "
+        "order. programmatic_edges=False gives PDL launches full edges (no overlap).");
   // The builder's grid proof (tools/kpack_tools/grid_proof.py) proves what this rule pads.
   m.def("graph_padding",
         [](const std::vector<int64_t>& edges, std::optional<int64_t> grid_max, size_t index) {

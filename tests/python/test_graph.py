@@ -147,3 +147,14 @@ def test_stats_and_graphs_give_every_field(fake, va):
     assert set(g.graphs()[0]) == {"signature", "nodes", "scratch_bytes", "build_us", "replays",
                                   "programmatic_edges", "pdl_fallback"}
     assert g.graphs()[0]["programmatic_edges"] == 0 and g.graphs()[0]["pdl_fallback"] == ""
+
+
+@pytest.mark.parametrize("programmatic", [True, False])
+def test_programmatic_edges_can_be_turned_off(fake, open_pack, programmatic):
+    pdl = open_pack("testpack").pdl
+    launches = [pdl[(2,)].bind(tensor(0), tensor(1), 2048),
+                pdl[(2,)].bind(tensor(1), tensor(2), 2048)]
+    g = kpack.graph(launches, programmatic_edges=programmatic)
+    g.replay(stream=fake.stream_create())
+    assert g.graphs()[0]["programmatic_edges"] == (1 if programmatic else 0)
+    assert g.graphs()[0]["pdl_fallback"] == "" and g.stats()["pdl_fallbacks"] == 0

@@ -466,6 +466,28 @@ TEST_F(StepGraphTest, LaunchAttributesBecomeNodeAttributesAndPdlAProgrammaticEdg
   }
 }
 
+TEST_F(StepGraphTest, WithoutProgrammaticEdgesPdlLaunchesGetFullEdgesAndNoFallback) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("pdl", Grid{2}, {Arg(kX), Arg(kOut), Arg(2048)});
+  Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  StepGraph::Options options;
+  options.programmatic_edges = false;
+  StepGraph& g = MakeGraph(options);
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_THAT(Edges(fake::ExecEdges(LastExec())),
+              ElementsAre(std::tuple{0u, 1u, false}, std::tuple{1u, 2u, false}));
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 0u);
+  EXPECT_EQ(g.graphs()[0].pdl_fallback, "") << "asked for, not a fallback";
+  EXPECT_EQ(g.stats().pdl_fallbacks, 0u);
+  // The PDL attribute does not become a node attribute either way.
+  for (const fake::LaunchRecord& node : fake::ExecNodes(LastExec())) {
+    for (unsigned i = 0; i < node.num_attrs; ++i) {
+      EXPECT_NE(node.attrs[i].id, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    }
+  }
+}
+
 TEST_F(StepGraphTest, APdlLaunchFirstOrAfterAnEmptyGridHasNoEdgeToIt) {
   Open(KPACK_TEST_PACK_DIR);
   Bind("pdl", Grid{2}, {Arg(kX), Arg(kOut), Arg(2048)});

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Where a Llama-3.2-1B decode step's GPU time goes (issue 22, point 4), in one process:
+
+* every launch of the step timed one by one (CUDA events around each launch, so no two
+  kernels overlap): µs, bytes read (weights, KV at the context, activations ignored),
+  GB/s and % of a measured device-to-device copy's bandwidth, per kernel and summed;
+* the same launches back to back as eager bound launches (``kernel.bind``), and as one
+  step graph (``kpack.graph``) with and without programmatic (PDL) edges.
+
+The difference between the graph step and the sum of its kernels is what the kernel
+boundaries cost (tail of one kernel, ramp of the next), and the two graphs show what PDL's
+overlap buys. The engine is examples/llama/python/engine.py's, with the KV cache filled
+synthetically to ``--context`` (as the benchmark grid does); the LM head advances the
+positions, so they are reset after every step (each step runs at the same context).
+
+    python3 bench/llama_breakdown.py --checkpoint DIR --out DIR [--pack DIR]
+        [--batches 1,4] [--context 128] [--reps 20]
+
+Writes breakdown.json and breakdown.md into --out. Exits 77 without torch or a GPU,
+unless KPACK_REQUIRE_GPU=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "llama" / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from llama_bench import copy_bandwidth, skip_or_fail  # noqa: E402
+
+
+def kernel_bytes(cfg, call, B: int, context: int) -> int:
+    """Bytes a launch must read from memory: its weights, or the KV cache up to the context
+    for attention (activations are a few KB and ignored)."""
+    w = {"llama_qkv_rope": cfg.qkv_rows * cfg.H, "llama_o_proj": cfg.H * cfg.NH * cfg.D,
+         "llama_gate_up": 2 * cfg.I * cfg.H, "llama_down_proj": cfg.H * cfg.I,
+         "llama_lm_head": cfg.V * cfg.H, "llama_embed": B * cfg.H}.get(call.kernel)
+    if w is not None:
+        return 2 * w
+    if call.kernel == "llama_attn_decode":
+        return 2 * 2 * B * cfg.NKV * (context + 1) * cfg.D
+    return 0
+
+
+def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float) -> dict:
+    s, cfg = eng.state, eng.cfg
+    eng.fill_synthetic(B, context)
+    eng.use("eager")
+    eng.set_batch(B)
+    bound, calls = eng.backend.bound, eng.backend.calls
+    n = len(bound)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * n)]
+
+    def reset():
+        s.pos[:B].fill_(context)
+
+    one = [[] for _ in range(n)]
+    for rep in range(reps + 2):
+        for i, b in enumerate(bound):
+            ev[2 * i].record()
+            b()
+            ev[2 * i + 1].record()
+        torch.cuda.synchronize()
+        reset()
+        if rep >= 2:
+            for i in range(n):
+                one[i].append(1e3 * ev[2 * i].elapsed_time(ev[2 * i + 1]))
+    per_launch = [statistics.median(t) for t in one]
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def step_us(step) -> float:
+        times = []
+        for rep in range(reps + 2):
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            reset()
+            if rep >= 2:
+                times.append(1e3 * start.elapsed_time(end))
+        return statistics.median(times)
+
+    def eager():
+        for b in bound:
+            b()
+
+    arms, edges = {"eager step": step_us(eager)}, {}
+    for programmatic in (True, False):
+        arm = f"graph, {'PDL' if programmatic else 'no PDL'} edges"
+        g = kpack.graph(bound, programmatic_edges=programmatic)
+        arms[arm] = step_us(g.replay)
+        edges[arm] = g.graphs()[0]["programmatic_edges"]
+        del g
+
+    kernels = {}
+    for call, us in zip(calls, per_launch):
+        k = kernels.setdefault(call.kernel, {"launches": 0, "us": [], "bytes": 0})
+        k["launches"] += 1
+        k["us"].append(us)
+        k["bytes"] = kernel_bytes(cfg, call, B, context)
+    rows = []
+    for name, k in kernels.items():
+        us = statistics.median(k["us"])
+        bps = k["bytes"] / (us * 1e-6) if us > 0 else 0.0
+        rows.append({"kernel": name, "launches": k["launches"], "us_each": us,
+                     "us_total": sum(k["us"]), "bytes_each": k["bytes"], "gbps": bps / 1e9,
+                     "pct_copy": 100 * bps / copy_bps})
+    total = sum(per_launch)
+    return {"batch": B, "context": context, "reps": reps, "launches": n, "kernels": rows,
+            "sum_of_kernels_us": total, "arms": arms, "programmatic_edges": edges,
+            "graph_over_sum": arms["graph, PDL edges"] / total,
+            "pdl_gain_us": arms["graph, no PDL edges"] - arms["graph, PDL edges"]}
+
+
+def render(results) -> str:
+    lines = [f"# Llama decode step breakdown, {results['device']}", "",
+             f"Device-to-device copy: {results['copy_bps'] / 1e12:.2f} TB/s (read + write), "
+             "the bandwidth the % copy column compares each kernel's bytes read per second "
+             "with (as kernels/llama/check_kernels.py does).", ""]
+    for r in results["cells"]:
+        lines += [f"## Batch {r['batch']}, context {r['context']} (medians of {r['reps']})", "",
+                  "| kernel | launches | µs each | µs total | MB each | GB/s | % copy |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for k in r["kernels"]:
+            lines.append(f"| {k['kernel']} | {k['launches']} | {k['us_each']:.2f} | "
+                         f"{k['us_total']:.1f} | {k['bytes_each'] / 1e6:.2f} | "
+                         f"{k['gbps']:.0f} | {k['pct_copy']:.1f} |")
+        lines += ["", f"Sum of the {r['launches']} launches timed one by one: "
+                  f"{r['sum_of_kernels_us']:.1f} µs.", ""]
+        for arm, v in r["arms"].items():
+            edges = r["programmatic_edges"].get(arm)
+            note = "" if edges is None else f", {edges} programmatic edges"
+            lines.append(f"- {arm}: {v:.1f} µs/step ({v / r['sum_of_kernels_us']:.3f}x the "
+                         f"sum{note})")
+        lines += [f"- PDL edges save {r['pdl_gain_us']:.1f} µs/step", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--pack", type=Path, default=REPO / "kernels" / "llamapack")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        return skip_or_fail(f"no torch ({e})")
+    if not torch.cuda.is_available():
+        return skip_or_fail("torch sees no CUDA device")
+    import kpack  # noqa: PLC0415
+
+    import checkpoint  # noqa: PLC0415
+    import config  # noqa: PLC0415
+    import engine  # noqa: PLC0415
+    if not (args.checkpoint / "model.safetensors").is_file():
+        checkpoint.write_checkpoint(args.checkpoint, config.preset_dict("llama-3.2-1b"), seed=1,
+                                    backend="torch", device="cuda")
+    batches = [int(b) for b in args.batches.split(",")]
+    eng = engine.LlamaEngine(str(args.checkpoint), str(args.pack), "eager", max(batches), 64,
+                             args.context + 2)
+    copy_bps = copy_bandwidth(torch)
+    results = {"device": torch.cuda.get_device_name(), "copy_bps": copy_bps, "cells": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for B in batches:
+        results["cells"].append(measure(eng, kpack, torch, B, args.context, args.reps, copy_bps))
+        (args.out / "breakdown.json").write_text(json.dumps(results, indent=1) + "\n")
+    text = render(results)
+    (args.out / "breakdown.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
