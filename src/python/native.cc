@@ -57,14 +57,24 @@ int Launch(const void* kernel, const Arg* args, size_t num_args, const Grid* gri
                                              " arguments, got " + std::to_string(num_args)),
                   error, error_size);
   }
-  if (absl::Status s = PreloadOnFirstUse(k.rt, device); ABSL_PREDICT_FALSE(!s.ok())) {
-    return Failed(s, error, error_size);
-  }
   const std::span<const Arg> span(args, num_args);
   const ScratchAllocator allocator = scratch != nullptr ? *scratch : ScratchAllocator{};
-  const absl::Status s = grid != nullptr ? p.kernel.LaunchArgs(*grid, stream, span, allocator)
-                                         : p.kernel.LaunchArgs(stream, span, allocator);
-  return ABSL_PREDICT_TRUE(s.ok()) ? 0 : Failed(s, error, error_size);
+  auto attempt = [&] {
+    if (absl::Status s = PreloadOnFirstUse(k.rt, device); ABSL_PREDICT_FALSE(!s.ok())) return s;
+    return grid != nullptr ? p.kernel.LaunchArgs(*grid, stream, span, allocator)
+                           : p.kernel.LaunchArgs(stream, span, allocator);
+  };
+  absl::Status s = attempt();
+  if (ABSL_PREDICT_TRUE(s.ok())) return 0;
+  // No context current on this thread (a thread where torch made no CUDA runtime call
+  // yet): the device's primary context, as the Python launch makes it current, and again.
+  if (s.code() == absl::StatusCode::kFailedPrecondition &&
+      k.rt->runtime.CurrentDevice().status().code() == absl::StatusCode::kFailedPrecondition &&
+      k.rt->runtime.UseDevice(device).ok()) {
+    s = attempt();
+    if (s.ok()) return 0;
+  }
+  return Failed(s, error, error_size);
 }
 
 const KpackNativeApi kApi = {

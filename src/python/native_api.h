@@ -43,8 +43,9 @@ struct KpackNativeApi {
   const char* (*param_type)(const void* kernel, size_t i);
 
   // Launches `kernel` with `args` (one per call parameter) on `stream` in the calling
-  // thread's current CUDA context, which is device `device`'s: with `grid`, or the
-  // manifest's grid expressions when null; scratch from `scratch` when not null, else
+  // thread's current CUDA context, which is device `device`'s (with none current, the
+  // device's primary context is made current, as the Python launch does): with `grid`, or
+  // the manifest's grid expressions when null; scratch from `scratch` when not null, else
   // kpack's arenas. Loads every variant first when the pack was opened or registered with
   // preload on first use and this device has not been loaded yet (as the Python launch
   // does). Allocates nothing on success. Returns 0 (absl::StatusCode::kOk) or the failed

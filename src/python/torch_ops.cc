@@ -150,8 +150,8 @@ class CachingScratch {
  private:
   static CUdeviceptr Allocate(size_t bytes, size_t align, CUstream stream, void* self) {
     auto* s = static_cast<CachingScratch*>(self);
-    if (s->n_ == 2) {  // kpack asks once per scratch kind: global and profile
-      s->error_ = "more than two scratch allocations for one launch";
+    if (s->n_ == kMaxBlocks) {  // kpack asks once per scratch kind: global and profile
+      s->error_ = "more scratch allocations for one launch than kpack makes";
       return 0;
     }
     try {
@@ -171,7 +171,9 @@ class CachingScratch {
     }
   }
 
-  void* blocks_[2] = {nullptr, nullptr};
+  // Two per attempt (a launch retried once, native.cc, asks again).
+  static constexpr int kMaxBlocks = 4;
+  void* blocks_[kMaxBlocks] = {};
   int n_ = 0;
   std::string error_;
 };

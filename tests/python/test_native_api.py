@@ -49,7 +49,7 @@ def test_a_native_launch_passes_what_the_python_launch_passes(fake, api, open_pa
     k = open_pack("testpack").scalars
     values = [addr(0), addr(1), 256, 1.5, -2.0, 0.1, True, -(2**40)]
     mark = fake.launch_count()
-    k[(3,)](*values)
+    k[(3,)](*values, stream=0)  # explicit: the default would be torch's if imported
     want = fake.last_launch(mark)
     kinds = ["p", "p", "i", "f", "f", "f", "b", "i"]
     mark = fake.launch_count()
@@ -71,6 +71,23 @@ def test_without_a_grid_the_manifest_grid_expressions_apply(fake, api, open_pack
     assert [got.u64(off[p]) for p in ("x_ptr", "y_ptr", "out_ptr")] == [addr(0), addr(1),
                                                                         addr(2)]
     assert got.i32(off["n"]) == 5000
+
+
+def test_a_thread_without_a_current_context_gets_the_devices_primary_context(fake,
+                                                                              open_pack):
+    import threading  # noqa: PLC0415
+    k = open_pack("examplepack").vector_add
+    api = _kpack._native_api()
+    result = []
+
+    def run():  # a fresh thread: the fake, like libcuda, has no context current there
+        result.append(launch(api, k, [("p", addr(0)), ("p", addr(1)), ("p", addr(2)),
+                                      ("i", 64)]))
+    mark = fake.launch_count()
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert result == [(0, "", 0)] and fake.launch_count() == mark + 1
 
 
 INVALID_ARGUMENT = 3
