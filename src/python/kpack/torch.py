@@ -28,8 +28,9 @@ stack and launches the very kernel object of the pack, through the runtime it be
 (``_kpack``'s native launch entry; no second copy of kpack, no Python frame): the first
 tensor's device made current, torch's current stream of that device, each tensor checked
 against its parameter's Triton type (wrong dtype: ``TypeError``; wrong device: ``ValueError``;
-messages naming the kernel and the argument). So an op costs about what the eager
-``kernel(...)`` call costs, where a Python implementation pays torch 5-9 µs more per call.
+messages naming the kernel and the argument). So an op costs the eager ``kernel(...)``
+call plus torch's own dispatch from Python, without the 5-9 µs torch adds for a Python
+implementation (``bench/python_launch_bench.py`` measures both).
 The library is built when kpack is installed with torch importable in the build's Python
 (``pip install --no-build-isolation .`` into the environment that has torch), against that
 torch; it is used only under the same torch version. When it is missing or cannot be
