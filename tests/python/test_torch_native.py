@@ -19,12 +19,28 @@ import kpack  # noqa: E402
 import kpack.torch as kt  # noqa: E402
 from kpack import _build_config  # noqa: E402
 
+from conftest import KERNELS  # noqa: E402
+
 BUILT = bool(getattr(_build_config, "TORCH_OPS", ""))
 _names = itertools.count()
 
 
 def namespace() -> str:
     return f"kpack_native_test_{next(_names)}"
+
+
+@pytest.fixture
+def open_pack(driver, monkeypatch):
+    """Packs of this test's own, registered only for it: kpack.torch's table of
+    registrations (which install() routes torch.compile calls through) is restored after."""
+    monkeypatch.setattr(kt, "_registered", dict(kt._registered))
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = kpack.open(KERNELS / name, driver=driver)
+        return cache[name]
+    return get
 
 
 @pytest.fixture
