@@ -62,6 +62,13 @@ def test_register_gives_cpp_implementations_when_the_library_loads(open_pack):
         f"{ops.namespace}::vector_add", "CUDA")
     python = kt.register(open_pack("examplepack"), namespace(), native=False)
     assert not python.native and python._impls == []
+    assert kt.register(open_pack("examplepack"), ops.namespace) is ops
+    assert kt.register(open_pack("examplepack"), ops.namespace, native=True) is ops
+    with pytest.raises(ValueError, match="already holds this pack's kernels with C\\+\\+ "
+                                         "implementations"):
+        kt.register(open_pack("examplepack"), ops.namespace, native=False)
+    with pytest.raises(ValueError, match="with Python implementations"):
+        kt.register(open_pack("examplepack"), python.namespace, native=True)
 
 
 @pytest.mark.skipif(BUILT, reason="kpack was installed with torch in the build")

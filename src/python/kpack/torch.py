@@ -329,7 +329,8 @@ def register(pack, namespace: Optional[str] = None,
     """Register the pack's kernels (or those named in ``kernels``) as
     ``torch.ops.<namespace>.<kernel>``; see the module's documentation. ``namespace``
     defaults to the pack directory's name. Registering the same pack under the same
-    namespace again returns the ops already registered; another pack there is a
+    namespace again returns the ops already registered (a ``ValueError`` if ``native``
+    asks for the other kind of implementation than they have); another pack there is a
     ``ValueError``.
 
     ``native``: None (the default) gives the ops C++ implementations when
@@ -347,6 +348,11 @@ def register(pack, namespace: Optional[str] = None,
     existing = _registered.get(namespace)
     if existing is not None:
         if existing.pack is pack and set(names) <= set(existing.names):
+            if native is not None and native != existing.native:
+                kind = "C++" if existing.native else "Python"
+                raise ValueError(f"torch op namespace '{namespace}' already holds this pack's "
+                                 f"kernels with {kind} implementations (native={native} asks "
+                                 "for the other kind: use another namespace)")
             return existing
         raise ValueError(f"torch op namespace '{namespace}' already holds the kernels of "
                          f"{existing.pack.dir} ({', '.join(existing.names)})")
