@@ -22,6 +22,9 @@ and 14 call arguments, ``tools/kpack_tools/build_bench_pack.py``) this measures
 * ``torch_ops_floor``: an op of the same schema whose CUDA implementation is a Python
   function doing nothing -- the cost of torch's dispatcher and its boundary to a Python
   kernel alone, which any op implemented from Python pays (the C++ ops do not);
+* ``torch_ops_floor_cpp``: an op of the same schema whose CUDA implementation is C++ doing
+  nothing (libkpack_torch_ops.so's no-op) -- torch's own cost of calling a C++ op from
+  Python, the floor under ``kpack_torch_ops`` (which adds kpack's launch to it);
 * ``kpack_dropin``: Triton's own ``kernel[grid](...)`` call, the same line as
   ``triton_jit``, with the benchmark pack installed (``kpack.install``) while this row is
   timed: the drop-in launches it through kpack. The committed benchmark pack predates the
@@ -149,6 +152,27 @@ def _torch_ops_floor(torch, pack, kernel, args, out):
     return _called(getattr(torch.ops.kpack_bench_floor, name), args)
 
 
+_floor_cpp_library = None
+
+
+def _torch_ops_floor_cpp(torch, pack, kernel, args, out):
+    """An op with the kpack op's schema whose CUDA implementation is C++ that only drops its
+    arguments: what calling a C++ op from Python costs in torch alone."""
+    import kpack.torch  # noqa: PLC0415
+    global _floor_cpp_library
+    if _floor_cpp_library is None:
+        _floor_cpp_library = torch.library.Library("kpack_bench_floor_cpp", "DEF")
+    name = kpack.torch.op_name(kernel)
+    if not hasattr(torch.ops.kpack_bench_floor_cpp, name):
+        _floor_cpp_library.define(kpack.torch.op_schema(pack[kernel], name))
+        native = kpack.torch._native()
+        if isinstance(native, str):
+            raise RuntimeError(f"the C++ floor needs libkpack_torch_ops.so: {native}")
+        num_args = sum(1 for p in pack[kernel].params if not p.constexpr) + 1  # and grid
+        native.register_noop("kpack_bench_floor_cpp", name, num_args)
+    return _called(getattr(torch.ops.kpack_bench_floor_cpp, name), args)
+
+
 _dropin_packs = {}
 
 
@@ -201,6 +225,8 @@ EXTRA_PATHS: list = [
                "(`register(native=False)`)", _kpack_torch_ops_py),
     LaunchPath("torch_ops_floor", "an op of the same schema doing nothing in Python (torch's "
                "floor)", _torch_ops_floor, computes=False),
+    LaunchPath("torch_ops_floor_cpp", "an op of the same schema doing nothing in C++ (torch's "
+               "floor for C++ ops)", _torch_ops_floor_cpp, computes=False),
     LaunchPath("kpack_dropin", "Triton `kernel[grid](...)` after `kpack.install`", _triton_jit,
                _dropin_active),
 ]

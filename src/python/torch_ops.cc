@@ -336,6 +336,20 @@ class KernelOp final : public c10::OperatorKernel {
   int num_descs_;
 };
 
+// An op implementation that only drops its `n` arguments: torch's own cost of calling a
+// C++ op from Python, for bench/python_launch_bench.py to set kpack's ops against.
+class NoOp final : public c10::OperatorKernel {
+ public:
+  explicit NoOp(size_t n) : n_(n) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    torch::jit::drop(*stack, n_);
+  }
+
+ private:
+  size_t n_;
+};
+
 void CopyError(std::string_view message, char* error, size_t error_size) {
   if (error == nullptr || error_size == 0) return;
   const size_t n = std::min(message.size(), error_size - 1);
@@ -392,6 +406,23 @@ __attribute__((visibility("default"))) void* kpack_torch_ops_register(
     return nullptr;
   } catch (const std::exception& e) {
     CopyError("kernel '" + name + "': " + e.what(), error, error_size);
+    return nullptr;
+  }
+}
+
+// Registers an implementation doing nothing (NoOp) for op `ns`::`op_name` of `num_args`
+// arguments (the benchmark's floor). Returns the registration, or null with the reason.
+__attribute__((visibility("default"))) void* kpack_torch_ops_register_noop(
+    const char* ns, const char* op_name, const char* dispatch_key, size_t num_args,
+    char* error, size_t error_size) {
+  try {
+    auto library = std::make_unique<torch::Library>(
+        torch::Library::IMPL, ns, c10::parseDispatchKey(dispatch_key), __FILE__, __LINE__);
+    library->impl(op_name, torch::CppFunction::makeFromBoxedFunctor(
+                               std::make_unique<kpack::torch_ops::NoOp>(num_args)));
+    return library.release();
+  } catch (const c10::Error& e) {
+    kpack::torch_ops::CopyError(e.what_without_backtrace(), error, error_size);
     return nullptr;
   }
 }

@@ -144,3 +144,22 @@ def test_fake_tensors_go_to_the_python_fake_implementation(open_pack):
     m = torch.empty(64, device="meta")
     assert ops.vector_add(m, m, m, 64) is None
     assert ops.matmul_tma.default._schema.arguments[0].type.kind() == "TensorType"
+
+
+@pytest.mark.skipif(not BUILT, reason="kpack was installed without torch in the build")
+def test_the_benchmarks_do_nothing_op_takes_its_arguments_and_returns(open_pack):
+    pack = open_pack("examplepack")
+    ns = namespace()
+    library = torch.library.Library(ns, "DEF")
+    library.define(kt.op_schema(pack.vector_add, "vector_add"))
+    native = kt._native()
+    handle = native.register_noop(ns, "vector_add", 5, dispatch_key="CPU")  # 4 + grid
+    try:
+        x = torch.zeros(16)
+        assert getattr(torch.ops, ns).vector_add(x, x, x, 16) is None
+        assert getattr(torch.ops, ns).vector_add(x, x, x, 16, grid=[2]) is None
+        assert not x.any()
+    finally:
+        native.release(handle)
+    with pytest.raises(RuntimeError, match="registering op .*::vector_add"):
+        native.register_noop(ns, "vector_add", 5, dispatch_key="NoSuchKey")

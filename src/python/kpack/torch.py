@@ -198,6 +198,20 @@ class _Native:
                                f"{error.value.decode(errors='replace')}")
         return handle
 
+    def register_noop(self, namespace: str, name: str, num_args: int,
+                      dispatch_key: str = "CUDA") -> int:
+        """Registers a C++ implementation of ``namespace::name`` (``num_args`` arguments)
+        that does nothing: torch's own cost of a C++ op, for the launch benchmark."""
+        import ctypes  # noqa: PLC0415
+        error = ctypes.create_string_buffer(1024)
+        handle = self.lib.kpack_torch_ops_register_noop(namespace.encode(), name.encode(),
+                                                        dispatch_key.encode(), num_args, error,
+                                                        len(error))
+        if not handle:
+            raise RuntimeError(f"kpack.torch: registering op {namespace}::{name}: "
+                               f"{error.value.decode(errors='replace')}")
+        return handle
+
     def release(self, handle: int) -> None:
         self.lib.kpack_torch_ops_release(handle)
 
@@ -240,6 +254,10 @@ def _load_native():
     lib.kpack_torch_ops_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p,
                                              ctypes.c_size_t]
+    lib.kpack_torch_ops_register_noop.restype = ctypes.c_void_p
+    lib.kpack_torch_ops_register_noop.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                                  ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.c_char_p, ctypes.c_size_t]
     lib.kpack_torch_ops_release.argtypes = [ctypes.c_void_p]
     lib.kpack_torch_ops_release.restype = None
     linked = lib.kpack_torch_ops_torch_version().decode()
