@@ -69,12 +69,25 @@ absl::Status RuntimeImpl::PackOne(const VariantData& v, size_t i, const Arg& a,
   const ArgSlot& slot = v.arg_slots[i];
   if (slot.offset == ArgSlot::kDropped) return absl::OkStatus();  // eq1: dispatch checked it
   if (slot.type == ParamType::kTensorDesc) {
-    const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
+    const DescResult r = PackDescriptor(v, slot.desc, a, buf);
     if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
     return absl::OkStatus();
   }
   if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) return BadArg(v, i, a);
   return absl::OkStatus();
+}
+
+DescResult RuntimeImpl::PackDescriptor(const VariantData& v, uint8_t desc, const Arg& a,
+                                       std::byte* buf) const {
+  TensorMapCache* const cache =
+      v.tensor_map_caches != nullptr ? &v.tensor_map_caches[desc] : nullptr;
+  const DescResult r = PackDesc(*driver_, v.desc_slots[desc], cache, a, buf);
+  if (r.map != DescResult::Map::kNone) {
+    CounterShard& counters = v.counters[ThreadShard()];
+    (r.map == DescResult::Map::kCached ? counters.tensor_map_hits : counters.tensor_map_encodes)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  return r;
 }
 
 absl::Status RuntimeImpl::PackEach(const VariantData& v, std::span<const Arg> args,

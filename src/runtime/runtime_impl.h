@@ -77,6 +77,10 @@ struct ParamStorage {
 struct alignas(64) CounterShard {
   std::atomic<uint64_t> launches{0};
   std::atomic<uint64_t> fallbacks{0};
+  // TMA descriptors packed (launch, Bind, Set): maps copied from the variant's
+  // TensorMapCache, and cuTensorMapEncodeTiled calls (failed ones included).
+  std::atomic<uint64_t> tensor_map_hits{0};
+  std::atomic<uint64_t> tensor_map_encodes{0};
 };
 inline constexpr size_t kCounterShards = 16;
 
@@ -148,6 +152,10 @@ struct alignas(64) VariantData {
   // ---- read by launches with tensor descriptors or packed through PackArg, and by Set
   std::vector<ArgSlot> arg_slots;    // indexed by call-argument index
   std::vector<DescSlot> desc_slots;  // indexed by ArgSlot::desc
+  // Indexed by ArgSlot::desc: each TMA descriptor's encoded maps (tensor_map_cache.h),
+  // shared by every thread and view launching the variant. Null when the variant has no
+  // TMA descriptor or Options::cache_tensor_maps is off.
+  std::unique_ptr<TensorMapCache[]> tensor_map_caches;
   std::vector<PackOp> plan_ops;
   std::vector<uint32_t> plan_more;
 
@@ -243,9 +251,13 @@ class RuntimeImpl {
   // through PackOne. PackArgs takes it when a check of its plan fails, so that the
   // conversions PackArg makes and the first error are exactly this loop's.
   absl::Status PackEach(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
-  // Argument `i` through PackArg (or PackDesc for a tensor descriptor), or nothing for a
-  // dropped (eq1) one; the error names it.
+  // Argument `i` through PackArg (or PackDescriptor for a tensor descriptor), or nothing
+  // for a dropped (eq1) one; the error names it.
   absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
+  // PackDesc of `v`'s descriptor number `desc` (ArgSlot::desc) through its TensorMapCache,
+  // counting a TMA map's source (cache or encode) in v's counters.
+  DescResult PackDescriptor(const VariantData& v, uint8_t desc, const Arg& a,
+                            std::byte* buf) const;
   // The grid from the variant's grid expressions.
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
   // Everything a launch of `v` needs but the driver call: the CUfunction for the current
