@@ -60,8 +60,8 @@
 // stream-capture errors; INTERNAL for any other.
 //
 // Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
-// once (launch state is immutable after load; loading and scratch growth are
-// synchronized). A `BoundLaunch` belongs to one thread at a time.
+// once (launch state is immutable after load, but for the lock-free tensor map caches;
+// loading and scratch growth are synchronized). A `BoundLaunch` belongs to one thread at a time.
 //
 // Contexts: a launch goes to the calling thread's current CUDA context (none current is
 // FAILED_PRECONDITION; `UseDevice` makes a device's primary context current, as the CUDA

@@ -18,15 +18,19 @@ bool TensorMapCache::Find(const TensorMapEncodeArgs& key, std::byte* map) const 
   uint64_t want[kKeyWords];
   std::memcpy(want, &key, sizeof(want));
   for (const Entry& e : entries_) {
+    // An entry never written (sequence 0) holds an all-zero key, which no encode has
+    // (its rank is at least 1), so it fails the comparison like any other.
     const uint64_t seq = e.seq.load(std::memory_order_acquire);
-    if (seq == 0 || (seq & 1) != 0) continue;  // empty, or being written
-    // Word 0 is the address: it tells most entries apart at the first comparison.
-    bool same = true;
-    for (int i = 0; i < kKeyWords && same; ++i) {
-      same = e.key[i].load(std::memory_order_acquire) == want[i];
+    // Word 0 is the address: it tells most entries apart at once.
+    if ((seq & 1) != 0 || e.key[0].load(std::memory_order_acquire) != want[0]) continue;
+    uint64_t diff = 0;
+#pragma GCC unroll 32
+    for (int i = 1; i < kKeyWords; ++i) {
+      diff |= e.key[i].load(std::memory_order_acquire) ^ want[i];
     }
-    if (!same) continue;
+    if (diff != 0) continue;
     // Straight into `map`: if the copy turns out torn, the caller encodes over it.
+#pragma GCC unroll 16
     for (int i = 0; i < kMapWords; ++i) {
       const uint64_t word = e.map[i].load(std::memory_order_acquire);
       std::memcpy(map + 8 * i, &word, 8);

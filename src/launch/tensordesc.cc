@@ -130,10 +130,11 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, TensorMapCache* 
     for (int i = 0; i + 1 < rank; ++i) {
       e.strides[rank - 2 - i] = static_cast<cuuint64_t>(stride_bytes[i]);
     }
-    for (int i = 0; i < rank; ++i) {
-      e.box[i] = slot.box[i];
-      e.element_strides[i] = slot.element_strides[i];
-    }
+    // Whole arrays: the slot's are zero past the rank, as the key's must be.
+    static_assert(sizeof(e.box) == sizeof(slot.box) &&
+                  sizeof(e.element_strides) == sizeof(slot.element_strides));
+    std::memcpy(e.box, slot.box, sizeof(e.box));
+    std::memcpy(e.element_strides, slot.element_strides, sizeof(e.element_strides));
     e.data_type = slot.data_type;
     e.interleave = slot.interleave;
     e.swizzle = slot.swizzle;
