@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
   }
   paths.push_back({"kpack_by_kernel_no_nvtx/args4",
                    [&] { return g.KpackByKernel(args4.kernel_no_nvtx, args4.inputs, s); }});
-  paths.push_back({"kpack_by_name/args4", [&] { return g.KpackByName(args4, s); }});
+  for (const ArgsKernel& k : g.kernels()) {
+    paths.push_back({"kpack_by_name/" + k.name, [&g, &k, s] { return g.KpackByName(k, s); }});
+  }
   auto bound = g.Bind(args4, s);
   if (!bound.ok()) {
     std::fprintf(stderr, "kpack_overhead_bench: bind failed: %s\n",
@@ -129,6 +131,30 @@ int main(int argc, char** argv) {
                                  n, n, n, int32_t{64}, n)
                          .ok();
                    }});
+
+  // Scratch: the test pack's `scratch` kernel (128 bytes of global scratch per program)
+  // from kpack's arenas on a stream of its own, the legacy stream and the per-thread
+  // stream, each arena grown by a first launch: the capture-status query, the stream's
+  // key and the lock-free arena lookup.
+  auto test = kpack::Runtime::Open(KPACK_TEST_PACK_DIR, {.preload = true});
+  if (!test.ok()) {
+    std::fprintf(stderr, "kpack_overhead_bench: %s\n",
+                 std::string(test.status().message()).c_str());
+    return 1;
+  }
+  const kpack::Kernel scratch = *test->Find("scratch");
+  for (auto [name, stream] : {std::pair{"kpack_scratch/stream", s},
+                              std::pair{"kpack_scratch/legacy", CUstream{nullptr}},
+                              std::pair{"kpack_scratch/per_thread", CU_STREAM_PER_THREAD}}) {
+    auto launch = [&scratch, base, stream] {
+      return scratch.Launch(kpack::Grid{4, 4}, stream, base, base + 0x10000, 128, 128, 128).ok();
+    };
+    if (!launch()) {
+      std::fprintf(stderr, "kpack_overhead_bench: %s: the first launch failed\n", name);
+      return 1;
+    }
+    paths.push_back({name, launch});
+  }
 
   // --evict-kb: between launches, write K KiB of memory, as a real driver's launch does
   // (its work evicts the launcher's data from L1/L2); the time of the eviction is in

@@ -45,7 +45,8 @@ run (the GPU-tier test). Exits 77 (skipped) without torch or a GPU, unless
 Without a GPU, ``--fake-driver build/tests/fake_driver/libkpack_fake_cuda.so`` measures
 kpack's own Python-side cost instead: the fake driver's launch does nothing
 (KPACK_FAKE_LAUNCH_NOOP=1), the tensors are C stand-ins with a DLPack exchange table
-(kpack._kpack._testing.FakeTensor), and the result is ns per call, best of several rounds.
+(kpack_testing.FakeTensor: tests/python/kpack_testing.cc, built by `pip install .`), and
+the result is ns per call, best of several rounds.
 """
 
 from __future__ import annotations
@@ -333,7 +334,10 @@ def fake_main(args) -> int:
     """kpack's Python-side cost with no GPU: ns per call against the no-op fake driver."""
     os.environ["KPACK_FAKE_LAUNCH_NOOP"] = "1"
     import kpack  # noqa: PLC0415
-    from kpack._kpack import _testing  # noqa: PLC0415
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+    import kpack_testing_path  # noqa: PLC0415
+    kpack_testing_path.add_to_sys_path()  # the tensor stand-ins: a test-only module
+    import kpack_testing as _testing  # noqa: PLC0415
     from kpack_tools.build_bench_pack import FUNCTIONS  # noqa: PLC0415
     pack = kpack.open(PACK, driver=args.fake_driver, nvtx=False)
     kpack.install(dropin_pack(pack, driver=args.fake_driver), strict=True)

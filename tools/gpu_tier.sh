@@ -17,6 +17,18 @@
 #   bench     kpack_launch_bench (paired rows), the Python and Triton launch benchmarks,
 #             kpack_open_bench, kpack_graph_bench (CUDA graphs; $LOGS/graph_bench.json)
 #   run       tools/run.sh, the README's main job, with a GPU
+#   llama-tune  kernels/llamapack tuned on this GPU in place (three kernel groups, each a
+#             kpack-build with --jobs; their tuning merged; the pack rebuilt from it with
+#             --reuse-tuning); tuning.json and the logs kept in $LOGS/llamapack-tuned.
+#             Needs the kpack package installed (the build stage's pip install): the
+#             grid-tolerance proof calls kpack's padding rule through the extension
+#   llama     the Llama engine's GPU tier: the kernels against their torch math
+#             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size
+#             (LlamaGpuTest.*), Python vs C++ and the reference's KL check
+#             (kpack_llama_python_gpu), kpack-llama under memcheck
+#   llama-bench  bench/llama_bench.py, every arm, into $LOGS/llama_bench
+#
+# Not in the default list (slow; name them): llama-tune, llama, llama-bench.
 #
 # Logs go to $LOGS (default: $OUT when set, else gpu-logs/): one <stage>.log each and
 # summary.txt (stage, exit code, seconds). The exit code is the number of failed stages.
@@ -32,7 +44,7 @@ build=build-gpu
 stages=("$@")
 ((${#stages[@]})) || stages=(build ctest memcheck examples python bench run)
 # Tests that other stages run (they are slow, or want the GPU to themselves).
-separate='kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|_bench_gpu$'
+separate='kpack_llama_|LlamaGpuTest|kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|_bench_gpu$'
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -73,6 +85,41 @@ stage_bench() {
 }
 stage_run() {
   KPACK_REQUIRE_GPU=1 bash tools/run.sh
+}
+
+stage_llama-tune() {
+  local out="$LOGS/llamapack-tuned" group i=0
+  "$python" -c 'import kpack._kpack' 2> /dev/null ||
+    { echo "llama-tune: install the kpack package first (the build stage does)"; return 1; }
+  rm -rf "$out" && mkdir -p "$out" || return 1
+  for group in llama_embed,llama_attn_decode,llama_attn_prefill,llama_qkv_rope \
+               llama_o_proj,llama_gate_up llama_down_proj,llama_lm_head; do
+    i=$((i + 1))
+    LLAMA_SPEC_KERNELS=$group PYTHONPATH=tools "$python" -m kpack_tools.build \
+      kernels/llama/llama_spec.py --out "$out/group$i" --jobs "$(nproc)" \
+      > "$out/tune$i.log" 2>&1 || { tail -n 20 "$out/tune$i.log"; return 1; }
+  done
+  "$python" - "$out" <<'PY' || return 1
+import json, sys
+out = sys.argv[1]
+parts = [json.load(open(f"{out}/group{i}/tuning.json")) for i in (1, 2, 3)]
+merged = dict(parts[0], kernels=[k for p in parts for k in p["kernels"]])
+json.dump(merged, open(f"{out}/tuning.json", "w"), indent=1)
+PY
+  PYTHONPATH=tools "$python" -m kpack_tools.build kernels/llama/llama_spec.py \
+    --out kernels/llamapack --no-tune --reuse-tuning "$out/tuning.json" --jobs "$(nproc)" \
+    > "$out/pack.log" 2>&1 || { tail -n 20 "$out/pack.log"; return 1; }
+  grep -h '^tune kernel' "$out"/tune*.log | sed 's/: .*-> / -> /'
+  tar czf "$out/llamapack.tgz" kernels/llamapack
+}
+stage_llama() {
+  KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" \
+    -R 'kpack_llama_kernels_gpu|LlamaGpuTest|kpack_llama_python_gpu|kpack_llama_memcheck_gpu' \
+    --output-on-failure -V --timeout 1200
+}
+stage_llama-bench() {
+  "$python" bench/llama_bench.py --kpack-llama "$build/examples/llama/kpack-llama" \
+    --out "$LOGS/llama_bench" ${KPACK_LLAMA_BENCH_ARGS:-}
 }
 
 failed=0

@@ -33,6 +33,13 @@ started=$SECONDS
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${launcher[@]}" \
   ".[tools,test]" numpy
 echo "   installed in $((SECONDS - started)) s"
+# pyproject.toml promises that rebuilding the wheel recompiles only what changed: a second
+# install of the unchanged checkout must compile nothing.
+tests/python/check_reinstall.sh "$venv/bin/python" "${launcher[@]}" ".[tools,test]" numpy
+
+# The Llama tests' fixture (tests/llama/tiny_fixture.py) writes its checkpoint and runs the
+# numpy oracle with this venv's numpy and safetensors.
+cmake -S . -B build -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python" >/dev/null
 
 echo "== CPU tier"
 # kpack_open_bench runs on its own below, where its figures are shown.
@@ -53,7 +60,8 @@ bash tools/run.sh
 
 jobs="$(nproc)"
 common=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPACK_BUILD_BENCH=OFF
-        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}")
+        -DCUDAToolkit_ROOT="${CUDA_HOME:-/usr/local/cuda}"
+        -DKPACK_LLAMA_PYTHON="$PWD/$venv/bin/python")
 echo "== CPU tier under ASan + UBSan (clang)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-asan "${common[@]}" -DKPACK_SANITIZE=address \
   >/dev/null

@@ -40,8 +40,8 @@
 // for the call that takes the Arg (a launch, Bind, BoundLaunch::Set, SelectVariant,
 // GridFor); Launch(grid, stream, desc, ...) and BindArgs(...) take care of that. A
 // BoundLaunch keeps its own copy. At launch kpack checks it as Triton's TensorDescriptor
-// and launcher do (rank, last stride 1, 16-byte aligned base and strides, shape within
-// i32, NaN padding only for floating-point elements) and, for a variant that lowered it to
+// and launcher do (rank, last stride 1, 16-byte aligned base and positive strides, shape
+// within i32, NaN padding only for floating-point elements) and, for a variant that lowered it to
 // TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer.
 
 #ifndef KPACK_ARG_H_
@@ -52,6 +52,7 @@
 #include <bit>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <type_traits>
 
 namespace kpack {
@@ -79,10 +80,11 @@ struct TensorDesc {
   int rank = 0;                   // 1..5: the parameter's block rank
   int64_t shape[kMaxRank] = {};   // elements per dimension, outer first; each in [1, 2^31)
   int64_t strides[kMaxRank] = {};  // in elements; strides[rank - 1] must be 1, the others
-                                   // multiples of 16 bytes
+                                   // positive multiples of 16 bytes
   TensorDescPadding padding = TensorDescPadding::kZero;
 
-  // A contiguous (row-major) tensor of `shape` at `base`.
+  // A contiguous (row-major) tensor of `shape` at `base`. A stride that would not fit in
+  // int64 (a hostile shape) is INT64_MAX, which the launch refuses.
   static TensorDesc RowMajor(CUdeviceptr base, std::initializer_list<int64_t> shape,
                              TensorDescPadding padding = TensorDescPadding::kZero) {
     TensorDesc d;
@@ -95,10 +97,12 @@ struct TensorDesc {
       }
       d.shape[d.rank++] = n;
     }
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
     int64_t stride = 1;
     for (int i = d.rank < kMaxRank ? d.rank : kMaxRank; i-- > 0;) {
       d.strides[i] = stride;
-      stride *= d.shape[i];
+      const int64_t n = d.shape[i];
+      stride = n > 0 && stride <= kMax / n ? stride * n : kMax;
     }
     return d;
   }
@@ -179,12 +183,14 @@ class Arg {
   uint64_t bits() const { return bits_; }
 
  private:
+  // In this order: the runtime's packing reads an Arg array as 16-byte records, the
+  // payload at byte 0 and the kind at byte 8.
   uint64_t bits_ = 0;
   Kind kind_ = Kind::kUnsigned;
 };
 
 static_assert(sizeof(Arg) == 16);
-static_assert(std::is_trivially_copyable_v<Arg>);
+static_assert(std::is_trivially_copyable_v<Arg> && std::is_standard_layout_v<Arg>);
 
 // A short English description of an Arg's C++ type, for error messages.
 const char* ArgKindName(Arg::Kind kind);

@@ -127,8 +127,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -141,6 +143,18 @@ namespace kpack {
 namespace internal {
 class StepGraphImpl;
 }  // namespace internal
+
+// The rule by which step graphs pad the grid of a kernel with grid_tolerance (see Grids
+// above), for one bucket dimension with inclusive upper `edges`: the values of bucket
+// `index` that a graph launches with the grid evaluated at the returned upper end, as
+// (lowest, highest) of that interval, or nullopt where the exact grid is kept (the
+// open-ended last bucket without `grid_max`, or a bucket with no value of at least 1:
+// a size below 1 is empty work, which an eager launch does not send and the pack's grid
+// proof never runs, so a graph never pads it). The pack builder's grid-tolerance proof
+// (tools/kpack_tools/grid_proof.py) proves exactly these intervals, through kpack._kpack.
+std::optional<std::pair<int64_t, int64_t>> GraphPaddingInterval(std::span<const int64_t> edges,
+                                                               std::optional<int64_t> grid_max,
+                                                               size_t index);
 
 class StepGraph {
  public:

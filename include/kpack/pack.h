@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -64,7 +65,25 @@ struct BucketDimInfo {
   // kpack/2 `grid_tolerance.max`: the value a CUDA graph pads the open-ended last bucket
   // to (> edges.back()); absent: launches in that bucket keep exact grids in a graph.
   std::optional<int64_t> grid_max;
+
+  // The values of `param` that bucket `index` (0 .. edges.size()) holds, both bounds
+  // inclusive: bucket 0 has no lower bound, bucket edges.size() no upper bound (nullopt),
+  // bucket i in between is edges[i - 1] + 1 .. edges[i]. An index past the last bucket
+  // has neither.
+  struct Range {
+    std::optional<int64_t> low, high;
+  };
+  Range RangeOf(size_t index) const;
+  // That range in words, the one spelling kpack's messages, `kpack inspect` and the
+  // Python tools use: "M <= 16", "17 <= M <= 64", "M >= 65".
+  std::string DescribeRange(size_t index) const;
 };
+
+// A bucket of a kernel with bucket dimensions `dims`, one index per dimension, in words:
+// each dimension's DescribeRange joined by ", " ("17 <= M <= 64, N >= 4097"); "every
+// bucket" for an empty `index` (a variant without a bucket serves them all); "no buckets"
+// when `dims` is empty. Extra indices (or dimensions) beyond the shorter list are ignored.
+std::string DescribeBucket(std::span<const BucketDimInfo> dims, std::span<const int> index);
 
 // A specialization a variant was compiled with.
 struct AssumptionInfo {

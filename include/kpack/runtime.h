@@ -38,12 +38,20 @@
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
 // arena are the only slow paths, and both can be done ahead (`Preload`, `ReserveScratch`).
 //
+// Driver errors: a driver call that fails makes the kpack call return the status of its
+// CUresult, with a message naming the driver function, the error and what kpack was
+// doing: RESOURCE_EXHAUSTED for CUDA_ERROR_OUT_OF_MEMORY; INVALID_ARGUMENT for an invalid
+// value, handle or image; UNAVAILABLE for a driver not initialized or without devices;
+// FAILED_PRECONDITION for no binary for the GPU, not supported, an invalid context and
+// stream-capture errors; INTERNAL for any other.
+//
 // Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
 // once (launch state is immutable after load; loading and scratch growth are
 // synchronized). A `BoundLaunch` belongs to one thread at a time.
 //
 // Contexts: a launch goes to the calling thread's current CUDA context (none current is
-// FAILED_PRECONDITION), and `stream` must belong to it (or be NULL, CU_STREAM_LEGACY or
+// FAILED_PRECONDITION; `UseDevice` makes a device's primary context current, as the CUDA
+// runtime would), and `stream` must belong to it (or be NULL, CU_STREAM_LEGACY or
 // CU_STREAM_PER_THREAD), as for any driver launch. One Runtime serves every device and
 // context. Contexts are told apart by cuCtxGetId, so a context destroyed and replaced by
 // one at the same address gets its own CUfunctions and scratch, never the old ones.
@@ -56,13 +64,20 @@
 //    per context for the legacy (NULL) stream, and per thread for CU_STREAM_PER_THREAD
 //    (one handle, but a different stream on each thread). It grows on demand (to at
 //    least twice its size; buffers already used stay allocated for work in flight) and
-//    is freed by `ReleaseScratch(stream)` or the Runtime's destruction;
+//    is freed by `ReleaseScratch(stream)` or the Runtime's destruction; a thread's
+//    CU_STREAM_PER_THREAD arenas (and its reservation) also when the thread exits, on
+//    that thread (cuMemFree, which waits for its launches still in flight: a thread
+//    exiting with work queued waits for it; in relaxed capture mode, so that another
+//    thread's capture in global mode is not invalidated by it);
 //  - else, inside a capture, an arena owned by the captured graph (see below).
 //
 // CUDA graphs. kpack launches may be captured (cuStreamBeginCapture) and the graph
-// replayed on any stream. During a capture kpack never loads a kernel and never allocates
-// (either would invalidate the capture): such a launch is FAILED_PRECONDITION naming what
-// to call beforehand, and the capture stays valid. Before each capture, in its context:
+// replayed on any stream. A launch on a capturing stream never loads a kernel and never
+// allocates: such a launch is FAILED_PRECONDITION naming what to call beforehand, and the
+// capture stays valid. Loading that is not on a capturing stream (Preload(), or a lazy
+// load by a launch on another stream) runs in RELAXED capture interaction mode, so that
+// it neither fails nor invalidates a capture this thread or another runs meanwhile.
+// Before each capture, in its context:
 //  - `Preload()`, so every variant is loaded for the context;
 //  - `ReserveScratch(stream, bytes)` for each captured stream that launches kernels with
 //    scratch (without a ScratchAllocator), `bytes` at least what one launch needs.
@@ -75,6 +90,9 @@
 // after) and the arena returns to kpack's pool, from which later reservations and streams
 // take before allocating (an arena not back yet is not waited for: they allocate). So a
 // replay never races with eager launches on the capture stream or with other graphs.
+// The destructor never blocks (it takes no lock and makes no CUDA call), and kpack holds
+// no lock across a driver call: a driver call waiting for GPU work that waits for a host
+// callback queued behind the destructor never waits for kpack.
 // Executables instantiated from one graph share its arena: do not run two of them at
 // once. Destroy such graphs before the Runtime: an arena returned after the Runtime is
 // gone cannot be freed (no CUDA call is allowed in the destructor callback) and leaks.
@@ -90,6 +108,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,12 +121,13 @@
 
 namespace kpack {
 
+class StepGraph;
+struct BoundLaunchSnapshot;
+
 namespace internal {
 struct KernelData;
 struct BoundState;
 class RuntimeImpl;
-struct KernelAccess;  // `kpack bench` only, until BoundLaunch can prepare a raw launch
-struct BoundAccess;   // kpack::StepGraph (kpack/graph.h) reads a BoundLaunch's state
 }  // namespace internal
 
 // Scratch memory from the caller, as Triton's triton.set_allocator provides it: `allocate`
@@ -181,6 +201,8 @@ class BoundLaunch {
   BoundLaunch& operator=(BoundLaunch&&) noexcept;
   ~BoundLaunch();
 
+  // OUT_OF_RANGE for an index past the arguments; INVALID_ARGUMENT, naming the parameter,
+  // for a value it does not take (the bound value stays).
   absl::Status Set(size_t index, Arg value);
   void set_grid(const Grid& grid);
   void set_stream(CUstream stream);
@@ -191,10 +213,15 @@ class BoundLaunch {
   // context if needed, takes its scratch, and returns the driver call's arguments (see
   // PreparedLaunch for what they are and how long they live). Counts no launch.
   absl::StatusOr<PreparedLaunch> Prepare();
+  // What this BoundLaunch holds now (see BoundLaunchSnapshot): loads nothing, calls no
+  // driver function, allocates nothing.
+  BoundLaunchSnapshot snapshot() const;
 
  private:
   friend class Kernel;
-  friend struct internal::BoundAccess;
+  // StepGraph (kpack/graph.h) reads each BoundLaunch's variant, grid and packed bytes at
+  // every replay, through the state behind it, which stays put when the BoundLaunch moves.
+  friend class StepGraph;
   explicit BoundLaunch(std::unique_ptr<internal::BoundState> state);
   std::unique_ptr<internal::BoundState> state_;
 };
@@ -286,7 +313,9 @@ class Kernel {
   }
 
   // The name of the variant these arguments would launch, or the error a launch would
-  // return. Launches nothing.
+  // return for a wrong argument count or arguments no variant takes: the dispatch alone
+  // (buckets and assumptions), without packing. The other arguments' types and ranges
+  // are checked by Launch and Bind only. Launches nothing.
   absl::StatusOr<std::string_view> SelectVariant(std::span<const Arg> args) const;
   // The grid a launch without an explicit grid would get: the manifest's grid expressions
   // evaluated for these arguments and the variant they select. FAILED_PRECONDITION if
@@ -308,11 +337,37 @@ class Kernel {
 
  private:
   friend class internal::RuntimeImpl;
-  friend struct internal::KernelAccess;
   explicit Kernel(const internal::KernelData* data) : data_(data) {}
   absl::StatusOr<BoundLaunch> BindImpl(const Grid* grid, CUstream stream,
                                        std::span<const Arg> args) const;
   const internal::KernelData* data_ = nullptr;
+};
+
+// A BoundLaunch as it stands (BoundLaunch::snapshot()): what its next Launch sends, for
+// tools, tests and callers that inspect launches or send them themselves (Prepare gives
+// the driver call itself). `args` and `params` point into the BoundLaunch: they stay valid
+// when it moves, and until it is destroyed or changed (Set, set_grid, set_stream,
+// set_scratch_allocator); Launch and Prepare rewrite the scratch slots of `params` in
+// place. `variant` lives as long as the Runtime.
+struct BoundLaunchSnapshot {
+  Kernel kernel;  // the kernel (or Kernel::Restrict view) it was bound from
+  // The variant the arguments select now, one of kernel.info().variants (Set selects it
+  // again when an argument that decides the bucket or an assumption changes).
+  const VariantInfo* variant = nullptr;
+  // The choice was a fallback: a more specialized variant of the same bucket exists, but
+  // an assumption of it fails for these arguments (counted in variant_stats()).
+  bool fallback = false;
+  // The explicit grid (Bind with a grid, set_grid); nullopt: the grid expressions,
+  // evaluated at each Launch for the arguments (Kernel::GridFor(args) gives it).
+  std::optional<Grid> grid;
+  CUstream stream = nullptr;
+  ScratchAllocator scratch;   // set_scratch_allocator's; unset: the Runtime's (Options)
+  std::span<const Arg> args;  // the call arguments bound now; a tensordesc's points at the
+                              // BoundLaunch's own copy of the descriptor
+  // The packed parameter buffer, laid out as variant->layout says (param_bytes long), every
+  // argument's bytes as they go to the kernel; the scratch slots hold what the last
+  // Launch or Prepare wrote there (0 before either).
+  std::span<const std::byte> params;
 };
 
 class Runtime {
@@ -371,20 +426,42 @@ class Runtime {
   // capture on `stream` (which the capture's graph then owns; see "CUDA graphs" above:
   // call it before each capture). A launch needs grid.x*grid.y*grid.z*num_ctas*
   // (global_scratch_size, plus profile_scratch_size at its alignment) bytes.
-  // FAILED_PRECONDITION while `stream` is being captured. Works in `stream`'s context.
+  // FAILED_PRECONDITION while `stream` is being captured (0 bytes: nothing to do, OK on
+  // any stream). Works in `stream`'s context.
   absl::Status ReserveScratch(CUstream stream, size_t bytes);
   // Frees `stream`'s arena and capture reservation (cuMemFree, which waits for the work
-  // that used them). For CU_STREAM_PER_THREAD, the calling thread's. Call it before
-  // destroying a stream whose launches had scratch; otherwise the arena is kept until the
-  // Runtime is destroyed, or freed when a new stream comes with the same handle.
+  // that used them). For CU_STREAM_PER_THREAD, the calling thread's (freed anyway when the
+  // thread exits). Call it before destroying a stream whose launches had scratch;
+  // otherwise the arena is kept until the Runtime is destroyed, or freed when a new
+  // stream comes with the same handle.
   // FAILED_PRECONDITION while `stream` is being captured. No launch may be in flight on
   // the host side on `stream` meanwhile.
   absl::Status ReleaseScratch(CUstream stream);
 
+  // Devices, for callers with no CUDA runtime of their own (a launch needs a current
+  // context; see "Contexts" above). Both go through the driver this Runtime loaded and are
+  // thread-safe.
+  //
+  // The ordinal (what cuDeviceGet takes; torch's device index and DLPack's device_id) of
+  // the device of the calling thread's current CUDA context. FAILED_PRECONDITION when no
+  // context is current. Costs one cuCtxGetId (a thread-local read) and a short lock-free
+  // lookup once this Runtime has seen the context; the first call in a context asks the
+  // driver (cuCtxGetDevice, then cuDeviceGet over the devices, whose CUdevice handles need
+  // not be their ordinals) and allocates.
+  absl::StatusOr<int> CurrentDevice() const;
+  // Makes device `ordinal`'s primary context current on the calling thread, as the CUDA
+  // runtime does at a thread's first call on a device (and so torch, once it has put a
+  // tensor there): cuDevicePrimaryCtxRetain, then cuCtxSetCurrent. The retain is never
+  // released (each call adds one), so the primary context lives until the process exits,
+  // like the CUDA runtime's. INVALID_ARGUMENT, giving the number of devices, for an
+  // ordinal that is not a device.
+  absl::Status UseDevice(int ordinal) const;
+
   // Counters for tests and monitoring.
   struct Stats {
     size_t libraries_loaded = 0;      // cuLibraryLoadData calls that succeeded
-    size_t scratch_arenas = 0;        // streams (per thread: per-thread streams) with an arena
+    size_t scratch_arenas = 0;        // streams (per thread: live threads' per-thread
+                                      // streams) with an arena
     size_t scratch_reserved = 0;      // arenas ReserveScratch set aside for a capture
     size_t scratch_in_graphs = 0;     // arenas owned by captured graphs
     size_t scratch_idle = 0;          // arenas graphs gave back, not yet reused

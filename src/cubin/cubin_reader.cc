@@ -1,3 +1,6 @@
+// The cubin reader (cubin_reader.h): the ELF header's architecture, the section table and
+// symbol table bounds-checked, and each entry's `.nv.info` records decoded.
+
 #include "cubin/cubin_reader.h"
 
 #include <elf.h>
@@ -64,6 +67,13 @@ constexpr uint8_t kEifmtNval = 0x01;
 constexpr uint8_t kEifmtHval = 0x03;
 constexpr uint8_t kEifmtSval = 0x04;
 constexpr uint8_t kEiattrKparamInfo = 0x17;
+// EIATTR_MAX_THREADS (0x05) and EIATTR_REQNTID (0x10): SVAL records whose 12-byte payload
+// is three u32, x, y, z, from the PTX directives `.maxntid` and `.reqntid`. Checked
+// against cuobjdump -elf: Triton 3.6 add_kernel with num_warps=4 has REQNTID 128 1 1, a
+// num_warps=8 matmul 256 1 1.
+constexpr uint8_t kEiattrMaxThreads = 0x05;
+constexpr uint8_t kEiattrReqntid = 0x10;
+constexpr size_t kBlockShapeSize = 12;
 constexpr size_t kRecordHeaderSize = 4;
 constexpr size_t kKparamInfoSize = 12;
 constexpr int kKparamSizeShift = 18;
@@ -101,10 +111,11 @@ absl::StatusOr<int> ArchFromHeader(const Elf64_Ehdr& header) {
   return sm;
 }
 
-// Decodes the KPARAM_INFO records of one `.nv.info.<kernel>` section.
-absl::StatusOr<std::vector<CubinParam>> ReadParams(std::span<const std::byte> info,
-                                                   absl::string_view kernel) {
-  std::vector<CubinParam> params;
+// Decodes the KPARAM_INFO, REQNTID and MAX_THREADS records of one `.nv.info.<kernel>`
+// section into `out` (named already).
+absl::Status ReadInfo(std::span<const std::byte> info, absl::string_view kernel,
+                      CubinKernel& out) {
+  std::vector<CubinParam>& params = out.params;
   size_t pos = 0;
   while (pos < info.size()) {
     const size_t record = pos;
@@ -135,6 +146,18 @@ absl::StatusOr<std::vector<CubinParam>> ReadParams(std::span<const std::byte> in
     }
     const std::span<const std::byte> payload = info.subspan(pos, value);
     pos += value;
+    if (attribute == kEiattrReqntid || attribute == kEiattrMaxThreads) {
+      if (payload.size() != kBlockShapeSize) {
+        return Malformed(absl::StrCat(".nv.info.", kernel, ": the ",
+                                      attribute == kEiattrReqntid ? "REQNTID" : "MAX_THREADS",
+                                      " record at byte ", record, " has ", payload.size(),
+                                      " payload bytes, not ", kBlockShapeSize));
+      }
+      (attribute == kEiattrReqntid ? out.required_block : out.max_block) =
+          std::array<uint32_t, 3>{Load<uint32_t>(payload, 0), Load<uint32_t>(payload, 4),
+                                  Load<uint32_t>(payload, 8)};
+      continue;
+    }
     if (attribute != kEiattrKparamInfo) continue;
     if (payload.size() < kKparamInfoSize) {
       return Malformed(absl::StrCat(".nv.info.", kernel, ": the KPARAM_INFO record at byte ",
@@ -156,7 +179,7 @@ absl::StatusOr<std::vector<CubinParam>> ReadParams(std::span<const std::byte> in
                                     params[i].ordinal, " is at position ", i));
     }
   }
-  return params;
+  return absl::OkStatus();
 }
 
 // The image's section header table, every entry checked to lie inside the image.
@@ -336,10 +359,11 @@ absl::StatusOr<CubinInfo> ReadCubin(std::span<const std::byte> image) {
       return Malformed(
           absl::StrCat("section .nv.info.", kernel, " has no readable contents (SHT_NOBITS)"));
     }
-    absl::StatusOr<std::vector<CubinParam>> params =
-        ReadParams(sections.Bytes(section->second), kernel);
-    if (!params.ok()) return params.status();
-    info.kernels.push_back({.name = std::string(kernel), .params = *std::move(params)});
+    CubinKernel& entry = info.kernels.emplace_back();
+    entry.name = std::string(kernel);
+    if (absl::Status s = ReadInfo(sections.Bytes(section->second), kernel, entry); !s.ok()) {
+      return s;
+    }
   }
   std::sort(info.kernels.begin(), info.kernels.end(),
             [](const CubinKernel& a, const CubinKernel& b) { return a.name < b.name; });

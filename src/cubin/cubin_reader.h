@@ -1,6 +1,6 @@
 // Reads what kpack needs from a cubin (an NVIDIA ELF image, as ptxas writes it): the SM
-// architecture it was built for and, for each kernel entry, the parameter layout ptxas
-// recorded in `.nv.info.<kernel>`.
+// architecture it was built for and, for each kernel entry, the parameter layout and the
+// block-size requirements ptxas recorded in `.nv.info.<kernel>`.
 //
 // Runtime::Open and Pack::Read read every cubin with it, to hold the manifest's `entry`,
 // `arch` and `layout` against the ELF before anything launches; `kpack verify` does the
@@ -16,7 +16,9 @@
 #define KPACK_CUBIN_CUBIN_READER_H_
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +38,12 @@ struct CubinParam {
 struct CubinKernel {
   std::string name;                // the entry symbol, e.g. "add_kernel"
   std::vector<CubinParam> params;  // sorted by ordinal; the ordinals are exactly 0..n-1
+  // The block shape (x, y, z) the kernel must be launched with, when the cubin says
+  // (EIATTR_REQNTID, from PTX `.reqntid`: Triton sets it to 32 * num_warps threads).
+  std::optional<std::array<uint32_t, 3>> required_block;
+  // The most threads a block may have, as x * y * z, when the cubin says
+  // (EIATTR_MAX_THREADS, from PTX `.maxntid`).
+  std::optional<std::array<uint32_t, 3>> max_block;
 };
 
 struct CubinInfo {

@@ -1,12 +1,20 @@
+// Building a kernel's dispatch table at load (its buckets, the argument properties its
+// variants assume, the candidates per bucket) and choosing a variant per call, with the
+// error that says why no variant takes a call.
+
 #include "dispatch/dispatch.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kpack/pack.h"
 
 namespace kpack::internal {
 namespace {
@@ -43,21 +51,16 @@ std::string DispatchTable::Describe(const Property& p, const KernelSpec& kernel)
 }
 
 std::string DispatchTable::DescribeBucket(const KernelSpec& kernel, uint32_t bucket) const {
-  std::vector<std::string> parts;
+  // The flat index is the first dimension's index varying fastest.
+  std::vector<BucketDimInfo> dims;
+  std::vector<int> index;
   for (const Dim& d : dims_) {
     const uint32_t n = static_cast<uint32_t>(d.edges.size()) + 1;
-    const uint32_t i = bucket % n;
+    dims.push_back({kernel.arg(d.arg).name, d.edges, std::nullopt});
+    index.push_back(static_cast<int>(bucket % n));
     bucket /= n;
-    const std::string& name = kernel.arg(d.arg).name;
-    if (i == 0) {
-      parts.push_back(absl::StrCat(name, " <= ", d.edges[0]));
-    } else if (i == n - 1) {
-      parts.push_back(absl::StrCat(name, " > ", d.edges[i - 1]));
-    } else {
-      parts.push_back(absl::StrCat(d.edges[i - 1], " < ", name, " <= ", d.edges[i]));
-    }
   }
-  return absl::StrJoin(parts, ", ");
+  return kpack::DescribeBucket(dims, index);
 }
 
 absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {

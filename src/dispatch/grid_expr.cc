@@ -1,3 +1,6 @@
+// Grid expressions (grid_expr.h): the tokenizer and parser, constant folding with
+// overflow checks, and the postfix evaluator a launch runs.
+
 #include "dispatch/grid_expr.h"
 
 #include <cctype>

@@ -1,3 +1,6 @@
+// Loading the CUDA driver (driver.h): dlopen, cuGetProcAddress for every symbol of
+// driver_symbols.h, cuInit, and the one CUresult-to-Status conversion with its advice.
+
 #include "driver/driver.h"
 
 #include <dlfcn.h>

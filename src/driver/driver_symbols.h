@@ -59,12 +59,16 @@ KPACK_DRIVER_SYMBOL(StreamBeginCapture, 10010)
 KPACK_DRIVER_SYMBOL(StreamEndCapture, 10000)
 KPACK_DRIVER_SYMBOL(StreamIsCapturing, 10000)
 KPACK_DRIVER_SYMBOL(StreamGetCaptureInfo, 12030)
-// The calling thread's capture interaction mode: kpack::StepGraph builds its graphs in
-// RELAXED mode, so another thread's capture neither refuses nor is invalidated by it.
+// The calling thread's capture interaction mode: kpack::StepGraph builds its graphs, and a
+// thread's exit frees its per-thread scratch (launch/scratch.cc), in RELAXED mode, so that
+// another thread's capture neither refuses nor is invalidated by them.
 KPACK_DRIVER_SYMBOL(ThreadExchangeStreamCaptureMode, 10010)
 KPACK_DRIVER_SYMBOL(UserObjectCreate, 11030)
 KPACK_DRIVER_SYMBOL(UserObjectRelease, 11030)
 KPACK_DRIVER_SYMBOL(GraphRetainUserObject, 11030)
+// Host functions on a stream: the tests' model of GPU work still in flight (a stream
+// held behind a host function), for scratch that must outlive it.
+KPACK_DRIVER_SYMBOL(LaunchHostFunc, 10000)
 KPACK_DRIVER_SYMBOL(GraphInstantiateWithFlags, 11040)
 KPACK_DRIVER_SYMBOL(GraphLaunch, 10000)
 KPACK_DRIVER_SYMBOL(GraphDestroy, 10000)
@@ -83,3 +87,9 @@ KPACK_DRIVER_SYMBOL(EventSynchronize, 2000)
 KPACK_DRIVER_SYMBOL(EventElapsedTime, 2000)
 KPACK_DRIVER_SYMBOL(EventDestroy, 4000)
 KPACK_DRIVER_SYMBOL(MemGetInfo, 3020)
+// Pinned host memory and stream-ordered copies: the Llama engine reads each step's tokens
+// back a step late without stalling the stream (examples/llama).
+KPACK_DRIVER_SYMBOL(MemAllocHost, 3020)
+KPACK_DRIVER_SYMBOL(MemFreeHost, 2000)
+KPACK_DRIVER_SYMBOL(MemcpyHtoDAsync, 3020)
+KPACK_DRIVER_SYMBOL(MemcpyDtoHAsync, 3020)

@@ -51,24 +51,6 @@ bool IsPdl(const CUlaunchConfig& config) {
 
 }  // namespace
 
-RelaxedCaptureMode::RelaxedCaptureMode(const Driver& driver) : driver_(driver) {
-  status_ = driver_.Check(driver_.ThreadExchangeStreamCaptureMode(&mode_),
-                          "cuThreadExchangeStreamCaptureMode (to RELAXED, for a step graph)");
-  relaxed_ = status_.ok();
-}
-
-RelaxedCaptureMode::~RelaxedCaptureMode() {
-  if (relaxed_) driver_.ThreadExchangeStreamCaptureMode(&mode_);
-}
-
-absl::Status RelaxedCaptureMode::Restore() {
-  if (!relaxed_) return absl::OkStatus();
-  relaxed_ = false;
-  return driver_.Check(driver_.ThreadExchangeStreamCaptureMode(&mode_),
-                       "cuThreadExchangeStreamCaptureMode (restoring the thread's mode after a "
-                       "step graph)");
-}
-
 absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     const RuntimeImpl& rt, std::span<BoundState* const> launches, const Signature& signature,
     uint64_t context, CUstream stream, bool programmatic_edges, bool* pdl_refused) {

@@ -4,6 +4,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "kpack/graph.h"
 #include "launch/args.h"
 #include "util/status_macros.h"
 
@@ -145,3 +146,13 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
 }
 
 }  // namespace kpack::internal
+
+namespace kpack {
+
+std::optional<std::pair<int64_t, int64_t>> GraphPaddingInterval(std::span<const int64_t> edges,
+                                                               std::optional<int64_t> grid_max,
+                                                               size_t index) {
+  return internal::PaddingInterval(edges, grid_max, index);
+}
+
+}  // namespace kpack

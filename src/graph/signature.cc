@@ -1,3 +1,5 @@
+// Bucket signatures in words, for StepGraph's errors and its graphs() report.
+
 #include "graph/signature.h"
 
 #include <string>
@@ -5,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kpack/pack.h"
 
 namespace kpack::internal {
 
@@ -20,25 +23,11 @@ std::string SignatureText(const Signature& signature) {
 }
 
 std::string DescribeShape(const LaunchShape& shape) {
-  const KernelSpec& k = *shape.variant->kernel->spec;
+  const KernelData& k = *shape.variant->kernel;
   const VariantSpec& v = *shape.variant->spec;
-  std::vector<std::string> ranges;
-  for (size_t d = 0; d < k.buckets.size() && d < v.bucket.size(); ++d) {
-    const std::vector<int64_t>& edges = k.buckets[d].edges;
-    const std::string& name = k.arg(k.buckets[d].arg).name;
-    const size_t i = static_cast<size_t>(v.bucket[d]);
-    if (i == 0) {
-      ranges.push_back(absl::StrCat(name, " <= ", edges[0]));
-    } else if (i < edges.size()) {
-      ranges.push_back(absl::StrCat(edges[i - 1] + 1, " <= ", name, " <= ", edges[i]));
-    } else {
-      ranges.push_back(absl::StrCat(name, " >= ", edges.back() + 1));
-    }
-  }
-  const std::string where = k.buckets.empty()  ? "no buckets"
-                            : ranges.empty() ? "every bucket"
-                                             : "bucket " + absl::StrJoin(ranges, ", ");
-  return absl::StrCat("kernel '", k.name, "' variant '", v.name, "' (", where, ")");
+  return absl::StrCat("kernel '", k.spec->name, "' variant '", v.name, "' (",
+                      k.spec->buckets.empty() || v.bucket.empty() ? "" : "bucket ",
+                      DescribeBucket(k.info->buckets, v.bucket), ")");
 }
 
 }  // namespace kpack::internal

@@ -52,7 +52,7 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status CaptureStateError(const Driver& d, CUresult
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StepGraphImpl>> StepGraphImpl::Create(
-    std::span<BoundLaunch* const> launches, const StepGraph::Options& options) {
+    std::span<BoundState* const> launches, const StepGraph::Options& options) {
   if (launches.empty()) return absl::InvalidArgumentError("a step graph needs at least one launch");
   std::unique_ptr<StepGraphImpl> g(new StepGraphImpl());
   g->options_ = options;
@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<StepGraphImpl>> StepGraphImpl::Create(
     if (launches[i] == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("step graph launch ", i, " is null"));
     }
-    BoundState& st = BoundAccess::Get(*launches[i]);
+    BoundState& st = *launches[i];
     if (!seen.insert(&st).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           "step graph launch ", i, " (kernel '", st.kernel->spec->name,
@@ -353,8 +353,10 @@ StepGraph::~StepGraph() = default;
 
 absl::StatusOr<StepGraph> StepGraph::Create(std::span<BoundLaunch* const> launches,
                                             const Options& options) {
+  std::vector<internal::BoundState*> states;  // null for a null launch, which Create refuses
+  for (BoundLaunch* b : launches) states.push_back(b != nullptr ? b->state_.get() : nullptr);
   KPACK_ASSIGN_OR_RETURN(std::unique_ptr<internal::StepGraphImpl> impl,
-                         internal::StepGraphImpl::Create(launches, options));
+                         internal::StepGraphImpl::Create(states, options));
   return StepGraph(std::move(impl));
 }
 

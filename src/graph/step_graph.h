@@ -25,8 +25,10 @@ namespace kpack::internal {
 
 class StepGraphImpl {
  public:
+  // `launches`: the BoundLaunches' states (StepGraph::Create takes them out of the
+  // BoundLaunches, whose friend it is), in launch order.
   static absl::StatusOr<std::unique_ptr<StepGraphImpl>> Create(
-      std::span<BoundLaunch* const> launches, const StepGraph::Options& options);
+      std::span<BoundState* const> launches, const StepGraph::Options& options);
 
   absl::Status Build();
   absl::Status Replay(CUstream stream);

@@ -1,3 +1,6 @@
+// The out-of-line half of argument packing (args.h): the names of Arg kinds and the error
+// for an argument its slot refuses, built only on failure.
+
 #include "launch/args.h"
 
 #include <bit>

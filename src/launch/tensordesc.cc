@@ -1,3 +1,6 @@
+// Tensor descriptor arguments (tensordesc.h): the launch-time checks and the encode into
+// the parameter buffer, and the error that names what the caller passed.
+
 #include "launch/tensordesc.h"
 
 #include <cstring>
@@ -67,12 +70,16 @@ void Store(std::byte* dst, T value) {
 }
 
 // The caller's shape, with the last dimension doubled for an fp4-padded descriptor as
-// Triton does (make_tensordesc_arg: the encode and the i32 shape slots both get it).
+// Triton does (make_tensordesc_arg: the encode and the i32 shape slots both get it). The
+// caller's value is checked before it is doubled, so the doubling cannot overflow.
 bool EffectiveShape(const DescSlot& slot, const TensorDesc& d, int64_t* shape, int* bad) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   for (int i = 0; i < slot.rank; ++i) {
     shape[i] = d.shape[i];
-    if (i == slot.rank - 1 && slot.fp4_padded) shape[i] *= 2;
-    if (d.shape[i] < 1 || shape[i] > std::numeric_limits<int32_t>::max()) {
+    if (shape[i] >= 1 && shape[i] <= kMax && i == slot.rank - 1 && slot.fp4_padded) {
+      shape[i] *= 2;
+    }
+    if (shape[i] < 1 || shape[i] > kMax) {
       *bad = i;
       return false;
     }
@@ -94,7 +101,8 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, 
   if (d.base % 16 != 0) return {DescProblem::kBaseAlign};
   int64_t stride_bytes[DescSlot::kMaxRank];
   for (int i = 0; i + 1 < rank; ++i) {
-    if (__builtin_mul_overflow(d.strides[i], int64_t{slot.elem_size}, &stride_bytes[i]) ||
+    if (d.strides[i] < 1 ||
+        __builtin_mul_overflow(d.strides[i], int64_t{slot.elem_size}, &stride_bytes[i]) ||
         stride_bytes[i] % 16 != 0) {
       return {DescProblem::kStrideAlign, i};
     }
@@ -170,9 +178,13 @@ absl::Status DescError(const Driver& driver, absl::string_view what, size_t inde
       why = absl::StrCat("base 0x", absl::Hex(d.base), " is not 16-byte aligned");
       break;
     case DescProblem::kStrideAlign:
-      why = absl::StrCat("strides[", i, "] = ", d.strides[i], " elements of ",
-                         spec.tma ? spec.elem_size : ElementBytes(spec.dtype),
-                         " bytes is not a multiple of 16 bytes");
+      why = d.strides[i] < 1
+                ? absl::StrCat("strides[", i, "] = ", d.strides[i],
+                               " is not positive (every stride but the last is a positive "
+                               "multiple of 16 bytes)")
+                : absl::StrCat("strides[", i, "] = ", d.strides[i], " elements of ",
+                               spec.tma ? spec.elem_size : ElementBytes(spec.dtype),
+                               " bytes is not a multiple of 16 bytes");
       break;
     case DescProblem::kNanPadding:
       why = d.padding == TensorDescPadding::kNan

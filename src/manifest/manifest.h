@@ -1,5 +1,9 @@
 // The parsed and validated form of a pack's manifest.json (formats "kpack/1" and
-// "kpack/2"; the schema is docs/pack-format.md). Parsing is pure: no I/O, no driver.
+// "kpack/2"; the schema is docs/pack-format.md), the Triton type tables the rest of kpack
+// reads it with, and ParseManifest. Parsing is pure: no I/O, no driver. It lives in
+// manifest.cc (the document, its kernels in parallel), kernel.cc, variant.cc, layout.cc
+// (a kernel's entry and its parts), types.cc (type strings and tables) and fields.cc
+// (typed JSON fields), which share manifest/parse.h.
 
 #ifndef KPACK_SRC_MANIFEST_MANIFEST_H_
 #define KPACK_SRC_MANIFEST_MANIFEST_H_
@@ -56,6 +60,9 @@ uint32_t SlotSize(ParamType type);
 // Bytes per element of a Triton scalar type used as a descriptor's element type ("fp16":
 // 2, "fp8e4nv": 1, ...); 0 for a name kpack does not know.
 int ElementBytes(absl::string_view dtype);
+// Bytes per element of a CUtensorMapDataType (the driver's numbering: UINT8 0 .. TFLOAT32_FTZ
+// 12); 0 for the sub-byte types (13..15) and anything else.
+int TensorMapDataTypeBytes(int data_type);
 // Whether a descriptor of this element type may pad with NaN (Triton: a floating-point
 // base tensor).
 bool IsFloatElement(absl::string_view dtype);
@@ -215,20 +222,15 @@ struct ManifestSpec {
 inline constexpr uint32_t kMaxParamBytes = 4096;
 
 // Parses and validates `text`. Every error is INVALID_ARGUMENT (UNIMPLEMENTED for a
-// feature this version lacks), prefixed with `file` and naming kernel, variant and field.
-// A large manifest's kernels are parsed on several threads; the result is always that of
-// ParseManifestWhole.
+// feature this version lacks), prefixed with `file` and naming kernel, variant and field;
+// a syntax error anywhere is reported before any field's problem. A large manifest's
+// kernels are parsed on several threads (manifest.cc says how); the result is always that
+// of ParseManifestWhole.
 absl::StatusOr<ManifestSpec> ParseManifest(absl::string_view text, absl::string_view file);
 
-// ParseManifest's two ways, exposed for the tests and the manifest fuzzer, which hold
-// them to each other. Whole: the text parsed as one JSON document, on this thread (the
-// reference). InParts: the top-level "kernels" array's elements found by a scan, then
-// parsed and validated apart, on several threads when the text is large; nullopt when the
-// text needs the whole parse (a syntax error anywhere, whose message that parse gives; an
-// escaped or repeated top-level key; anything the scan is not sure of).
+// The reference ParseManifest is held to by the tests and the manifest fuzzer: the text
+// parsed as one JSON document, on this thread.
 absl::StatusOr<ManifestSpec> ParseManifestWhole(absl::string_view text, absl::string_view file);
-std::optional<absl::StatusOr<ManifestSpec>> ParseManifestInParts(absl::string_view text,
-                                                                 absl::string_view file);
 
 }  // namespace kpack::internal
 

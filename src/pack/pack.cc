@@ -5,14 +5,16 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "manifest/pack.h"
+#include "pack/files.h"
 #include "pack/pack_state.h"
 #include "util/parallel.h"
 #include "util/status_macros.h"
@@ -173,6 +175,37 @@ absl::StatusOr<ReadPackResult> ReadPack(absl::string_view dir, const ReadPackOpt
 }
 
 }  // namespace internal
+
+BucketDimInfo::Range BucketDimInfo::RangeOf(size_t index) const {
+  Range range;
+  if (index > 0 && index <= edges.size()) {
+    // An edge of INT64_MAX leaves the bucket above it empty; it is spelled from INT64_MAX.
+    const int64_t below = edges[index - 1];
+    range.low = below == std::numeric_limits<int64_t>::max() ? below : below + 1;
+  }
+  if (index < edges.size()) range.high = edges[index];
+  return range;
+}
+
+std::string BucketDimInfo::DescribeRange(size_t index) const {
+  const Range r = RangeOf(index);
+  if (r.low.has_value() && r.high.has_value()) {
+    return absl::StrCat(*r.low, " <= ", param, " <= ", *r.high);
+  }
+  if (r.high.has_value()) return absl::StrCat(param, " <= ", *r.high);
+  if (r.low.has_value()) return absl::StrCat(param, " >= ", *r.low);
+  return absl::StrCat(param, " in no bucket (index ", index, " of ", edges.size() + 1, ")");
+}
+
+std::string DescribeBucket(std::span<const BucketDimInfo> dims, std::span<const int> index) {
+  if (dims.empty()) return "no buckets";
+  if (index.empty()) return "every bucket";
+  std::vector<std::string> ranges;
+  for (size_t d = 0; d < dims.size() && d < index.size(); ++d) {
+    ranges.push_back(dims[d].DescribeRange(static_cast<size_t>(index[d])));
+  }
+  return absl::StrJoin(ranges, ", ");
+}
 
 absl::StatusOr<Pack> Pack::Read(std::string_view dir) {
   KPACK_ASSIGN_OR_RETURN(internal::ReadPackResult read,

@@ -10,7 +10,11 @@
 
 #include "absl/base/optimization.h"
 #include "absl/container/flat_hash_map.h"
-#include "launcher.h"
+#include "convert.h"
+#include "kernel.h"
+#include "vectorcall.h"
+
+namespace nb = nanobind;
 
 namespace kpack::python {
 namespace {
@@ -60,21 +64,31 @@ struct Entry {
   }
 };
 
+PyObject* DropInVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                           PyObject* kwnames);
+
+// kpack._kpack.DropIn: a nanobind class with a hand-written vectorcall (vectorcall.h).
 struct DropInObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
-  PyObject* resolver;  // strong
-  PyObject* original;  // strong: Triton's KernelInterface.__getitem__
-  absl::flat_hash_map<PyObject*, std::unique_ptr<Entry>>* entries;
+  vectorcallfunc vectorcall = DropInVectorcall;
+  nb::object resolver;
+  nb::object original;  // Triton's KernelInterface.__getitem__
+  absl::flat_hash_map<PyObject*, std::unique_ptr<Entry>> entries;
+
+  DropInObject(nb::object r, nb::object o) : resolver(std::move(r)), original(std::move(o)) {}
+  DropInObject(const DropInObject&) = delete;
+  DropInObject& operator=(const DropInObject&) = delete;
 };
 
-struct LaunchObject {  // fn[grid]
+// fn[grid]: made per call of that form, so a hand-written type (vectorcall.h).
+struct LaunchObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
-  DropInObject* table;  // strong: owns `entry`
+  PyObject* table;  // strong: the kpack._kpack.DropIn, which owns `entry`
   Entry* entry;
   PyObject* grid;  // strong
 };
+
+DropInObject* Table(const LaunchObject* l) { return Self<DropInObject>(l->table); }
 
 PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                            PyObject* kwnames);
@@ -84,7 +98,6 @@ PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
 // None, so the argument is not passed to it.
 constexpr uint16_t kNoneDType = 0xFFFF;
 
-PyTypeObject* g_dropin_type = nullptr;
 PyTypeObject* g_launch_type = nullptr;
 PyObject* g_hooks_reason = nullptr;  // "it has pre-run hooks"
 PyObject* g_unhashable_reason = nullptr;
@@ -92,14 +105,15 @@ PyObject* g_unhashable_reason = nullptr;
 // The resolver's method `name` called with `args`; new reference or null.
 template <typename... A>
 PyObject* Ask(const DropInObject* d, const char* name, A... args) {
-  return PyObject_CallMethod(d->resolver, name, std::string(sizeof...(A), 'O').c_str(), args...);
+  return PyObject_CallMethod(d->resolver.ptr(), name, std::string(sizeof...(A), 'O').c_str(),
+                             args...);
 }
 
 // ---------------------------------------------------------------- fn[grid]
 
 Entry* FindEntry(DropInObject* d, PyObject* fn) {
-  auto it = d->entries->find(fn);
-  if (ABSL_PREDICT_TRUE(it != d->entries->end())) return it->second.get();
+  auto it = d->entries.find(fn);
+  if (ABSL_PREDICT_TRUE(it != d->entries.end())) return it->second.get();
   PyObject* r = Ask(d, "function", fn);
   if (r == nullptr) return nullptr;
   auto e = std::make_unique<Entry>();
@@ -117,15 +131,15 @@ Entry* FindEntry(DropInObject* d, PyObject* fn) {
   Py_DECREF(r);
   // The resolver ran Python code, which may have made this entry meanwhile; the first
   // one stays (launchers of it may be alive).
-  if (auto again = d->entries->find(fn); again != d->entries->end()) return again->second.get();
+  if (auto again = d->entries.find(fn); again != d->entries.end()) return again->second.get();
   Entry* raw = e.get();
-  d->entries->emplace(fn, std::move(e));  // the entry holds `fn`, so its address stays unique
+  d->entries.emplace(fn, std::move(e));  // the entry holds `fn`, so its address stays unique
   return raw;
 }
 
 PyObject* DropInVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                            PyObject* kwnames) {
-  auto* d = reinterpret_cast<DropInObject*>(self);
+  DropInObject* d = Self<DropInObject>(self);
   if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != nullptr) {
     PyErr_SetString(PyExc_TypeError, "__getitem__(kernel, grid) takes 2 arguments");
     return nullptr;
@@ -133,11 +147,13 @@ PyObject* DropInVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
   PyObject* fn = args[0];
   Entry* e = FindEntry(d, fn);
   if (e == nullptr) return nullptr;
-  if (e->info == nullptr) return PyObject_CallFunctionObjArgs(d->original, fn, args[1], nullptr);
+  if (e->info == nullptr) {
+    return PyObject_CallFunctionObjArgs(d->original.ptr(), fn, args[1], nullptr);
+  }
   LaunchObject* l = PyObject_GC_New(LaunchObject, g_launch_type);
   if (l == nullptr) return nullptr;
   l->vectorcall = nullptr;  // set once the members are
-  l->table = reinterpret_cast<DropInObject*>(Py_NewRef(self));
+  l->table = Py_NewRef(self);
   l->entry = e;
   l->grid = Py_NewRef(args[1]);
   l->vectorcall = LaunchVectorcall;
@@ -157,13 +173,13 @@ PyObject* DropInDescrGet(PyObject* self, PyObject* obj, PyObject*) {
 // (or raised, strict).
 PyObject* Fallback(LaunchObject* l, PyObject* reason, PyObject* const* args, size_t nargsf,
                    PyObject* kwnames) {
-  DropInObject* d = l->table;
+  DropInObject* d = Table(l);
   Entry* e = l->entry;
   PyObject* r = Ask(d, "fallback", e->info, reason);
   if (r == nullptr) return nullptr;
   Py_DECREF(r);
   ++e->fallback_calls;
-  PyObject* proxy = PyObject_CallFunctionObjArgs(d->original, e->fn, l->grid, nullptr);
+  PyObject* proxy = PyObject_CallFunctionObjArgs(d->original.ptr(), e->fn, l->grid, nullptr);
   if (proxy == nullptr) return nullptr;
   PyObject* result = PyObject_Vectorcall(proxy, args, nargsf, kwnames);
   Py_DECREF(proxy);
@@ -194,7 +210,7 @@ Shape* FindShape(LaunchObject* l, Py_ssize_t nargs, PyObject* kwnames) {
   }
   PyObject* n = PyLong_FromSsize_t(nargs);
   if (n == nullptr) return nullptr;
-  PyObject* r = Ask(l->table, "shape", e->info, n, kwnames != nullptr ? kwnames : Py_None);
+  PyObject* r = Ask(Table(l), "shape", e->info, n, kwnames != nullptr ? kwnames : Py_None);
   Py_DECREF(n);
   if (r == nullptr) return nullptr;
   auto s = std::make_unique<Shape>();
@@ -302,7 +318,7 @@ PyObject* Target(LaunchObject* l, Shape* s, PyObject* const* args, PyObject* con
       PyErr_Clear();  // an unhashable constexpr: no cache, no kpack
       target = g_unhashable_reason;
     } else if (target == nullptr && !PyErr_Occurred()) {
-      PyObject* r = Ask(l->table, "target", l->entry->info, s->info, values, types);
+      PyObject* r = Ask(Table(l), "target", l->entry->info, s->info, values, types);
       if (r != nullptr) {
         if (!PyUnicode_Check(r) && !IsKernelObject(r)) {
           PyErr_Format(PyExc_TypeError, "kpack drop-in: resolver.target returned %.200s",
@@ -384,29 +400,13 @@ PyObject* LaunchVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
 
 // ---------------------------------------------------------------- object plumbing
 
-PyObject* DropInNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  PyObject *resolver, *original;
-  static const char* kwlist[] = {"resolver", "original", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:DropIn", const_cast<char**>(kwlist),
-                                   &resolver, &original)) {
-    return nullptr;
-  }
-  auto* d = reinterpret_cast<DropInObject*>(type->tp_alloc(type, 0));
-  if (d == nullptr) return nullptr;
-  d->vectorcall = DropInVectorcall;
-  d->resolver = Py_NewRef(resolver);
-  d->original = Py_NewRef(original);
-  d->entries = new absl::flat_hash_map<PyObject*, std::unique_ptr<Entry>>();
-  return reinterpret_cast<PyObject*>(d);
-}
-
 int DropInTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* d = reinterpret_cast<DropInObject*>(self);
   Py_VISIT(Py_TYPE(self));
-  Py_VISIT(d->resolver);
-  Py_VISIT(d->original);
-  if (d->entries == nullptr) return 0;
-  for (const auto& [fn, e] : *d->entries) {
+  if (!nb::inst_ready(self)) return 0;
+  DropInObject* d = Self<DropInObject>(self);
+  Py_VISIT(d->resolver.ptr());
+  Py_VISIT(d->original.ptr());
+  for (const auto& [fn, e] : d->entries) {
     Py_VISIT(e->fn);
     Py_VISIT(e->info);
     Py_VISIT(e->reason);
@@ -421,66 +421,25 @@ int DropInTraverse(PyObject* self, visitproc visit, void* arg) {
   return 0;
 }
 
+// Breaks cycles through the resolver (which reaches the installation, and so this table):
+// the entries' own references are to objects the collector can clear itself, and live
+// launchers of an entry may still read it.
 int DropInClear(PyObject* self) {
-  auto* d = reinterpret_cast<DropInObject*>(self);
-  Py_CLEAR(d->resolver);
-  Py_CLEAR(d->original);
-  if (d->entries != nullptr) {
-    auto* entries = d->entries;
-    d->entries = nullptr;
-    delete entries;  // drops the references the entries hold
-  }
+  if (!nb::inst_ready(self)) return 0;
+  DropInObject* d = Self<DropInObject>(self);
+  d->resolver.reset();
+  d->original.reset();
   return 0;
-}
-
-void DropInDealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  DropInClear(self);
-  type->tp_free(self);
-  Py_DECREF(type);
 }
 
 // stats() -> [(fn, kpack_calls, fallback_calls), ...] for the functions seen.
-PyObject* DropInStats(PyObject* self, PyObject*) {
-  auto* d = reinterpret_cast<DropInObject*>(self);
-  PyObject* list = PyList_New(0);
-  if (list == nullptr || d->entries == nullptr) return list;
-  for (const auto& [fn, e] : *d->entries) {
+nb::list DropInStats(const DropInObject& d) {
+  nb::list list;
+  for (const auto& [fn, e] : d.entries) {
     if (e->info == nullptr) continue;
-    PyObject* t = Py_BuildValue("(OKK)", e->fn, static_cast<unsigned long long>(e->kpack_calls),
-                                static_cast<unsigned long long>(e->fallback_calls));
-    if (t == nullptr || PyList_Append(list, t) != 0) {
-      Py_XDECREF(t);
-      Py_DECREF(list);
-      return nullptr;
-    }
-    Py_DECREF(t);
+    list.append(nb::make_tuple(nb::handle(e->fn), e->kpack_calls, e->fallback_calls));
   }
   return list;
-}
-
-int LaunchTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* l = reinterpret_cast<LaunchObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(reinterpret_cast<PyObject*>(l->table));
-  Py_VISIT(l->grid);
-  return 0;
-}
-
-int LaunchClear(PyObject* self) {
-  Py_CLEAR(reinterpret_cast<LaunchObject*>(self)->grid);
-  return 0;
-}
-
-void LaunchDealloc(PyObject* self) {
-  auto* l = reinterpret_cast<LaunchObject*>(self);
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  Py_CLEAR(l->grid);
-  Py_CLEAR(l->table);
-  PyObject_GC_Del(self);
-  Py_DECREF(type);
 }
 
 PyObject* LaunchRepr(PyObject* self) {
@@ -489,42 +448,33 @@ PyObject* LaunchRepr(PyObject* self) {
                               l->grid != nullptr ? l->grid : Py_None);
 }
 
-PyMethodDef g_dropin_methods[] = {
-    {"stats", DropInStats, METH_NOARGS,
-     "stats() -> [(function, kpack_calls, fallback_calls)] for every function seen."},
-    {nullptr, nullptr, 0, nullptr},
-};
-
 }  // namespace
 
-bool InitDropIn(PyObject* module) {
+void InitDropIn(nb::module_& m) {
   g_hooks_reason = PyUnicode_InternFromString(
       "it has pre-run hooks (JITFunction.add_pre_run_hook), which only Triton's launcher runs");
   g_unhashable_reason = PyUnicode_InternFromString(
       "a constexpr or launch option value of the call is not hashable");
-  if (g_hooks_reason == nullptr || g_unhashable_reason == nullptr) return false;
+  g_launch_type = MakeLaunchType<LaunchObject, &LaunchObject::table, &LaunchObject::grid>(
+      "kpack.DropInLaunch", {{Py_tp_repr, reinterpret_cast<void*>(LaunchRepr)}},
+      "kernel[grid] under kpack.install: call it with the kernel's arguments.");
+  if (g_hooks_reason == nullptr || g_unhashable_reason == nullptr || g_launch_type == nullptr) {
+    throw nb::python_error();
+  }
   // A method descriptor: `fn[grid]` calls it as (fn, grid), with no bound method made.
-  g_dropin_type = MakeType(
-      "kpack.DropIn", sizeof(DropInObject), offsetof(DropInObject, vectorcall),
-      {{Py_tp_new, reinterpret_cast<void*>(DropInNew)},
-       {Py_tp_dealloc, reinterpret_cast<void*>(DropInDealloc)},
-       {Py_tp_traverse, reinterpret_cast<void*>(DropInTraverse)},
-       {Py_tp_clear, reinterpret_cast<void*>(DropInClear)},
-       {Py_tp_descr_get, reinterpret_cast<void*>(DropInDescrGet)},
-       {Py_tp_methods, g_dropin_methods}},
+  nb::class_<DropInObject> cls(
+      m, "DropIn",
+      nb::type_slots(VectorcallClassSlots<DropInObject>(
+          {{Py_tp_traverse, reinterpret_cast<void*>(DropInTraverse)},
+           {Py_tp_clear, reinterpret_cast<void*>(DropInClear)},
+           {Py_tp_descr_get, reinterpret_cast<void*>(DropInDescrGet)}})),
+      nb::is_final(),
       "DropIn(resolver, original): installed as Triton's KernelInterface.__getitem__ by "
-      "kpack.install (see kpack/_dropin.py).",
-      Py_TPFLAGS_METHOD_DESCRIPTOR);
-  g_launch_type = MakeType(
-      "kpack.DropInLaunch", sizeof(LaunchObject), offsetof(LaunchObject, vectorcall),
-      {{Py_tp_dealloc, reinterpret_cast<void*>(LaunchDealloc)},
-       {Py_tp_traverse, reinterpret_cast<void*>(LaunchTraverse)},
-       {Py_tp_clear, reinterpret_cast<void*>(LaunchClear)},
-       {Py_tp_repr, reinterpret_cast<void*>(LaunchRepr)}},
-      "kernel[grid] under kpack.install: call it with the kernel's arguments.",
-      Py_TPFLAGS_DISALLOW_INSTANTIATION);
-  if (g_dropin_type == nullptr || g_launch_type == nullptr) return false;
-  return PyModule_AddObjectRef(module, "DropIn", reinterpret_cast<PyObject*>(g_dropin_type)) == 0;
+      "kpack.install (see kpack/_dropin.py).");
+  FinishVectorcallClass<DropInObject>(cls, Py_TPFLAGS_METHOD_DESCRIPTOR);
+  cls.def(nb::init<nb::object, nb::object>(), nb::arg("resolver"), nb::arg("original"))
+      .def("stats", &DropInStats,
+           "stats() -> [(function, kpack_calls, fallback_calls)] for every function seen.");
 }
 
 }  // namespace kpack::python

@@ -21,7 +21,7 @@
 // and cached per (function, call shape, key): a call that repeats a function, a call
 // shape and the key values launches with no Python frame -- a hash lookup, the key
 // compared with the last one, the tensors' dtypes read through their DLPack exchange
-// table, then kpack's eager launch (launcher.h: LaunchObjects). The GIL guards all of it.
+// table, then kpack's eager launch (kernel.h: LaunchObjects). The GIL guards all of it.
 // A dtype is DLPack's (code << 8 | bits), 0 for an argument that is not a tensor read
 // through the exchange table, 0xFFFF for None: the target the resolver gives for a None
 // has that parameter as a constexpr None, and the argument is left out of the launch.
@@ -29,12 +29,12 @@
 #ifndef KPACK_SRC_PYTHON_DROPIN_H_
 #define KPACK_SRC_PYTHON_DROPIN_H_
 
-#include <Python.h>
+#include <nanobind/nanobind.h>
 
 namespace kpack::python {
 
-// Registers kpack._kpack.DropIn in `module`. False with a Python exception set.
-bool InitDropIn(PyObject* module);
+// Registers kpack._kpack.DropIn in `m`.
+void InitDropIn(nanobind::module_& m);
 
 }  // namespace kpack::python
 

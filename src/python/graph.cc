@@ -5,7 +5,13 @@
 //       qkv.set("M", m); ...                        # this step's sizes and tensors
 //       g.replay()                                  # patch the changed nodes, launch
 //
-// A slow-path object (nanobind); replay() is one C call that holds the GIL, like a launch.
+// The names follow the C++ ones: replay, build, pin_grid, signature, stats (every field
+// of StepGraph::Stats), graphs (every field of GraphInfo), and unseen, whose values are
+// StepGraph::Unseen's without the k: 'build', 'error', 'launch_eagerly' ('eager', the old
+// spelling, still works with a DeprecationWarning).
+//
+// A nanobind class; replay() is one C call that holds the GIL, like a launch. The garbage
+// collector sees the bound launches a graph holds.
 
 #include "graph.h"
 
@@ -21,51 +27,89 @@
 #include <utility>
 #include <vector>
 
-#include "graph/graph_grid.h"
+#include "bound.h"
+#include "errors.h"
+#include "grid.h"
 #include "kpack/kpack.h"
-#include "launcher.h"
 
 namespace nb = nanobind;
 
 namespace kpack::python {
 namespace {
 
-[[noreturn]] void Throw(const absl::Status& status) {
-  RaiseStatus(status);
-  throw nb::python_error();
-}
+struct UnseenName {
+  StepGraph::Unseen value;
+  const char* name;
+};
+constexpr UnseenName kUnseen[] = {
+    {StepGraph::Unseen::kBuild, "build"},
+    {StepGraph::Unseen::kError, "error"},
+    {StepGraph::Unseen::kLaunchEagerly, "launch_eagerly"},
+};
 
 StepGraph::Unseen ParseUnseen(const std::string& unseen) {
-  if (unseen == "build") return StepGraph::Unseen::kBuild;
-  if (unseen == "error") return StepGraph::Unseen::kError;
-  if (unseen == "eager") return StepGraph::Unseen::kLaunchEagerly;
+  for (const UnseenName& u : kUnseen) {
+    if (unseen == u.name) return u.value;
+  }
+  if (unseen == "eager") {
+    if (PyErr_WarnEx(PyExc_DeprecationWarning,
+                     "kpack.graph: unseen='eager' is now spelled 'launch_eagerly' "
+                     "(StepGraph::Unseen::kLaunchEagerly)",
+                     1) != 0) {
+      throw nb::python_error();
+    }
+    return StepGraph::Unseen::kLaunchEagerly;
+  }
   throw nb::value_error(
-      ("unseen must be 'build', 'error' or 'eager', got '" + unseen + "'").c_str());
+      ("unseen must be 'build', 'error' or 'launch_eagerly', got '" + unseen + "'").c_str());
 }
 
-const char* UnseenName(StepGraph::Unseen unseen) {
-  switch (unseen) {
-    case StepGraph::Unseen::kBuild:
-      return "build";
-    case StepGraph::Unseen::kError:
-      return "error";
-    case StepGraph::Unseen::kLaunchEagerly:
-      return "eager";
+const char* UnseenText(StepGraph::Unseen unseen) {
+  for (const UnseenName& u : kUnseen) {
+    if (unseen == u.value) return u.name;
   }
   return "?";
 }
 
-// A StepGraph and the Python objects it relies on: the kpack.BoundLaunch objects (their
-// arguments' tensors and, through their kernels, the runtime stay alive with them). The
-// graph is declared last so that it is destroyed first, while the runtime still lives.
+// A StepGraph and the kpack.BoundLaunch objects it relies on (their arguments' tensors
+// and, through their kernels, the runtime stay alive with them). The graph is declared
+// last so that it is destroyed first, while the runtime still lives; the garbage collector
+// may clear it (tp_clear) to break a cycle, after which the object refuses to work.
 struct PyStepGraph {
   nb::list launches;
-  StepGraph::Unseen unseen;
-  StepGraph graph;
+  StepGraph::Unseen unseen = StepGraph::Unseen::kBuild;
+  std::optional<StepGraph> graph;
+
+  StepGraph& Get() {
+    if (!graph.has_value()) throw nb::value_error("this StepGraph was cleared");
+    return *graph;
+  }
+  const StepGraph& Get() const { return const_cast<PyStepGraph*>(this)->Get(); }
 };
 
-PyStepGraph* MakeGraph(nb::sequence launches, const std::string& unseen, size_t max_graphs) {
-  nb::list kept;
+int GraphTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<PyStepGraph>(self)->launches.ptr());
+  return 0;
+}
+
+int GraphClear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  PyStepGraph* g = nb::inst_ptr<PyStepGraph>(self);
+  g->graph.reset();  // before the launches it points at may go
+  g->launches.clear();
+  return 0;
+}
+
+const PyType_Slot kGraphSlots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(GraphTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(GraphClear)},
+    {0, nullptr},
+};
+
+PyStepGraph MakeGraph(nb::sequence launches, const std::string& unseen, size_t max_graphs) {
+  PyStepGraph g;
   std::vector<BoundLaunch*> step;
   size_t i = 0;
   for (nb::handle item : launches) {
@@ -76,129 +120,129 @@ PyStepGraph* MakeGraph(nb::sequence launches, const std::string& unseen, size_t 
                                .c_str());
     }
     step.push_back(b);
-    kept.append(item);
+    g.launches.append(item);
     ++i;
   }
   StepGraph::Options options;
   options.unseen = ParseUnseen(unseen);
   options.max_graphs = max_graphs;
-  absl::StatusOr<StepGraph> graph = StepGraph::Create(step, options);
-  if (!graph.ok()) Throw(graph.status());
-  return new PyStepGraph{std::move(kept), options.unseen, *std::move(graph)};
+  g.unseen = options.unseen;
+  g.graph.emplace(ValueOrThrow(StepGraph::Create(step, options)));
+  return g;
 }
 
-Grid ParseGrid(nb::handle grid) {
-  std::vector<uint32_t> dims;
-  if (nb::isinstance<nb::int_>(grid)) {
-    dims.push_back(nb::cast<uint32_t>(grid));
-  } else {
-    for (nb::handle d : nb::cast<nb::sequence>(grid)) dims.push_back(nb::cast<uint32_t>(d));
+void Replay(PyStepGraph& g, nb::handle stream) {
+  StepGraph& graph = g.Get();
+  CUstream s = nullptr;
+  if (!BoundStream(g.launches[0].ptr(), stream.ptr(), &s)) throw nb::python_error();
+  const absl::Status status = graph.Replay(s);
+  // An eager step (unseen='launch_eagerly') launched through the bound launches, whose
+  // scratch callables hold what they handed out until now.
+  for (nb::handle b : g.launches) ReleaseBoundScratch(b.ptr());
+  ThrowIfError(status);  // a scratch callable's exception propagates as itself
+}
+
+// StepGraph::Stats and GraphInfo, every field: a new field must be added here.
+static_assert(sizeof(StepGraph::Stats) == 8 * sizeof(uint64_t),
+              "StepGraph::Stats changed: expose every field in StepGraph.stats()");
+static_assert(sizeof(StepGraph::GraphInfo) == 2 * sizeof(std::string) + 5 * sizeof(uint64_t),
+              "StepGraph::GraphInfo changed: expose every field in StepGraph.graphs()");
+
+nb::dict Stats(const PyStepGraph& g) {
+  const StepGraph::Stats s = g.Get().stats();
+  nb::dict d;
+  d["graphs_built"] = s.graphs_built;
+  d["replays"] = s.replays;
+  d["nodes_patched"] = s.nodes_patched;
+  d["last_nodes_patched"] = s.last_nodes_patched;
+  d["eager_steps"] = s.eager_steps;
+  d["captured_steps"] = s.captured_steps;
+  d["scratch_bytes"] = s.scratch_bytes;
+  d["pdl_fallbacks"] = s.pdl_fallbacks;
+  return d;
+}
+
+nb::list Graphs(const PyStepGraph& g) {
+  nb::list out;
+  for (const StepGraph::GraphInfo& info : g.Get().graphs()) {
+    nb::dict d;
+    d["signature"] = info.signature;
+    d["nodes"] = info.nodes;
+    d["scratch_bytes"] = info.scratch_bytes;
+    d["build_us"] = info.build_us;
+    d["replays"] = info.replays;
+    d["programmatic_edges"] = info.programmatic_edges;
+    d["pdl_fallback"] = info.pdl_fallback;
+    out.append(d);
   }
-  if (dims.empty() || dims.size() > 3) throw nb::value_error("a grid has 1 to 3 dimensions");
-  dims.resize(3, 1);
-  return Grid{dims[0], dims[1], dims[2]};
+  return out;
 }
 
 }  // namespace
 
 void InitGraph(nb::module_& m) {
-  nb::class_<PyStepGraph>(
-      m, "StepGraph",
+  nb::class_<PyStepGraph> cls(
+      m, "StepGraph", nb::type_slots(kGraphSlots), nb::is_final(), nb::is_weak_referenceable(),
       "CUDA graphs of a step of bound launches, one per bucket signature, replayed with new "
       "sizes and tensors by patching only what changed (kpack/graph.h). Make one with "
-      "kpack.graph().")
+      "kpack.graph().");
+  cls.attr("__module__") = "kpack";  // the public name: kpack.StepGraph
+  cls.def("replay", &Replay, nb::arg("stream") = nb::none(),
+           "replay(stream=None): patch the nodes whose arguments changed and launch the graph "
+           "of the launches' current bucket signature (built the first time it is seen, "
+           "unless unseen says otherwise) on `stream` (the forms a launch's stream= takes; "
+           "default: the stream the first bound launch would launch on if called now: "
+           "torch's current stream for torch tensors).")
       .def(
-          "replay",
-          [](PyStepGraph& g, nb::handle stream) {
-            CUstream s = nullptr;
-            if (!StreamArg(g.launches[0].ptr(), stream.ptr(), &s)) throw nb::python_error();
-            if (absl::Status st = g.graph.Replay(s); !st.ok()) Throw(st);
-          },
-          nb::arg("stream") = nb::none(),
-          "replay(stream=None): patch the nodes whose arguments changed and launch the graph "
-          "of the launches' current bucket signature (built the first time it is seen, unless "
-          "unseen says otherwise) on `stream` (default: the stream the first bound launch "
-          "would launch on if called now: torch's current stream for torch tensors).")
-      .def(
-          "build",
-          [](PyStepGraph& g) {
-            if (absl::Status st = g.graph.Build(); !st.ok()) Throw(st);
-          },
+          "build", [](PyStepGraph& g) { ThrowIfError(g.Get().Build()); },
           "build(): build the graph of the launches' current signature now, launching "
           "nothing (declare the shapes a step will take, then set unseen='error').")
       .def(
           "pin_grid",
           [](PyStepGraph& g, size_t launch, nb::handle grid) {
-            if (absl::Status st = g.graph.PinGrid(launch, ParseGrid(grid)); !st.ok()) Throw(st);
+            ThrowIfError(g.Get().PinGrid(launch, GridArg(grid)));
           },
           nb::arg("launch"), nb::arg("grid"),
           "pin_grid(launch, grid): launch `launch` (an index) always with `grid` in the graphs "
           "(kernels whose pack has grid_tolerance only).")
       .def_prop_rw(
-          "unseen", [](const PyStepGraph& g) { return std::string(UnseenName(g.unseen)); },
+          "unseen", [](const PyStepGraph& g) { return std::string(UnseenText(g.unseen)); },
           [](PyStepGraph& g, const std::string& unseen) {
             g.unseen = ParseUnseen(unseen);
-            g.graph.set_unseen(g.unseen);
+            g.Get().set_unseen(g.unseen);
           },
-          "What replay() does with a signature no graph was built for: 'build' (default), "
-          "'error' (kpack.FailedPreconditionError naming the launch and its bucket) or "
-          "'eager' (launch the step eagerly; counted in stats()['eager_steps']).")
+          "What replay() does with a signature no graph was built for "
+          "(StepGraph::Unseen): 'build' (the default: build its graph), 'error' "
+          "(kpack.FailedPreconditionError naming the launch and its bucket) or "
+          "'launch_eagerly' (launch the step eagerly; counted in stats()['eager_steps']).")
       .def_prop_ro(
-          "signature",
-          [](const PyStepGraph& g) {
-            absl::StatusOr<std::string> s = g.graph.Signature();
-            if (!s.ok()) Throw(s.status());
-            return *s;
-          },
+          "signature", [](const PyStepGraph& g) { return ValueOrThrow(g.Get().Signature()); },
           "The launches' current signature: 'kernel/variant[x,y,z]' per launch, '; '-joined.")
-      .def_prop_ro("launches", [](const PyStepGraph& g) { return nb::tuple(g.launches); },
-                   "The bound launches of the step, in order.")
-      .def(
-          "stats",
-          [](const PyStepGraph& g) {
-            const StepGraph::Stats s = g.graph.stats();
-            nb::dict d;
-            d["graphs_built"] = s.graphs_built;
-            d["replays"] = s.replays;
-            d["nodes_patched"] = s.nodes_patched;
-            d["last_nodes_patched"] = s.last_nodes_patched;
-            d["eager_steps"] = s.eager_steps;
-            d["scratch_bytes"] = s.scratch_bytes;
-            return d;
-          },
-          "Counters: graphs_built, replays, nodes_patched (all replays), last_nodes_patched, "
-          "eager_steps, scratch_bytes.")
-      .def(
-          "graphs",
-          [](const PyStepGraph& g) {
-            nb::list out;
-            for (const StepGraph::GraphInfo& info : g.graph.graphs()) {
-              nb::dict d;
-              d["signature"] = info.signature;
-              d["nodes"] = info.nodes;
-              d["scratch_bytes"] = info.scratch_bytes;
-              d["build_us"] = info.build_us;
-              d["replays"] = info.replays;
-              out.append(d);
-            }
-            return out;
-          },
-          "One dict per graph built, in build order: signature, nodes, scratch_bytes, "
-          "build_us, replays.");
+      .def_prop_ro(
+          "launches", [](const PyStepGraph& g) { return nb::tuple(g.launches); },
+          "The bound launches of the step, in order.")
+      .def("stats", &Stats,
+           "stats() -> dict of StepGraph::Stats: graphs_built, replays, nodes_patched (all "
+           "replays), last_nodes_patched, eager_steps, captured_steps, scratch_bytes, "
+           "pdl_fallbacks.")
+      .def("graphs", &Graphs,
+           "graphs() -> one dict per graph built, in build order (StepGraph::GraphInfo): "
+           "signature, nodes, scratch_bytes, build_us, replays, programmatic_edges, "
+           "pdl_fallback.");
 
   m.def("graph", &MakeGraph, nb::arg("launches"), nb::arg("unseen") = "build",
-        nb::arg("max_graphs") = 256, nb::rv_policy::take_ownership,
+        nb::arg("max_graphs") = 256,
         "graph(launches, unseen='build', max_graphs=256) -> StepGraph over kpack.BoundLaunch "
         "objects (kernel.bind(...)) of one pack, in launch order.");
   // The builder's grid proof (tools/kpack_tools/grid_proof.py) proves what this rule pads.
   m.def("graph_padding",
         [](const std::vector<int64_t>& edges, std::optional<int64_t> grid_max, size_t index) {
-          return internal::PaddingInterval(edges, grid_max, index);
+          return GraphPaddingInterval(edges, grid_max, index);
         },
         nb::arg("edges"), nb::arg("grid_max").none(), nb::arg("index"),
         "graph_padding(edges, grid_max, index) -> (low, high) or None: the values of bucket "
         "`index` of a bucket dimension that step graphs launch with the grid at `high` "
-        "(src/graph/graph_grid.h, PaddingInterval).");
+        "(kpack/graph.h, GraphPaddingInterval).");
 }
 
 }  // namespace kpack::python

@@ -1,9 +1,11 @@
+// kpack.Param, kpack.Variant (struct sequences) and the Python objects a kernel describes
+// itself with, built from the public introspection API; see meta.h.
+
 #include "meta.h"
 
 #include <string_view>
 
-#include "launcher.h"
-
+#include "errors.h"
 #include "kpack/pack.h"
 
 namespace kpack::python {

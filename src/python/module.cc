@@ -1,34 +1,50 @@
-// kpack._kpack: the Python extension. Opening a pack and the slow, descriptive calls are
-// nanobind bindings here; the launch objects are plain CPython types (launcher.h).
-// The Python API on top (kpack.open, kpack.Pack) is src/python/kpack/__init__.py.
+// kpack._kpack, the Python extension: the module, its Runtime class (the object under
+// kpack.open's Pack) and the registration of the rest. The Python API on top (kpack.open,
+// kpack.Pack) is src/python/kpack/__init__.py.
+//
+// The files of src/python, by concern:
+//   errors      kpack.Error and its subclasses; the one mapping from absl::Status
+//   interned    the strings the launch path compares with
+//   plan        what a kernel object knows of its parameters; Triton/DLPack type tables
+//   streams     the current device, the stream= parser and a launch's default stream
+//   convert     Python arguments into kpack::Args (the launch path's conversion)
+//   grid        the grid parser (kernel[grid], grid=, set_grid, pin_grid)
+//   scratch_callable  scratch= callables as kpack::ScratchAllocators
+//   vectorcall  nanobind classes with a hand-written call; the per-call launch types
+//   kernel      kpack.Kernel and kpack.GridLaunch: the eager launch
+//   bound       kpack.BoundLaunch: bind and b()
+//   graph       kpack.graph and kpack.StepGraph
+//   dropin      the drop-in's C half (kpack._kpack.DropIn)
+//   meta        kpack.Param, kpack.Variant and the meta dict of a callable grid
+//   tensordesc  Triton TensorDescriptors as tensordesc arguments
+// Test-only code (tensor stand-ins) is not here: tests/python/kpack_testing.cc.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
-#include "driver/driver.h"
-#include "graph.h"
-#include "kpack/kpack.h"
+#include "bound.h"
 #include "dropin.h"
-#include "launcher.h"
-#include "testing.h"
+#include "errors.h"
+#include "graph.h"
+#include "interned.h"
+#include "kernel.h"
+#include "kpack/kpack.h"
+#include "runtime_state.h"
+#include "streams.h"
 
 namespace nb = nanobind;
 
 namespace kpack::python {
 namespace {
-
-[[noreturn]] void Throw(const absl::Status& status) {
-  RaiseStatus(status);
-  throw nb::python_error();
-}
 
 RuntimeState* Open(const std::string& dir, bool preload, std::optional<std::string> driver,
                    bool nvtx) {
@@ -36,28 +52,35 @@ RuntimeState* Open(const std::string& dir, bool preload, std::optional<std::stri
   options.driver_path = driver.value_or("");
   options.preload = preload;
   options.nvtx = nvtx;
-  absl::StatusOr<Runtime> rt = Runtime::Open(dir, options);
-  if (!rt.ok()) Throw(rt.status());
-  // The same library again (dlopen returns the loaded one): the launch objects read the
-  // current context through it.
-  absl::StatusOr<std::shared_ptr<const internal::Driver>> d =
-      internal::Driver::Load(options.driver_path);
-  if (!d.ok()) Throw(d.status());
-  return new RuntimeState{std::move(*rt), std::move(*d), dir};
+  return new RuntimeState{ValueOrThrow(Runtime::Open(dir, options)), dir};
 }
 
 nb::object KernelObject(nb::pointer_and_handle<RuntimeState> self, const std::string& name) {
-  absl::StatusOr<Kernel> k = self.p->runtime.Find(name);
-  if (!k.ok()) Throw(k.status());
-  PyObject* o = NewKernelObject(self.h.ptr(), self.p, *k);
-  if (o == nullptr) throw nb::python_error();
-  return nb::steal(o);
+  return NewKernelObject(self.h, self.p, ValueOrThrow(self.p->runtime.Find(name)));
 }
 
-CUstream StreamArg(nb::handle stream) {
-  if (stream.is_none()) return nullptr;
-  if (!PyLong_Check(stream.ptr())) throw nb::type_error("stream must be an int CUstream or None");
-  return reinterpret_cast<CUstream>(PyLong_AsVoidPtr(stream.ptr()));
+// The calling thread's current device, or None when no CUDA context is current.
+std::optional<int> CurrentDeviceOrNone(const RuntimeState& s) {
+  absl::StatusOr<int> device = s.runtime.CurrentDevice();
+  if (device.ok()) return *device;
+  if (device.status().code() == absl::StatusCode::kFailedPrecondition) return std::nullopt;
+  Throw(device.status());
+}
+
+// Runtime::Stats, every field: a new field must be added here.
+static_assert(sizeof(Runtime::Stats) == 6 * sizeof(size_t),
+              "Runtime::Stats changed: expose every field in Runtime.stats()");
+
+nb::dict Stats(const RuntimeState& s) {
+  const Runtime::Stats st = s.runtime.stats();
+  nb::dict d;
+  d["libraries_loaded"] = st.libraries_loaded;
+  d["scratch_arenas"] = st.scratch_arenas;
+  d["scratch_reserved"] = st.scratch_reserved;
+  d["scratch_in_graphs"] = st.scratch_in_graphs;
+  d["scratch_idle"] = st.scratch_idle;
+  d["scratch_bytes"] = st.scratch_bytes;
+  return d;
 }
 
 }  // namespace
@@ -69,7 +92,11 @@ NB_MODULE(_kpack, m) {
   // Packs registered as torch ops live in torch's dispatcher until the interpreter exits;
   // nanobind's report of them at exit would be noise.
   nb::set_leak_warnings(false);
-  if (!InitLaunchTypes(m.ptr()) || !InitDropIn(m.ptr())) throw nb::python_error();
+  if (!InternStrings() || !InitErrors(m.ptr())) throw nb::python_error();
+  InitKernel(m);
+  InitBound(m);
+  InitGraph(m);
+  InitDropIn(m);
 
   nb::class_<RuntimeState>(m, "Runtime",
                            "An open pack (kpack::Runtime). Use kpack.open(), which wraps it.")
@@ -90,33 +117,53 @@ NB_MODULE(_kpack, m) {
       .def("kernel", &KernelObject, nb::arg("name"),
            "kernel(name) -> kpack.Kernel; NotFoundError naming the kernels there are.")
       .def(
-          "preload",
-          [](RuntimeState& s) {
-            if (absl::Status st = s.runtime.Preload(); !st.ok()) Throw(st);
-          },
+          "preload", [](RuntimeState& s) { ThrowIfError(s.runtime.Preload()); },
           "Load every variant now (needs a current CUDA context); required before CUDA "
           "graph capture.")
       .def(
+          "use_device", [](const RuntimeState& s, int device) {
+            ThrowIfError(s.runtime.UseDevice(device));
+          },
+          nb::arg("device"),
+          "use_device(device): make the device's primary context current on the calling "
+          "thread (Runtime::UseDevice).")
+      .def("current_device", &CurrentDeviceOrNone,
+           "current_device() -> int or None: the device of the calling thread's current CUDA "
+           "context (Runtime::CurrentDevice), None when no context is current.")
+      .def(
           "reserve_scratch",
           [](RuntimeState& s, size_t bytes, nb::handle stream) {
-            if (absl::Status st = s.runtime.ReserveScratch(StreamArg(stream), bytes); !st.ok()) {
-              Throw(st);
-            }
+            ThrowIfError(s.runtime.ReserveScratch(StreamOrDefault(s, stream), bytes));
           },
-          nb::arg("bytes"), nb::arg("stream") = nb::none(),
-          "Grow `stream`'s scratch arena to `bytes` (kernels with Triton global scratch).")
-      .def("stats", [](const RuntimeState& s) {
-        const kpack::Runtime::Stats st = s.runtime.stats();
-        nb::dict d;
-        d["libraries_loaded"] = st.libraries_loaded;
-        d["scratch_arenas"] = st.scratch_arenas;
-        d["scratch_bytes"] = st.scratch_bytes;
-        return d;
-      });
+          nb::arg("bytes"), nb::arg("stream").none() = nb::none(),
+          "reserve_scratch(bytes, stream=None): Runtime::ReserveScratch on `stream` (the "
+          "forms a launch's stream= takes; None: the stream a launch without stream= would "
+          "use).")
+      .def(
+          "release_scratch",
+          [](RuntimeState& s, nb::handle stream) {
+            ThrowIfError(s.runtime.ReleaseScratch(StreamOrDefault(s, stream)));
+          },
+          nb::arg("stream").none() = nb::none(),
+          "release_scratch(stream=None): Runtime::ReleaseScratch on `stream` (as "
+          "reserve_scratch takes it).")
+      .def("stats", &Stats,
+           "stats() -> dict of Runtime::Stats: libraries_loaded, scratch_arenas, "
+           "scratch_reserved, scratch_in_graphs, scratch_idle, scratch_bytes.");
 
-  InitGraph(m);
-
-  nb::module_ testing = m.def_submodule(
-      "_testing", "Test and benchmark helpers (tensor stand-ins); not part of the API.");
-  if (!InitTesting(testing.ptr())) throw nb::python_error();
+  // The one spelling of a bucket's range (kpack::DescribeBucket), for the pack tools
+  // (tools/kpack_tools), so that their messages say what the runtime's say.
+  m.def(
+      "describe_bucket",
+      [](const std::vector<std::pair<std::string, std::vector<int64_t>>>& dims,
+         const std::vector<int>& index) {
+        std::vector<kpack::BucketDimInfo> infos;
+        for (const auto& [param, edges] : dims) infos.push_back({param, edges, std::nullopt});
+        return kpack::DescribeBucket(infos, index);
+      },
+      nb::arg("dims"), nb::arg("index"),
+      "describe_bucket(dims, index) -> str: a bucket in words, e.g. '17 <= M <= 64, N >= "
+      "4097' (kpack::DescribeBucket): `dims` are (parameter, inclusive upper edges) pairs, "
+      "`index` one bucket index per dim; 'every bucket' for no index, 'no buckets' for no "
+      "dims.");
 }

@@ -1,3 +1,5 @@
+// Reading a Triton TensorDescriptor argument into a kpack::TensorDesc; see tensordesc.h.
+
 #include "tensordesc.h"
 
 #include <cstdint>

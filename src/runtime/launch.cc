@@ -64,6 +64,25 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const Varia
   return ContextError(d, r, absl::StrCat("launching ", Describe(v)));
 }
 
+absl::Status RuntimeImpl::PackOne(const VariantData& v, size_t i, const Arg& a,
+                                  std::byte* buf) const {
+  const ArgSlot& slot = v.arg_slots[i];
+  if (slot.offset == ArgSlot::kDropped) return absl::OkStatus();  // eq1: dispatch checked it
+  if (slot.type == ParamType::kTensorDesc) {
+    const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
+    if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
+    return absl::OkStatus();
+  }
+  if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) return BadArg(v, i, a);
+  return absl::OkStatus();
+}
+
+absl::Status RuntimeImpl::PackEach(const VariantData& v, std::span<const Arg> args,
+                                   std::byte* buf) const {
+  for (size_t i = 0; i < args.size(); ++i) KPACK_RETURN_IF_ERROR(PackOne(v, i, args[i], buf));
+  return absl::OkStatus();
+}
+
 namespace {
 
 // `a` * `b` into `out`; false on overflow.

@@ -4,7 +4,8 @@
 //   Select    the variant: bucket from the bucket arguments, then the property mask
 //             (div16 / eq1 / integer fit) looked up in the kernel's DispatchTable;
 //   PackArgs  the arguments into the variant's parameter buffer at the manifest's
-//             offsets, checked against each slot's Triton type;
+//             offsets, checked against each slot's Triton type, by the variant's
+//             packing plan (PackOp);
 //   Prepare   the variant's CUfunction in the current context (loading it there on
 //             first use), the scratch pointers, and the CUlaunchConfig.
 //
@@ -19,6 +20,7 @@
 
 #include <cuda.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,37 +49,71 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantD
 ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
                                                     CUresult r);
 
+// PackArgs runs the variant's plan (PackOp, built at Open). Its three loops store every
+// argument of their group without a branch and fold their checks into `bad_kind` and
+// `bad_value`, which stay zero while every check passes. When some check fails, PackEach
+// packs the whole call again, argument by argument through PackArg's checks and
+// conversions, and returns the first bad argument's error in call order. A group packs
+// only kinds that PackArg stores the same way, so the bytes and the status are PackEach's
+// in every case, and a well-typed call pays two loads, a kind test and a store per
+// argument; the other arguments (conversions, narrow integers, descriptors) go through
+// PackOne, in call order, after the groups.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
     const VariantData& v, std::span<const Arg> args, std::byte* buf) const {
-  if (ABSL_PREDICT_FALSE(args.size() != v.arg_slots.size())) {
+  if (ABSL_PREDICT_FALSE(args.size() != v.num_args)) {
     return ArgCountError(*v.kernel, args.size());
   }
-  std::memset(buf, 0, v.param_bytes);
-  for (size_t i = 0; i < args.size(); ++i) {
-    const ArgSlot& slot = v.arg_slots[i];
-    const Arg& a = args[i];
-    if (ABSL_PREDICT_TRUE(a.kind() == slot.fast_kind)) {
-      const uint64_t bits = a.bits();
-      if (slot.fast_size == 8) {
-        std::memcpy(buf + slot.offset, &bits, 8);
-        continue;
-      }
-      if (slot.fast_size == 4 &&
-          (!slot.fast_check_i32 || static_cast<int64_t>(bits) == static_cast<int32_t>(bits))) {
-        const uint32_t low = static_cast<uint32_t>(bits);
-        std::memcpy(buf + slot.offset, &low, 4);
-        continue;
-      }
+  const uint32_t* const more = v.pack_more;
+  if (ABSL_PREDICT_FALSE(v.zero_all)) {
+    std::memset(buf, 0, v.param_bytes);
+  } else {
+    const uint32_t* const zero = more + v.num_generic;
+    static constexpr std::byte kNone[kZeroStoreBytes] = {};
+    for (uint32_t z = 0, n = v.num_zero_stores; z < n; ++z) {
+      std::memcpy(buf + zero[z], kNone, kZeroStoreBytes);
     }
-    if (slot.offset == ArgSlot::kDropped) continue;  // eq1: dispatch checked it is 1
-    if (slot.type == ParamType::kTensorDesc) {
-      const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
-      if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
-      continue;
-    }
-    if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) {
-      return BadArg(v, i, a);
-    }
+  }
+  // An Arg is its 8 payload bytes, then its kind byte (kpack/arg.h).
+  const auto* const a = reinterpret_cast<const unsigned char*>(args.data());
+  const PackOp* op = v.pack_ops;
+  unsigned char bad_kind = 0;  // a byte: the kind tests are byte operations
+  uint64_t bad_value = 0;
+#pragma GCC unroll 2
+  for (const PackOp* const end = op + v.num_copy8; op != end; ++op) {
+    uint64_t bits;
+    std::memcpy(&bits, a + op->arg_byte, 8);
+    bad_kind |= (a[op->arg_byte + 8] & op->kind_mask) ^ op->kind_want;
+    std::memcpy(buf + op->offset, &bits, 8);
+  }
+#pragma GCC unroll 2
+  for (const PackOp* const end = op + v.num_i32; op != end; ++op) {
+    uint64_t bits;
+    std::memcpy(&bits, a + op->arg_byte, 8);
+    const auto low = static_cast<uint32_t>(bits);
+    bad_kind |= (a[op->arg_byte + 8] & op->kind_mask) ^ op->kind_want;
+    bad_value |= bits ^ static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(low)));
+    std::memcpy(buf + op->offset, &low, 4);
+  }
+  // fp32: a float's bits, or a double rounded to float (what a Python float becomes).
+  static_assert(static_cast<unsigned>(Arg::Kind::kFloat64) ==
+                static_cast<unsigned>(Arg::Kind::kFloat32) + 1);
+  for (const PackOp* const end = op + v.num_fp32; op != end; ++op) {
+    uint64_t bits;
+    std::memcpy(&bits, a + op->arg_byte, 8);
+    const unsigned kind = a[op->arg_byte + 8];
+    const bool is_double = kind == static_cast<unsigned>(Arg::Kind::kFloat64);
+    // Only a double is converted: a float's bits read as a double are a denormal, which
+    // costs some CPUs a slow conversion.
+    const float rounded = static_cast<float>(std::bit_cast<double>(is_double ? bits : 0));
+    const uint32_t value =
+        is_double ? std::bit_cast<uint32_t>(rounded) : static_cast<uint32_t>(bits);
+    bad_kind |= (kind - static_cast<unsigned>(Arg::Kind::kFloat32)) > 1;  // neither of the two
+    std::memcpy(buf + op->offset, &value, 4);
+  }
+  if (ABSL_PREDICT_FALSE((bad_kind | bad_value) != 0)) return PackEach(v, args, buf);
+  for (uint32_t g = 0; g < v.num_generic; ++g) {
+    const size_t i = more[g];
+    KPACK_RETURN_IF_ERROR(PackOne(v, i, args[i], buf));
   }
   return absl::OkStatus();
 }

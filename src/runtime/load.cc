@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "driver/capture_mode.h"
 #include "runtime/runtime_impl.h"
 #include "util/log.h"
 #include "util/status_macros.h"
@@ -46,7 +47,7 @@ absl::Status ContextError(const Driver& d, CUresult r, absl::string_view doing) 
       (d.CtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr)) {
     return absl::FailedPreconditionError(absl::StrCat(
         doing, ": no CUDA context is current on this thread; make one current "
-        "(cuDevicePrimaryCtxRetain + cuCtxSetCurrent, or any CUDA runtime call) first"));
+        "(Runtime::UseDevice, or any CUDA runtime call) first"));
   }
   return d.Error(r, absl::StrCat("cuCtxGetId (", doing, ")"));
 }
@@ -174,6 +175,13 @@ absl::StatusOr<CUfunction> RuntimeImpl::Load(const VariantData& v) const {
         "), but the current device has compute capability ", cc / 10, ".", cc % 10));
   }
 
+  // Loading is "potentially unsafe" during a capture: in the thread's own (GLOBAL or
+  // THREAD_LOCAL) mode it would be refused and invalidate a capture this thread runs on
+  // another stream, or another thread's global one. Nothing of it is captured, so it
+  // runs in RELAXED mode (FunctionFor refuses a launch on a capturing stream before it
+  // gets here; Preload loads off any stream).
+  RelaxedCaptureMode relaxed(d);
+  KPACK_RETURN_IF_ERROR(relaxed.status());
   // The library: loaded once, for every context (cuLibraryLoadData is context-free).
   const bool first_load = v.library == nullptr;
   if (first_load) {

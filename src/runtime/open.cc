@@ -4,8 +4,10 @@
 
 #include <cuda.h>
 
-#include <cstdlib>
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -61,34 +63,114 @@ void BuildLaunchAttributes(VariantData& v) {
   }
 }
 
-// A call argument's slot type, and the Arg kind PackArgs may copy into it without
-// PackArg's conversions (the kind a C++ caller passes for it most often). After the
-// slot's offset is set: a dropped (eq1) slot has nothing to write and no fast path.
-void SetArgType(ParamType type, ArgSlot* slot) {
-  slot->type = type;
-  if (slot->offset == ArgSlot::kDropped) return;
-  switch (type) {
-    case ParamType::kPointer:  // CUdeviceptr; typed host pointers take PackArg
-      slot->fast_kind = Arg::Kind::kDevicePtr;
-      slot->fast_size = 8;
-      break;
-    case ParamType::kI32:
-      slot->fast_kind = Arg::Kind::kSigned;
-      slot->fast_size = 4;
-      slot->fast_check_i32 = true;
-      break;
-    case ParamType::kI64:
-      slot->fast_kind = Arg::Kind::kSigned;
-      slot->fast_size = 8;
-      break;
-    case ParamType::kFp32:
-      slot->fast_kind = Arg::Kind::kFloat32;
-      slot->fast_size = 4;
-      break;
-    default:
-      slot->fast_size = 0;
-      break;
+// The kinds a PackOp passes: (kind & mask) == want.
+struct KindTest {
+  uint8_t mask;
+  uint8_t want;
+};
+constexpr uint8_t K(Arg::Kind kind) { return static_cast<uint8_t>(kind); }
+constexpr KindTest Exactly(Arg::Kind kind) { return {0xff, K(kind)}; }
+// `a` or `b`, which must differ in exactly one bit (asserted where it is used).
+constexpr bool OneBitApart(Arg::Kind a, Arg::Kind b) {
+  return std::has_single_bit(static_cast<unsigned>(K(a) ^ K(b)));
+}
+constexpr KindTest Either(Arg::Kind a, Arg::Kind b) {
+  return {static_cast<uint8_t>(~(K(a) ^ K(b))), static_cast<uint8_t>(K(a) & K(b))};
+}
+// A pointer parameter takes T* and CUdeviceptr; a u64 one, CUdeviceptr and the other
+// unsigned integers (no range to check at 64 bits).
+static_assert(OneBitApart(Arg::Kind::kHostTypedPointer, Arg::Kind::kDevicePtr));
+static_assert(OneBitApart(Arg::Kind::kDevicePtr, Arg::Kind::kUnsigned));
+constexpr KindTest kPointerKinds = Either(Arg::Kind::kHostTypedPointer, Arg::Kind::kDevicePtr);
+constexpr KindTest kU64Kinds = Either(Arg::Kind::kDevicePtr, Arg::Kind::kUnsigned);
+
+// The packing plan of a variant (VariantData::pack_ops and pack_more; PackArgs runs it).
+// Per call argument, the group its slot type falls in and the Arg kinds that group packs
+// without PackArg: exactly the kinds for which PackArg would store the same bytes (a C++
+// caller's usual types, and the double a Python float becomes for an fp32 parameter).
+// Every other kind is PackArg's when a launch brings one. Then the zero stores: every
+// byte of the buffer that no argument slot covers is written at every launch, so that
+// the kernel and the driver never see what the buffer held before.
+void BuildPackPlan(VariantData& v) {
+  std::vector<PackOp> copy8, i32, fp32;
+  std::vector<uint32_t> generic;
+  for (size_t a = 0; a < v.arg_slots.size(); ++a) {
+    const ArgSlot& slot = v.arg_slots[a];
+    if (slot.offset == ArgSlot::kDropped) continue;  // eq1: nothing to pack
+    KindTest test{};
+    std::vector<PackOp>* group = nullptr;
+    switch (slot.type) {
+      case ParamType::kPointer:
+        test = kPointerKinds;
+        group = &copy8;
+        break;
+      case ParamType::kI64:
+        test = Exactly(Arg::Kind::kSigned);
+        group = &copy8;
+        break;
+      case ParamType::kU64:
+        test = kU64Kinds;
+        group = &copy8;
+        break;
+      case ParamType::kFp64:
+        test = Exactly(Arg::Kind::kFloat64);
+        group = &copy8;
+        break;
+      case ParamType::kI32:
+        test = Exactly(Arg::Kind::kSigned);  // and the value fits (PackArgs checks)
+        group = &i32;
+        break;
+      case ParamType::kFp32:  // kFloat32 or kFloat64: PackArgs tests the kind itself
+        group = &fp32;
+        break;
+      default:  // conversions (fp16, bf16), range checks (8/16-bit, u32), descriptors
+        break;
+    }
+    if (group == nullptr || a * sizeof(Arg) > UINT16_MAX) {
+      generic.push_back(static_cast<uint32_t>(a));
+    } else {
+      group->push_back({slot.offset, static_cast<uint16_t>(a * sizeof(Arg)), test.mask, test.want});
+    }
   }
+  // The bytes no argument slot covers (alignment gaps, the scratch pointers, which
+  // Prepare fills at a launch that has scratch), covered by zero stores of
+  // kZeroStoreBytes that stay inside the buffer. A store may overlap argument bytes: the
+  // packing writes those after it, and fills every byte of each slot it writes (PackArg
+  // and PackDesc store the slot's size). Too many stores: one memset instead.
+  std::vector<bool> covered(v.param_bytes, false);
+  for (const SlotSpec& slot : v.spec->layout) {
+    if (slot.kind != SlotKind::kArg) continue;
+    for (uint32_t b = slot.offset; b < slot.offset + slot.size && b < v.param_bytes; ++b) {
+      covered[b] = true;
+    }
+  }
+  constexpr size_t kMaxZeroStores = 8;
+  std::vector<uint32_t> zeros;
+  for (uint32_t b = 0; b < v.param_bytes && !v.zero_all; ++b) {
+    if (covered[b]) continue;
+    if (v.param_bytes < kZeroStoreBytes || zeros.size() == kMaxZeroStores) {
+      v.zero_all = true;
+      break;
+    }
+    const uint32_t at = std::min(b, v.param_bytes - kZeroStoreBytes);
+    zeros.push_back(at);
+    b = at + kZeroStoreBytes - 1;  // the loop's ++b moves past the store
+  }
+  if (v.zero_all) zeros.clear();
+
+  v.num_args = static_cast<uint32_t>(v.arg_slots.size());
+  v.num_copy8 = static_cast<uint16_t>(copy8.size());
+  v.num_i32 = static_cast<uint16_t>(i32.size());
+  v.num_fp32 = static_cast<uint16_t>(fp32.size());
+  v.num_generic = static_cast<uint32_t>(generic.size());
+  v.num_zero_stores = static_cast<uint16_t>(zeros.size());
+  for (const std::vector<PackOp>* group : {&copy8, &i32, &fp32}) {
+    v.plan_ops.insert(v.plan_ops.end(), group->begin(), group->end());
+  }
+  v.plan_more = std::move(generic);
+  v.plan_more.insert(v.plan_more.end(), zeros.begin(), zeros.end());
+  v.pack_ops = v.plan_ops.data();
+  v.pack_more = v.plan_more.data();
 }
 
 // A kernel with nothing to dispatch on gets `sole_variant`: Select then reads no argument.
@@ -163,7 +245,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
             break;
         }
       }
-      for (size_t a = 0; a < ks.args.size(); ++a) SetArgType(vs.arg_types[a], &v->arg_slots[a]);
+      for (size_t a = 0; a < ks.args.size(); ++a) v->arg_slots[a].type = vs.arg_types[a];
       for (size_t d = 0; d < vs.descs.size(); ++d) {
         v->arg_slots[vs.descs[d].arg].desc = static_cast<uint8_t>(d);
         v->desc_slots.push_back(MakeDescSlot(vs, vs.descs[d]));
@@ -177,6 +259,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->profile_scratch_size = vs.profile_scratch_size;
       v->profile_scratch_align = vs.profile_scratch_align;
       BuildLaunchAttributes(*v);
+      BuildPackPlan(*v);
       v->cubin = std::move(tables.variants[vi].cubin);
       k->variants.push_back(v.get());
       k->owned.push_back(std::move(v));

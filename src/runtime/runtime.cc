@@ -5,7 +5,9 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <memory>
 #include <string>
 #include <utility>
@@ -207,6 +209,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
     if (variant != st.variant) {
       internal::ParamStorage packed;
       std::byte* const buf = packed.bytes + variant->buffer_shift;
+      // PackArgs writes every byte of the buffer, the gaps and scratch pointers as zeros.
       absl::Status s = k.runtime->PackArgs(*variant, st.args, buf);
       if (!s.ok()) {
         st.args[index] = old;
@@ -271,6 +274,25 @@ absl::StatusOr<PreparedLaunch> BoundLaunch::Prepare() {
   out.param_bytes = p.param_bytes;
   out.extra = p.param_bytes != 0 ? p.extra : nullptr;
   return out;
+}
+
+BoundLaunchSnapshot BoundLaunch::snapshot() const {
+  const internal::BoundState& st = *state_;
+  BoundLaunchSnapshot snap;
+  snap.kernel = internal::RuntimeImpl::MakeKernel(st.kernel);
+  // The kernel's description lists its variants in the order of its VariantData.
+  const std::vector<const internal::VariantData*>& variants = st.kernel->variants;
+  const size_t index =
+      static_cast<size_t>(std::find(variants.begin(), variants.end(), st.variant) -
+                          variants.begin());
+  snap.variant = &st.kernel->info->variants[index];
+  snap.fallback = st.fallback;
+  if (!st.grid_from_expressions) snap.grid = st.grid;
+  snap.stream = st.stream;
+  snap.scratch = st.scratch;
+  snap.args = st.args;
+  snap.params = std::span<const std::byte>(st.buf, st.variant->param_bytes);
+  return snap;
 }
 
 // ---- Runtime ----

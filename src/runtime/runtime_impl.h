@@ -27,6 +27,7 @@
 #include "launch/tensordesc.h"
 #include "manifest/manifest.h"
 #include "pack/pack_state.h"
+#include "runtime/devices.h"
 
 namespace kpack::internal {
 
@@ -38,17 +39,31 @@ struct ArgSlot {
   static constexpr uint16_t kDropped = UINT16_MAX;  // eq1: compiled away, not passed
   uint16_t offset;  // a tensor descriptor's: its first part's (its parts: desc_slots)
   ParamType type;
-  // The common case packed without PackArg's conversions: an Arg of kind `fast_kind`
-  // goes as its low `fast_size` bytes (0: no fast path), a 4-byte signed slot only when
-  // the value fits (`fast_check_i32`). Anything else takes PackArg, which decides.
-  Arg::Kind fast_kind = Arg::Kind::kUnsigned;
-  uint8_t fast_size = 0;
-  bool fast_check_i32 = false;
   // kTensorDesc: the index of its DescSlot in VariantData::desc_slots, the same in every
   // variant (the kernel's tensordesc parameters in declaration order).
   uint8_t desc = 0;
 };
-static_assert(sizeof(ArgSlot) == 8);
+static_assert(sizeof(ArgSlot) == 4);
+
+// One step of a variant's packing plan (VariantData::pack_ops, built at Open): the Arg at
+// byte `arg_byte` of the call's Arg array (16 * its index) goes to the slot at `offset`.
+// The op's group, fixed by the parameter's type, says how: the 8-byte group and i32 store
+// the Arg's low bytes unchanged when its kind passes (kind & kind_mask) == kind_want (one
+// kind, or two that differ in one bit: a pointer parameter takes T* and CUdeviceptr), an
+// i32 only when the value fits; fp32 takes a float's bits or a double rounded to float. A
+// launch runs one loop per group with no branch on types: every op stores, and the checks
+// of all the ops fold into one word tested once (PackArgs). Anything else -- another kind,
+// an i32 that does not fit, another parameter type -- is PackArg's, which decides.
+struct PackOp {
+  uint16_t offset;
+  uint16_t arg_byte;
+  uint8_t kind_mask;  // unused by the fp32 group
+  uint8_t kind_want;
+};
+static_assert(sizeof(PackOp) == 6);
+
+// The width of one of a packing plan's zero stores (VariantData::pack_more).
+inline constexpr uint32_t kZeroStoreBytes = 16;
 
 // Storage for one parameter buffer. A variant whose layout has CUtensorMap slots starts
 // its buffer `buffer_shift` bytes in, so that those slots lie at 64-byte aligned addresses
@@ -94,7 +109,22 @@ struct alignas(64) VariantData {
   // which loads the kernel there, so that no launch loads anything (see Load).
   mutable std::atomic<CUfunction> home_function{nullptr};
   mutable uint64_t home_context = 0;
-  std::vector<ArgSlot> arg_slots;  // indexed by call-argument index
+  // The packing plan (PackOp): num_copy8 ops of 8-byte slots (pointers, i64, u64,
+  // fp64), then num_i32 ops of i32 slots (a kSigned Arg that fits), then num_fp32 ops of
+  // fp32 slots (a float or a double). `pack_more` lists the num_generic call arguments
+  // packed through PackArg or PackDesc at every launch (the other types, tensor
+  // descriptors), then the offsets of num_zero_stores zero stores (kZeroStoreBytes each)
+  // covering the bytes no argument writes (alignment gaps, scratch slots); zero_all: too
+  // many of those, the buffer is cleared whole. Both point into plan_ops and plan_more.
+  const PackOp* pack_ops = nullptr;
+  const uint32_t* pack_more = nullptr;
+  uint32_t num_args = 0;
+  uint32_t num_generic = 0;
+  uint16_t num_copy8 = 0;
+  uint16_t num_i32 = 0;
+  uint16_t num_fp32 = 0;
+  uint16_t num_zero_stores = 0;
+  bool zero_all = false;
   uint32_t param_bytes = 0;
   uint32_t buffer_shift = 0;  // where in a ParamStorage this variant's buffer starts
   uint32_t block_x = 0;
@@ -115,8 +145,11 @@ struct alignas(64) VariantData {
   std::array<GridExpr, 3> grid;
   mutable std::array<CounterShard, kCounterShards> counters;
 
-  // ---- read by launches with tensor descriptors
+  // ---- read by launches with tensor descriptors or packed through PackArg, and by Set
+  std::vector<ArgSlot> arg_slots;    // indexed by call-argument index
   std::vector<DescSlot> desc_slots;  // indexed by ArgSlot::desc
+  std::vector<PackOp> plan_ops;
+  std::vector<uint32_t> plan_more;
 
   // ---- load time and errors
   // Other contexts' CUfunctions (published with release order, read with acquire).
@@ -177,6 +210,7 @@ class RuntimeImpl {
   const Pack& pack() const { return *pack_; }
   const std::string& dir() const { return pack_->dir(); }
   ScratchArenas& scratch() const { return *scratch_; }
+  const DeviceOrdinals& device_ordinals() const { return device_ordinals_; }
   size_t libraries_loaded() const { return libraries_loaded_.load(std::memory_order_relaxed); }
   // Options::scratch_allocator; set by Runtime::Open before the runtime is shared.
   void set_scratch_allocator(const ScratchAllocator& allocator) { scratch_allocator_ = allocator; }
@@ -199,8 +233,19 @@ class RuntimeImpl {
   // the kernel, the argument and the assumption that failed.
   absl::Status Select(const KernelData& k, std::span<const Arg> args,
                       DispatchTable::Choice* choice) const;
-  // Packs `args` into `buf`, zeroing the variant's whole buffer first.
+  // Packs `args` into `buf` by the variant's plan (VariantData::pack_ops): every one of its
+  // param_bytes bytes is written, whatever `buf` held before -- zeros where no argument
+  // goes, the scratch pointers included (Prepare fills those at a launch with scratch).
+  // The bytes and the error are PackEach's; an error names the first bad argument in call
+  // order, and leaves `buf` partly written.
   absl::Status PackArgs(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
+  // PackArgs's reference path (out of line, launch.cc): every argument in call order
+  // through PackOne. PackArgs takes it when a check of its plan fails, so that the
+  // conversions PackArg makes and the first error are exactly this loop's.
+  absl::Status PackEach(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
+  // Argument `i` through PackArg (or PackDesc for a tensor descriptor), or nothing for a
+  // dropped (eq1) one; the error names it.
+  absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
   // The grid from the variant's grid expressions.
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
   // Everything a launch of `v` needs but the driver call: the CUfunction for the current
@@ -252,6 +297,7 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<KernelData>> kernels_;
   absl::flat_hash_map<std::string, const KernelData*> by_name_;
   std::unique_ptr<ScratchArenas> scratch_;
+  DeviceOrdinals device_ordinals_;  // Runtime::CurrentDevice
   void* nvtx_domain_ = nullptr;
   mutable std::atomic<size_t> libraries_loaded_{0};
   // Kernel::Restrict's views, by (kernel, variants, ignore_buckets).
@@ -271,14 +317,6 @@ inline absl::string_view AbslView(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
-// A Kernel's internals for `kpack bench` (tools/cli/run.cc), which sends kpack's very
-// packed buffer through the raw driver. Everything else in the tools uses the public API
-// (kpack/pack.h, Kernel::info, GridFor); remove this once BoundLaunch::Prepare serves
-// bench.
-struct KernelAccess {
-  static const KernelData* Get(const Kernel& k) { return k.data_; }
-};
-
 // A BoundLaunch's packed call. `args` keeps the values so that a Set that changes the
 // dispatch re-selects the variant and repacks. `prepared` is what BoundLaunch::Prepare
 // last handed out (its extra array points into it and at `buf`).
@@ -297,13 +335,6 @@ struct BoundState {
   RuntimeImpl::DriverLaunch prepared{};
   std::byte* buf = nullptr;  // the variant's buffer in `storage`
   ParamStorage storage;
-};
-
-// A BoundLaunch's state for kpack::StepGraph (src/graph/), which reads its variant, grid,
-// arguments and packed buffer at every replay.
-struct BoundAccess {
-  static BoundState& Get(BoundLaunch& b) { return *b.state_; }
-  static const BoundState& Get(const BoundLaunch& b) { return *b.state_; }
 };
 
 }  // namespace kpack::internal

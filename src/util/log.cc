@@ -1,3 +1,5 @@
+// kpack's spdlog logger and KPACK_LOG_LEVEL (log.h).
+
 #include "util/log.h"
 
 #include <cstdlib>

@@ -1,7 +1,13 @@
+// ParallelFor and ParallelPipeline on std::threads started per call (Open runs them a few
+// times per pack; a pool would outlive what it serves).
+
 #include "util/parallel.h"
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -26,6 +32,59 @@ void ParallelFor(size_t n, unsigned threads, const std::function<bool(size_t)>& 
       break;  // no more threads to be had: the ones running do the work
     }
   }
+  work();
+  for (std::thread& h : helpers) h.join();
+}
+
+void ParallelPipelineUntyped(
+    unsigned threads, const std::function<void(const std::function<void(void*)>& post)>& produce,
+    const std::function<void(void*)>& consume) {
+  std::mutex mu;
+  std::condition_variable posted;
+  std::deque<void*> ready;  // guarded by mu
+  bool closed = false;      // guarded by mu: nothing more will be posted
+  auto work = [&] {
+    while (true) {
+      void* item;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        posted.wait(lock, [&] { return !ready.empty() || closed; });
+        if (ready.empty()) return;
+        item = ready.front();
+        ready.pop_front();
+      }
+      consume(item);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the caller consumes what they leave
+    }
+  }
+  auto close = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      closed = true;
+    }
+    posted.notify_all();
+  };
+  try {
+    produce([&](void* item) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ready.push_back(item);
+      }
+      posted.notify_one();
+    });
+  } catch (...) {
+    close();  // the helpers finish what was posted and return
+    for (std::thread& h : helpers) h.join();
+    throw;
+  }
+  close();
   work();
   for (std::thread& h : helpers) h.join();
 }

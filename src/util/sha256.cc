@@ -1,3 +1,5 @@
+// SHA-256 through OpenSSL's EVP interface (sha256.h).
+
 #include "util/sha256.h"
 
 #include <openssl/evp.h>

@@ -539,7 +539,49 @@ TEST_P(ScratchTest, EachThreadsPerThreadStreamHasItsOwnScratch) {
     EXPECT_TRUE(status[t].ok()) << "thread " << t << ": " << status[t];
     EXPECT_EQ(Mismatches(jobs[t]), 0u) << "thread " << t;
   }
-  if (!capture()) EXPECT_EQ(rt->stats().scratch_arenas, size_t{kThreads});
+  // Each thread's per-thread arena went when it exited; captures used their streams'.
+  EXPECT_EQ(rt->stats().scratch_arenas, capture() ? size_t{kThreads} : 0u);
+}
+
+// A thread that exits while its last launch is still queued on the GPU (behind a host
+// function that waits for the test): its per-thread arena is freed as it exits, but the
+// launch must still find its scratch there when it runs (cuMemFree waits for it). A first
+// launch, synchronized, makes the arena and loads the kernel before the host function is
+// queued: on the real driver a module load or a legacy-stream copy behind the blocked
+// per-thread stream would wait for the test, which waits for the thread.
+TEST_P(ScratchTest, AnExitingThreadsScratchOutlivesItsLastLaunch) {
+  auto rt = Open(KPACK_TEST_PACK_DIR);
+  Kernel scratch = *rt->Find("scratch");
+  ScratchJob warm = Job(128, 96, 39);
+  ScratchJob job = Job(128, 96, 40);
+  std::atomic<bool> open{false}, launched{false};
+  absl::Status status;
+  std::thread t([&] {
+    if (d().CtxSetCurrent(primary_) != CUDA_SUCCESS) {
+      status = absl::InternalError("cuCtxSetCurrent");
+    } else if (status = Launch(scratch, warm, CU_STREAM_PER_THREAD); !status.ok()) {
+    } else if (d().StreamSynchronize(CU_STREAM_PER_THREAD) != CUDA_SUCCESS) {
+      status = absl::InternalError("cuStreamSynchronize");
+    } else if (d().LaunchHostFunc(
+                   CU_STREAM_PER_THREAD,
+                   [](void* open) { static_cast<std::atomic<bool>*>(open)->wait(false); },
+                   &open) != CUDA_SUCCESS) {
+      status = absl::InternalError("cuLaunchHostFunc");
+    } else {
+      status = Launch(scratch, job, CU_STREAM_PER_THREAD);
+    }
+    launched = true;
+    launched.notify_all();
+  });
+  launched.wait(false);
+  open = true;  // the thread may be exiting already, waiting in cuMemFree
+  open.notify_all();
+  t.join();
+  KP_ASSERT_OK(status);
+  EXPECT_EQ(Mismatches(warm), 0u);
+  EXPECT_EQ(Mismatches(job), 0u);
+  EXPECT_EQ(rt->stats().scratch_arenas, 0u);
+  EXPECT_EQ(rt->stats().scratch_bytes, 0u);
 }
 
 TEST_P(ScratchTest, ReleasedArenasAndDestroyedStreamsLeaveNoCap) {

@@ -11,10 +11,13 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,12 +25,14 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cubin/cubin_reader.h"
 
 namespace kpack::fake {
@@ -201,19 +206,124 @@ struct Allocation {
   CUdeviceptr base;
   size_t size;  // as requested
   const Context* context;
+  uint64_t id;  // AllocationId: unique for the process, never reused like `base` may be
 };
 
-// User-object destructors that fell due during a call, run once the call has released
-// the fake's lock, on another thread (as libcuda runs them on a thread of its own).
+// The driver's own thread. libcuda runs host functions (cuLaunchHostFunc) and user-object
+// destructors on an internal thread, one at a time, and GPU work queued behind a host
+// function waits for it. The fake has one such thread, which runs in the order queued:
+// host functions, user-object destructors, and the emulated kernels of launches made on a
+// stream while earlier work of that stream was still queued here (the fake's "GPU work in
+// flight"). A stream is known by its id (cuStreamGetId's; 0 for work of no stream).
+// Synchronizing calls wait for the work queued before them (WaitFor). The queue is one
+// FIFO for all streams: stricter ordering than a GPU's, never looser.
+class DriverThread {
+ public:
+  // Queues `task` for stream `stream`; returns its ticket (tickets count up from 1).
+  uint64_t Enqueue(uint64_t stream, std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Run(); }).detach();  // lives as long as the process
+    }
+    queue_.push_back(std::move(task));
+    ++queued_;
+    if (stream != 0) last_of_stream_[stream] = queued_;
+    pending_.store(queued_ - done_, std::memory_order_release);
+    work_.notify_one();
+    return queued_;
+  }
+  // Whether anything is queued or running: a lock-free check for the launch path.
+  bool AnyPending() const { return pending_.load(std::memory_order_acquire) != 0; }
+  // Whether work of `stream` is queued or running.
+  bool Busy(uint64_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = last_of_stream_.find(stream);
+    return it != last_of_stream_.end() && it->second > done_;
+  }
+  // The ticket of the last task queued for `stream`, or of any stream for 0.
+  uint64_t LastTicket(uint64_t stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream == 0) return queued_;
+    auto it = last_of_stream_.find(stream);
+    return it == last_of_stream_.end() ? 0 : it->second;
+  }
+  // Waits until the task of `ticket` and all before it ran. False when that takes longer
+  // than the deadlock timeout (on a GPU the wait would never end).
+  bool WaitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return done_cv_.wait_for(lock, timeout_, [&] { return done_ >= ticket; });
+  }
+  bool OnThisThread() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_ && worker_ == std::this_thread::get_id();
+  }
+  std::chrono::milliseconds timeout() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return timeout_;
+  }
+  void set_timeout(std::chrono::milliseconds timeout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    timeout_ = timeout;
+  }
+  // For Reset, once the queue is drained: forgets the streams.
+  void Forget() {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_of_stream_.clear();
+    timeout_ = kDefaultTimeout;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kDefaultTimeout{20000};
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    worker_ = std::this_thread::get_id();
+    for (;;) {
+      work_.wait(lock, [&] { return !queue_.empty(); });
+      std::function<void()> task = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+      ++done_;
+      pending_.store(queued_ - done_, std::memory_order_release);
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_;
+  std::condition_variable done_cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0;  // tickets issued
+  uint64_t done_ = 0;    // tasks run (in ticket order)
+  std::atomic<uint64_t> pending_{0};
+  absl::flat_hash_map<uint64_t, uint64_t> last_of_stream_;
+  bool started_ = false;
+  std::thread::id worker_;
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+};
+
+// Never destroyed, like State: its thread may run while the process exits.
+DriverThread& Worker() {
+  static DriverThread* const worker = new DriverThread();
+  return *worker;
+}
+
+// A synchronizing call's wait for the work queued before it: everything (`stream` 0) or
+// one stream's. Not on the driver's thread itself (a host function or destructor may not
+// call CUDA; were it to, it would wait for itself). A wait past the deadlock timeout is
+// recorded as a fault and fails the call.
+CUresult WaitForQueued(std::string_view call, uint64_t stream = 0);
+
+// User-object destructors that fell due during a call, queued once the call has released
+// the fake's lock on the driver's thread (as libcuda runs them on a thread of its own).
+// Unless SetAsyncDestructors is on, the call waits for them before it returns.
 class Destructors {
  public:
   void Add(CUhostFn fn, void* ptr) { calls_.emplace_back(fn, ptr); }
-  ~Destructors() {
-    if (calls_.empty()) return;
-    std::thread([this] {
-      for (auto [fn, ptr] : calls_) fn(ptr);
-    }).join();
-  }
+  ~Destructors();
 
  private:
   std::vector<std::pair<CUhostFn, void*>> calls_;
@@ -259,7 +369,9 @@ struct State {
   // Read without the lock on every call.
   std::atomic<bool> initialized{false};
   std::atomic<bool> launch_noop{false};
+  std::atomic<bool> async_destructors{false};
   std::atomic<int> pending_failures{0};
+  std::atomic<int> pending_hooks{0};
   std::array<std::atomic<int64_t>, kFnCount> calls{};
   // Bumped to empty every thread's context stack at once (Reset, SetDevices).
   std::atomic<uint64_t> generation{1};
@@ -270,6 +382,7 @@ struct State {
   bool reuse_handles ABSL_GUARDED_BY(mu) = false;
   CUresult init_error ABSL_GUARDED_BY(mu) = CUDA_SUCCESS;
   std::array<std::vector<Failure>, kFnCount> failures ABSL_GUARDED_BY(mu);
+  std::array<std::vector<std::function<void()>>, kFnCount> hooks ABSL_GUARDED_BY(mu);
   std::array<bool, kFnCount> hidden ABSL_GUARDED_BY(mu) = {};
 
   std::vector<Context*> primaries ABSL_GUARDED_BY(mu);  // by device
@@ -309,6 +422,7 @@ struct State {
 
   std::vector<Allocation> allocations ABSL_GUARDED_BY(mu);
   int64_t live_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::vector<void*> host_allocations ABSL_GUARDED_BY(mu);  // cuMemAllocHost
 
   std::vector<KernelAttributeSet> attribute_sets ABSL_GUARDED_BY(mu);
   int64_t library_loads ABSL_GUARDED_BY(mu) = 0;
@@ -347,6 +461,8 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   }
   s.allocations.clear();
   s.live_bytes = 0;
+  for (void* memory : s.host_allocations) std::free(memory);
+  s.host_allocations.clear();
   s.streams.clear();
   s.graphs.clear();
   s.execs.clear();
@@ -376,6 +492,9 @@ void ResetLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   s.faults.clear();
   for (std::vector<Failure>& pending : s.failures) pending.clear();
   s.pending_failures.store(0);
+  for (auto& hooks : s.hooks) hooks.clear();
+  s.pending_hooks.store(0);
+  s.async_destructors.store(false);
   s.hidden.fill(false);
   for (std::atomic<int64_t>& count : s.calls) count.store(0);
   s.attribute_sets.clear();
@@ -403,6 +522,35 @@ State& S() {
     return s;
   }();
   return *state;
+}
+
+CUresult WaitForQueued(std::string_view call, uint64_t stream) {
+  DriverThread& worker = Worker();
+  if (worker.OnThisThread()) return CUDA_SUCCESS;
+  if (worker.WaitFor(worker.LastTicket(stream))) return CUDA_SUCCESS;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.faults.push_back(std::string(call) + " waited " + std::to_string(worker.timeout().count()) +
+                     " ms for work queued on the driver's thread (host functions, user-object "
+                     "destructors, kernels behind them) that did not finish: something running "
+                     "there blocks (on a GPU, a deadlock)");
+  return CUDA_ERROR_LAUNCH_TIMEOUT;
+}
+
+Destructors::~Destructors() {
+  if (calls_.empty()) return;
+  uint64_t ticket = 0;
+  for (auto [fn, ptr] : calls_) {
+    ticket = Worker().Enqueue(0, [fn = fn, ptr = ptr] { fn(ptr); });
+  }
+  if (S().async_destructors.load(std::memory_order_acquire) || Worker().OnThisThread()) return;
+  if (!Worker().WaitFor(ticket)) {
+    State& s = S();
+    MutexLock lock(&s.mu);
+    s.faults.push_back("a user-object destructor did not finish within " +
+                       std::to_string(Worker().timeout().count()) +
+                       " ms: something running on the driver's thread blocks");
+  }
 }
 
 // Trivially constructible and destructible: no TLS guard, constructor or exit-time
@@ -446,6 +594,19 @@ CUresult Enter(Fn fn) {
   State& s = S();
   const int index = static_cast<int>(fn);
   s.calls[index].fetch_add(1, std::memory_order_relaxed);
+  if (s.pending_hooks.load(std::memory_order_acquire) > 0) {
+    std::function<void()> hook;
+    {
+      MutexLock lock(&s.mu);
+      std::vector<std::function<void()>>& hooks = s.hooks[index];
+      if (!hooks.empty()) {
+        hook = std::move(hooks.front());
+        hooks.erase(hooks.begin());
+        s.pending_hooks.fetch_sub(1);
+      }
+    }
+    if (hook) hook();  // without the lock: it may call the driver
+  }
   if (s.pending_failures.load(std::memory_order_acquire) > 0) {
     MutexLock lock(&s.mu);
     std::optional<CUresult> fire;
@@ -504,6 +665,31 @@ CUresult ResolveStream(State& s, CUstream handle, const Context* context, Stream
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
   return CUDA_SUCCESS;
+}
+
+// For stream work the fake does not model inside a capture (memcpy and host nodes): the
+// current context and ResolveStream's stream, or CUDA_ERROR_NOT_SUPPORTED on a capturing
+// stream.
+CUresult ResolveUncapturedStream(State& s, CUstream handle, const Context** context,
+                                 Stream** stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  *context = CurrentContext(s);
+  if (*context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = ResolveStream(s, handle, *context, stream); r != CUDA_SUCCESS) return r;
+  if (*stream != nullptr && (*stream)->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+
+// The id of the stream `handle` (resolved to `stream`, null for a default stream) in
+// `context`, as cuStreamGetId reports it: what the driver's thread knows work by.
+uint64_t StreamIdentity(State& s, CUstream handle, const Context* context, const Stream* stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (stream != nullptr) return stream->id;
+  if (handle != CU_STREAM_PER_THREAD) return context->legacy_stream_id;
+  uint64_t& per_thread = s.per_thread_stream_ids[{std::this_thread::get_id(), context}];
+  if (per_thread == 0) per_thread = NewId();
+  return per_thread;
 }
 
 // The real driver's rule for "potentially unsafe" calls (allocation, synchronous copies,
@@ -680,7 +866,9 @@ void DestroyStream(State& s, Stream* stream, Destructors& destructors)
   s.dead_streams.push_back(s.streams.Take(stream));
 }
 
-KernelEmulator FindEmulator(const State& s, const std::string& entry)
+// By string_view: a graph replay looks up every node's entry, and must not allocate a
+// string for a name past the small-string size.
+KernelEmulator FindEmulator(const State& s, absl::string_view entry)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   auto it = s.emulators.find(entry);
   return it == s.emulators.end() ? nullptr : it->second;
@@ -990,9 +1178,13 @@ CUresult FakeCtxPopCurrent(CUcontext* popped) {
 CUresult FakeCtxSynchronize() {
   if (CUresult r = Enter(Fn::kCtxSynchronize); r != CUDA_SUCCESS) return r;
   State& s = S();
+  {
+    MutexLock lock(&s.mu);
+    if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  }
+  if (CUresult r = WaitForQueued("cuCtxSynchronize"); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   return StickyError(s);
 }
 
@@ -1346,7 +1538,20 @@ CUresult CopyParams(const Entry& entry, void** kernel_params, void** extra, Laun
 
 CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
                                  void** kernel_params, void** extra, LaunchRecord* out,
-                                 KernelEmulator* emulator);
+                                 KernelEmulator* emulator, uint64_t* stream_id);
+
+// Runs emulated kernels now, or, when earlier work of their stream (`stream_id`, 0 when
+// nothing is queued at all) is still queued on the driver's thread, behind it there.
+void Execute(uint64_t stream_id, std::vector<std::pair<KernelEmulator, LaunchRecord>> kernels) {
+  if (kernels.empty()) return;
+  if (stream_id != 0 && Worker().Busy(stream_id)) {
+    Worker().Enqueue(stream_id, [kernels = std::move(kernels)] {
+      for (const auto& [emulator, record] : kernels) Emulate(emulator, record);
+    });
+    return;
+  }
+  for (const auto& [emulator, record] : kernels) Emulate(emulator, record);
+}
 
 CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, void** kernel_params,
                             void** extra) {
@@ -1359,20 +1564,27 @@ CUresult FakeLaunchKernelEx(const CUlaunchConfig* config, CUfunction function, v
   // On the stack, not the heap: the launch path must not allocate.
   LaunchRecord record{};
   KernelEmulator emulator = nullptr;
+  uint64_t stream_id = 0;
   if (CUresult r = ValidateAndRecordLaunch(s, *config, function, kernel_params, extra, &record,
-                                           &emulator);
+                                           &emulator, &stream_id);
       r != CUDA_SUCCESS) {
     return r;
   }
-  if (emulator != nullptr) Emulate(emulator, record);
+  if (emulator == nullptr) return CUDA_SUCCESS;
+  if (stream_id == 0) {
+    Emulate(emulator, record);  // nothing queued anywhere: no allocation
+  } else {
+    Execute(stream_id, {{emulator, record}});
+  }
   return CUDA_SUCCESS;
 }
 
 // cuLaunchKernelEx's checks and recording, under the lock. `emulator`: the entry's
-// emulator when the launch executes now (is not captured).
+// emulator when the launch executes (is not captured); `stream_id`: the stream's id when
+// the driver's thread has work queued (else 0).
 CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunction function,
                                  void** kernel_params, void** extra, LaunchRecord* out,
-                                 KernelEmulator* emulator) {
+                                 KernelEmulator* emulator, uint64_t* stream_id) {
   const CUlaunchConfig* config = &launch;
   LaunchRecord& record = *out;
   MutexLock lock(&s.mu);
@@ -1422,6 +1634,9 @@ CUresult ValidateAndRecordLaunch(State& s, const CUlaunchConfig& launch, CUfunct
   RecordLaunch(s, record, stream);
   const bool captured = stream != nullptr && stream->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   if (!captured) *emulator = FindEmulator(s, entry->name);
+  if (*emulator != nullptr && Worker().AnyPending()) {
+    *stream_id = StreamIdentity(s, config->hStream, context, stream);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1441,18 +1656,24 @@ CUresult FakeMemAlloc(CUdeviceptr* pointer, size_t size) {
   if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(memory, kUninitializedByte, rounded);
   const auto base = reinterpret_cast<CUdeviceptr>(memory);
-  s.allocations.push_back({.base = base, .size = size, .context = CurrentContext(s)});
+  s.allocations.push_back(
+      {.base = base, .size = size, .context = CurrentContext(s), .id = NewId()});
   s.live_bytes += static_cast<int64_t>(size);
   *pointer = base;
   return CUDA_SUCCESS;
 }
 
+// Like cudaFree, cuMemFree synchronizes the device: it waits for the work queued before it.
 CUresult FakeMemFree(CUdeviceptr pointer) {
   if (CUresult r = Enter(Fn::kMemFree); r != CUDA_SUCCESS) return r;
   State& s = S();
+  {
+    MutexLock lock(&s.mu);
+    if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  }
+  if (CUresult r = WaitForQueued("cuMemFree"); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
   auto it = std::find_if(s.allocations.begin(), s.allocations.end(),
                          [pointer](const Allocation& a) { return a.base == pointer; });
   if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
@@ -1463,13 +1684,9 @@ CUresult FakeMemFree(CUdeviceptr pointer) {
   return CUDA_SUCCESS;
 }
 
-// The checks shared by the synchronous memory functions: a context, no capture forbidding
-// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
-CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+// [pointer, pointer + size) inside one live allocation: its host address (null for size 0).
+CUresult LiveRange(const State& s, CUdeviceptr pointer, size_t size, void** host)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
   *host = nullptr;
   if (size == 0) return CUDA_SUCCESS;
   for (const Allocation& allocation : s.allocations) {
@@ -1482,8 +1699,20 @@ CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+// The checks shared by the synchronous memory functions: a context, no capture forbidding
+// it, and [pointer, pointer + size) inside one live allocation. Returns the host address.
+CUresult DeviceRange(State& s, CUdeviceptr pointer, size_t size, void** host)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, pointer, size, host);
+}
+
 CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size) {
   if (CUresult r = Enter(Fn::kMemcpyHtoD); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemcpyHtoD"); r != CUDA_SUCCESS) return r;
   if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
@@ -1495,6 +1724,8 @@ CUresult FakeMemcpyHtoD(CUdeviceptr destination, const void* source, size_t size
 
 CUresult FakeMemcpyDtoH(void* destination, CUdeviceptr source, size_t size) {
   if (CUresult r = Enter(Fn::kMemcpyDtoH); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemcpyDtoH"); r != CUDA_SUCCESS) return r;
   if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
   State& s = S();
   MutexLock lock(&s.mu);
@@ -1506,11 +1737,85 @@ CUresult FakeMemcpyDtoH(void* destination, CUdeviceptr source, size_t size) {
 
 CUresult FakeMemsetD8(CUdeviceptr destination, unsigned char value, size_t count) {
   if (CUresult r = Enter(Fn::kMemsetD8); r != CUDA_SUCCESS) return r;
+  // On the legacy stream: after the work queued before it.
+  if (CUresult r = WaitForQueued("cuMemsetD8"); r != CUDA_SUCCESS) return r;
   State& s = S();
   MutexLock lock(&s.mu);
   void* host = nullptr;
   if (CUresult r = DeviceRange(s, destination, count, &host); r != CUDA_SUCCESS) return r;
   if (count > 0) std::memset(host, value, count);
+  return CUDA_SUCCESS;
+}
+
+// Pinned host memory is plain host memory here; the fake only keeps track of it.
+CUresult FakeMemAllocHost(void** pointer, size_t size) {
+  if (CUresult r = Enter(Fn::kMemAllocHost); r != CUDA_SUCCESS) return r;
+  if (pointer == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  if (size > kMaxLiveBytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t rounded =
+      (size + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+  void* memory = std::aligned_alloc(kAllocationAlignment, rounded);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(memory, kUninitializedByte, rounded);
+  s.host_allocations.push_back(memory);
+  *pointer = memory;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemFreeHost(void* pointer) {
+  if (CUresult r = Enter(Fn::kMemFreeHost); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (CurrentContext(s) == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r = CheckUnsafeCall(s); r != CUDA_SUCCESS) return r;
+  auto it = std::find(s.host_allocations.begin(), s.host_allocations.end(), pointer);
+  if (it == s.host_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(pointer);
+  *it = s.host_allocations.back();
+  s.host_allocations.pop_back();
+  return CUDA_SUCCESS;
+}
+
+// The asynchronous copies run when issued, like launches: on a live stream of the current
+// context (or a default stream), never into a capture (memcpy nodes are not modelled),
+// the device range inside one live allocation. Legal while another stream captures.
+CUresult AsyncCopy(Fn fn, CUstream handle, CUdeviceptr device, size_t size, void** host) {
+  if (CUresult r = Enter(fn); r != CUDA_SUCCESS) return r;
+  State& s = S();
+  MutexLock lock(&s.mu);
+  const Context* context = nullptr;
+  Stream* stream = nullptr;
+  if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (CUresult r = StickyError(s); r != CUDA_SUCCESS) return r;
+  return LiveRange(s, device, size, host);
+}
+
+CUresult FakeMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t size,
+                             CUstream stream) {
+  if (source == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyHtoDAsync, stream, destination, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(host, source, size);
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t size, CUstream stream) {
+  if (destination == nullptr && size > 0) return CUDA_ERROR_INVALID_VALUE;
+  void* host = nullptr;
+  if (CUresult r = AsyncCopy(Fn::kMemcpyDtoHAsync, stream, source, size, &host);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
+  if (size > 0) std::memcpy(destination, host, size);
   return CUDA_SUCCESS;
 }
 
@@ -1548,20 +1853,53 @@ CUresult FakeStreamDestroy(CUstream handle) {
   return CUDA_SUCCESS;
 }
 
+// Waits for the stream's work queued on the driver's thread (the legacy stream's: all of
+// it, as the legacy stream waits for every blocking stream).
 CUresult FakeStreamSynchronize(CUstream handle) {
   if (CUresult r = Enter(Fn::kStreamSynchronize); r != CUDA_SUCCESS) return r;
   State& s = S();
+  uint64_t id = 0;
+  {
+    MutexLock lock(&s.mu);
+    const Context* context = CurrentContext(s);
+    Stream* stream = nullptr;
+    if (IsDefaultStream(handle)) {
+      if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+    } else {
+      stream = s.streams.Find(handle);
+      if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+        stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      }
+    }
+    if (stream != nullptr || handle == CU_STREAM_PER_THREAD) {
+      id = StreamIdentity(s, handle, stream != nullptr ? stream->context : context, stream);
+    }
+  }
+  if (CUresult r = WaitForQueued("cuStreamSynchronize", id); r != CUDA_SUCCESS) return r;
   MutexLock lock(&s.mu);
-  if (IsDefaultStream(handle)) {
-    return CurrentContext(s) == nullptr ? CUDA_ERROR_INVALID_CONTEXT : StickyError(s);
-  }
-  Stream* stream = s.streams.Find(handle);
-  if (stream == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (stream->capture != CU_STREAM_CAPTURE_STATUS_NONE) {
-    stream->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
   return StickyError(s);
+}
+
+// Queued on the driver's thread; later work of the stream runs after it. Host nodes in a
+// capture are not modelled.
+CUresult FakeLaunchHostFunc(CUstream handle, CUhostFn fn, void* data) {
+  if (CUresult r = Enter(Fn::kLaunchHostFunc); r != CUDA_SUCCESS) return r;
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  State& s = S();
+  uint64_t id = 0;
+  {
+    MutexLock lock(&s.mu);
+    const Context* context = nullptr;
+    Stream* stream = nullptr;
+    if (CUresult r = ResolveUncapturedStream(s, handle, &context, &stream); r != CUDA_SUCCESS) {
+      return r;
+    }
+    id = StreamIdentity(s, handle, context, stream);
+  }
+  Worker().Enqueue(id, [fn, data] { fn(data); });
+  return CUDA_SUCCESS;
 }
 
 // Real streams have their own id; the legacy stream one per context; the per-thread
@@ -1574,13 +1912,7 @@ CUresult FakeStreamGetId(CUstream handle, unsigned long long* id) {  // NOLINT(r
   if (IsDefaultStream(handle)) {
     const Context* current = CurrentContext(s);
     if (current == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-    if (handle != CU_STREAM_PER_THREAD) {
-      *id = current->legacy_stream_id;
-      return CUDA_SUCCESS;
-    }
-    uint64_t& per_thread = s.per_thread_stream_ids[{std::this_thread::get_id(), current}];
-    if (per_thread == 0) per_thread = NewId();
-    *id = per_thread;
+    *id = StreamIdentity(s, handle, current, nullptr);
     return CUDA_SUCCESS;
   }
   Stream* stream = s.streams.Find(handle);
@@ -1789,6 +2121,7 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
   State& s = S();
   // Emulated kernels run after the lock is released, in the graph's order.
   std::vector<std::pair<KernelEmulator, LaunchRecord>> executed;
+  uint64_t stream_id = 0;
   {
     MutexLock lock(&s.mu);
     const GraphExec* instance = s.execs.Find(exec);
@@ -1811,13 +2144,14 @@ CUresult FakeGraphLaunch(CUgraphExec exec, CUstream handle) {
       replay.captured = false;
       replay.graph_replay = true;
       RecordLaunch(s, replay, stream);
-      if (KernelEmulator emulator = FindEmulator(s, std::string(replay.entry.data()));
+      if (KernelEmulator emulator = FindEmulator(s, absl::string_view(replay.entry.data()));
           emulator != nullptr) {
         executed.emplace_back(emulator, replay);
       }
     }
+    if (Worker().AnyPending()) stream_id = StreamIdentity(s, handle, context, stream);
   }
-  for (const auto& [emulator, record] : executed) Emulate(emulator, record);
+  Execute(stream_id, std::move(executed));
   return CUDA_SUCCESS;
 }
 
@@ -2151,9 +2485,13 @@ CUresult FakeGraphAddDependencies(CUgraph graph, const CUgraphNode* from, const 
 // Swaps the calling thread's capture interaction mode (see CheckUnsafeCall).
 CUresult FakeThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   if (CUresult r = Enter(Fn::kThreadExchangeStreamCaptureMode); r != CUDA_SUCCESS) return r;
-  if (mode == nullptr || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
-                          *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-                          *mode != CU_STREAM_CAPTURE_MODE_RELAXED)) {
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Read as its integer: a caller's value outside the enum must be refused, not loaded as
+  // a CUstreamCaptureMode (undefined behaviour, which UBSan reports).
+  std::underlying_type_t<CUstreamCaptureMode> raw;
+  std::memcpy(&raw, mode, sizeof(raw));
+  if (raw != CU_STREAM_CAPTURE_MODE_GLOBAL && raw != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      raw != CU_STREAM_CAPTURE_MODE_RELAXED) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   State& s = S();
@@ -2220,7 +2558,11 @@ CUresult FakeGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
   record.num_attrs = current.num_attrs;
   record.attrs = current.attrs;
   current = record;
-  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times).
+  // The most recent kLaunchRingCapacity are kept (benchmarks patch millions of times), in
+  // storage reserved at the first update, so that later ones allocate nothing.
+  if (s.node_updates.capacity() == 0) {
+    s.node_updates.reserve(2 * static_cast<size_t>(kLaunchRingCapacity));
+  }
   if (s.node_updates.size() >= 2 * static_cast<size_t>(kLaunchRingCapacity)) {
     s.node_updates.erase(s.node_updates.begin(), s.node_updates.begin() + kLaunchRingCapacity);
   }
@@ -2345,12 +2687,32 @@ CUresult GetProcAddress(const char* symbol, void** function, int cuda_version, c
 // The control API.
 
 void Reset() {
+  // What is queued on the driver's thread runs first (it may reach the state).
+  if (!Worker().OnThisThread()) Worker().WaitFor(Worker().LastTicket(0));
+  Worker().Forget();
   {
     State& s = S();
     MutexLock lock(&s.mu);
     ResetLocked(s);
   }
   ResetTensorMaps();
+}
+
+void SetAsyncDestructors(bool on) { S().async_destructors.store(on, std::memory_order_release); }
+
+void DrainDriverThread() {
+  if (Worker().OnThisThread()) Die("DrainDriverThread on the driver's thread waits for itself");
+  WaitForQueued("DrainDriverThread");
+}
+
+void SetDeadlockTimeout(std::chrono::milliseconds timeout) { Worker().set_timeout(timeout); }
+
+void OnNextCall(std::string_view fn, std::function<void()> hook) {
+  const int index = FnIndexOrDie(fn);
+  State& s = S();
+  MutexLock lock(&s.mu);
+  s.hooks[index].push_back(std::move(hook));
+  s.pending_hooks.fetch_add(1);
 }
 
 void SetDevices(const std::vector<DeviceConfig>& devices) {
@@ -2376,6 +2738,18 @@ void FailNext(std::string_view fn, CUresult code, int skip) {
   MutexLock lock(&s.mu);
   s.failures[index].push_back({.countdown = skip, .code = code});
   s.pending_failures.fetch_add(1);
+}
+
+int CancelFailures() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  int pending = 0;
+  for (std::vector<Failure>& failures : s.failures) {
+    pending += static_cast<int>(failures.size());
+    failures.clear();
+  }
+  s.pending_failures.store(0);
+  return pending;
 }
 
 void HideSymbol(std::string_view fn) {
@@ -2439,6 +2813,17 @@ std::vector<std::string> Faults() {
   return s.faults;
 }
 
+uint64_t AllocationId(CUdeviceptr pointer) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  for (const Allocation& allocation : s.allocations) {
+    if (pointer >= allocation.base && pointer - allocation.base < allocation.size) {
+      return allocation.id;
+    }
+  }
+  return 0;
+}
+
 void SetLaunchNoop(bool on) { S().launch_noop.store(on); }
 
 int64_t CallCount(std::string_view fn) { return S().calls[FnIndexOrDie(fn)].load(); }
@@ -2478,6 +2863,12 @@ int64_t LiveBytes() {
   return s.live_bytes;
 }
 
+int64_t LiveHostAllocations() {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  return static_cast<int64_t>(s.host_allocations.size());
+}
+
 int LoadedLibraries() {
   State& s = S();
   MutexLock lock(&s.mu);
@@ -2514,6 +2905,14 @@ int LiveUserObjects() {
   State& s = S();
   MutexLock lock(&s.mu);
   return static_cast<int>(s.user_objects.size());
+}
+
+CUstreamCaptureStatus CaptureStatus(CUstream stream) {
+  State& s = S();
+  MutexLock lock(&s.mu);
+  if (IsDefaultStream(stream)) return CU_STREAM_CAPTURE_STATUS_NONE;
+  const Stream* found = s.streams.Find(stream);
+  return found != nullptr ? found->capture : CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 // ---- tensor maps

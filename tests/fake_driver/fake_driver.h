@@ -30,6 +30,9 @@
 //  - Device memory is host memory (256-byte aligned), so copies and memsets really happen.
 //    The image pointer given to cuLibraryLoadData/cuModuleLoadData must cover the whole
 //    cubin: like the real driver, the fake reads its extent from the ELF headers.
+//    Pinned host memory (cuMemAllocHost) is host memory, tracked until cuMemFreeHost.
+//    Asynchronous copies run when issued, on a live stream of the current context, and
+//    are refused on a capturing stream (memcpy nodes are not modelled).
 //  - Launches are validated like the real driver (context, handle, grid and block limits,
 //    dynamic shared memory limit, parameter buffer size, cluster shape) and recorded in a
 //    ring of the last kLaunchRingCapacity launches. The launch path does not allocate
@@ -48,8 +51,24 @@
 //    cuStreamGetCaptureInfo reports the capture's id and graph. User objects are
 //    reference-counted; a graph holds the references given to it (cuGraphRetainUserObject),
 //    every executable instantiated from it one more per object, and the destructor runs
-//    when the last reference goes, on another thread (as libcuda runs it on its own), and
-//    before the call that dropped the reference returns.
+//    when the last reference goes, on the driver's thread (below), and before the call
+//    that dropped the reference returns -- unless SetAsyncDestructors(true), where that
+//    call returns at once, as libcuda's does.
+//  - The driver's thread: libcuda runs host functions (cuLaunchHostFunc) and user-object
+//    destructors on an internal thread, one at a time, and GPU work queued behind a host
+//    function waits for it. The fake has one such thread, running in the order queued:
+//    host functions, destructors, and the emulated kernels of launches (and graph
+//    launches) made on a stream while earlier work of that stream is queued there. So a
+//    host function that waits (say for a test's latch) models GPU work in flight on its
+//    stream. Synchronizing calls wait for the work queued before them: cuMemFree,
+//    cuCtxSynchronize, the synchronous copies and memset, cuStreamSynchronize on the
+//    legacy stream (all of it), cuStreamSynchronize of a stream (that stream's). A wait
+//    that lasts longer than the deadlock timeout (20 s; SetDeadlockTimeout) is what on a
+//    GPU never ends -- a host function or destructor blocked the driver's thread, e.g. on
+//    a lock the waiting thread holds: it is recorded as a fault (Faults()) and the call
+//    fails with CUDA_ERROR_LAUNCH_TIMEOUT. One FIFO serves all streams (stricter ordering
+//    than a GPU's, never looser). Host functions inside a capture are not modelled
+//    (CUDA_ERROR_NOT_SUPPORTED).
 //  - Graphs built node by node (cuGraphCreate, cuGraphAddKernelNode with a kernel node's
 //    function, grid, block, shared bytes and parameters, cuGraphKernelNodeSetAttribute,
 //    cuGraphExecKernelNodeSetParams): each node is validated like a launch; its i-th node
@@ -85,10 +104,12 @@
 #include <cuda.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -150,9 +171,10 @@ struct KernelAttributeSet {
 };
 
 // Back to the initial state: one default device, not initialized, no contexts current on
-// any thread, everything freed and unloaded, counters, failures, hidden symbols,
-// emulators and faults cleared, launch no-op and handle reuse off, device handle offset
-// 0, default kernel limits. Ids keep counting: they stay unique for the process.
+// any thread, everything freed and unloaded, counters, failures, hooks, hidden symbols,
+// emulators and faults cleared, launch no-op, handle reuse and async destructors off,
+// device handle offset 0, default kernel limits and deadlock timeout. What is queued on
+// the driver's thread runs first. Ids keep counting: they stay unique for the process.
 KPACK_FAKE_EXPORT void Reset();
 
 // Replaces the devices (an empty list makes cuInit fail with CUDA_ERROR_NO_DEVICE). Drops
@@ -168,6 +190,9 @@ KPACK_FAKE_EXPORT void SetKernelLimits(const KernelLimits& limits);
 // same call, both are used up and the earlier-registered code is returned.
 KPACK_FAKE_EXPORT void FailNext(std::string_view fn, CUresult code, int skip = 0);
 
+// Drops every pending FailNext failure and returns how many there were (0: all fired).
+KPACK_FAKE_EXPORT int CancelFailures();
+
 // cuGetProcAddress reports `fn` as missing (CUDA_ERROR_NOT_FOUND).
 KPACK_FAKE_EXPORT void HideSymbol(std::string_view fn);
 
@@ -178,6 +203,24 @@ KPACK_FAKE_EXPORT void SetInitError(CUresult code);
 // CUdevice handles become ordinal + offset (cuDeviceGet's answer); every function taking
 // a CUdevice refuses a plain ordinal then, unless it happens to be a valid handle too.
 KPACK_FAKE_EXPORT void SetDeviceHandleOffset(int offset);
+
+// On: user-object destructors are queued on the driver's thread and the call that drops
+// the last reference returns at once, as with libcuda (off: it waits for them).
+KPACK_FAKE_EXPORT void SetAsyncDestructors(bool on);
+
+// Waits until everything queued on the driver's thread has run (a deadlock past the
+// timeout is recorded as a fault). Not from the driver's thread.
+KPACK_FAKE_EXPORT void DrainDriverThread();
+
+// How long a synchronizing call waits for the driver's thread before it reports a
+// deadlock (default 20 s; Reset restores it).
+KPACK_FAKE_EXPORT void SetDeadlockTimeout(std::chrono::milliseconds timeout);
+
+// The next call of `fn` (a driver_symbols.h name, as in FailNext), on whichever thread
+// makes it, first runs `hook` there (without the fake's lock: it may call the driver),
+// then does its work. To place something exactly inside another call, e.g. a graph
+// destroyed while a cuMemFree is under way.
+KPACK_FAKE_EXPORT void OnNextCall(std::string_view fn, std::function<void()> hook);
 
 // On: a context or stream created after one of its kind was destroyed gets the
 // destroyed one's handle (the most recently destroyed first), with a new id.
@@ -223,6 +266,11 @@ T* DeviceArray(CUdeviceptr pointer, size_t count, std::string_view what) {
 // Emulation faults since Reset(), one message each.
 KPACK_FAKE_EXPORT std::vector<std::string> Faults();
 
+// A process-unique id of the live allocation that holds device address `pointer` (0 when
+// none does). Unlike an address, an id is never given to a later allocation: it tells
+// memory freed and allocated again at the same address apart.
+KPACK_FAKE_EXPORT uint64_t AllocationId(CUdeviceptr pointer);
+
 // On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
 // nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks. The environment
 // variable KPACK_FAKE_LAUNCH_NOOP=1 turns it on when the fake is first used (Reset turns
@@ -244,6 +292,8 @@ KPACK_FAKE_EXPORT std::vector<KernelAttributeSet> KernelAttributeSets();
 // Device allocations not yet freed, and their requested bytes.
 KPACK_FAKE_EXPORT int64_t LiveAllocations();
 KPACK_FAKE_EXPORT int64_t LiveBytes();
+// Pinned host allocations (cuMemAllocHost) not yet freed.
+KPACK_FAKE_EXPORT int64_t LiveHostAllocations();
 
 // Libraries and modules loaded and not unloaded; successful loads of either since Reset().
 KPACK_FAKE_EXPORT int LoadedLibraries();
@@ -257,6 +307,10 @@ KPACK_FAKE_EXPORT int PrimaryContextRefCount(int device);
 KPACK_FAKE_EXPORT int LiveStreams();
 KPACK_FAKE_EXPORT int LiveGraphs();
 KPACK_FAKE_EXPORT int LiveUserObjects();
+
+// A stream's capture status as the driver holds it (NONE for a default or dead stream),
+// read without a driver call: nothing is counted, failed or invalidated.
+KPACK_FAKE_EXPORT CUstreamCaptureStatus CaptureStatus(CUstream stream);
 
 // The id cuCtxGetId reports for `context` (0 if it is not a live context).
 KPACK_FAKE_EXPORT uint64_t ContextId(CUcontext context);

@@ -25,6 +25,8 @@ struct KpackFakeLaunch {
   uint64_t context;
   uint64_t param_size;
   uint8_t params[kpack::fake::kMaxRecordedParamBytes];
+  uint32_t captured;      // issued into a capturing stream
+  uint32_t graph_replay;  // issued by cuGraphLaunch
 };
 
 KPACK_FAKE_EXPORT int64_t kpack_fake_launch_count() { return kpack::fake::LaunchCount(); }
@@ -44,6 +46,8 @@ KPACK_FAKE_EXPORT int kpack_fake_get_launch(int64_t i, KpackFakeLaunch* out) {
   out->context = reinterpret_cast<uintptr_t>(r.context);
   out->param_size = r.param_size;
   std::memcpy(out->params, r.params.data(), sizeof(out->params));
+  out->captured = r.captured ? 1 : 0;
+  out->graph_replay = r.graph_replay ? 1 : 0;
   return 0;
 }
 
@@ -54,6 +58,25 @@ KPACK_FAKE_EXPORT int64_t kpack_fake_call_count(const char* fn) {
 KPACK_FAKE_EXPORT void kpack_fake_fail_next(const char* fn, int code) {
   kpack::fake::FailNext(fn, static_cast<CUresult>(code));
 }
+
+KPACK_FAKE_EXPORT void kpack_fake_fail_next_skip(const char* fn, int code, int skip) {
+  kpack::fake::FailNext(fn, static_cast<CUresult>(code), skip);
+}
+
+KPACK_FAKE_EXPORT int kpack_fake_cancel_failures() { return kpack::fake::CancelFailures(); }
+
+KPACK_FAKE_EXPORT uint64_t kpack_fake_allocation_id(uint64_t pointer) {
+  return kpack::fake::AllocationId(pointer);
+}
+
+// kpack::fake::CaptureStatus of a stream handle, as a CUstreamCaptureStatus value.
+KPACK_FAKE_EXPORT int kpack_fake_capture_status(uint64_t stream) {
+  return static_cast<int>(kpack::fake::CaptureStatus(reinterpret_cast<CUstream>(stream)));
+}
+
+KPACK_FAKE_EXPORT int64_t kpack_fake_live_allocations() { return kpack::fake::LiveAllocations(); }
+KPACK_FAKE_EXPORT int kpack_fake_live_graphs() { return kpack::fake::LiveGraphs(); }
+KPACK_FAKE_EXPORT int kpack_fake_live_user_objects() { return kpack::fake::LiveUserObjects(); }
 
 KPACK_FAKE_EXPORT void kpack_fake_set_launch_noop(int on) { kpack::fake::SetLaunchNoop(on != 0); }
 

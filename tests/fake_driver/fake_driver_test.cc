@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -768,6 +770,16 @@ TEST_F(FakeDriverTest, FailNextAndCallCounts) {
   EXPECT_EQ(CallCount("LaunchKernelEx"), 2);
   ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
   ASSERT_EQ(cu.MemFree(c), CUDA_SUCCESS);
+
+  // Failures not yet due are dropped (and counted) by CancelFailures.
+  FailNext("MemAlloc", CUDA_ERROR_OUT_OF_MEMORY);
+  FailNext("MemFree", CUDA_ERROR_INVALID_VALUE, /*skip=*/3);
+  EXPECT_EQ(cu.MemAlloc(&a, 64), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(CancelFailures(), 1);
+  EXPECT_EQ(CancelFailures(), 0);
+  CUdeviceptr four[4];
+  for (CUdeviceptr& p : four) ASSERT_EQ(cu.MemAlloc(&p, 64), CUDA_SUCCESS);
+  for (CUdeviceptr p : four) EXPECT_EQ(cu.MemFree(p), CUDA_SUCCESS) << "a cancelled failure fired";
 }
 
 TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
@@ -794,6 +806,65 @@ TEST_F(FakeDriverTest, MemoryIsHostBackedAndTracked) {
   EXPECT_EQ(cu.MemFree(pointer), CUDA_ERROR_INVALID_VALUE);
   EXPECT_EQ(LiveAllocations(), 0);
   EXPECT_EQ(LiveBytes(), 0);
+
+  // Allocation ids: per allocation, for any address inside it, never given again.
+  CUdeviceptr a, b;
+  ASSERT_EQ(cu.MemAlloc(&a, 512), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemAlloc(&b, 512), CUDA_SUCCESS);
+  const uint64_t id = AllocationId(a);
+  EXPECT_NE(id, 0u);
+  EXPECT_EQ(AllocationId(a + 511), id);
+  EXPECT_NE(AllocationId(b), id);
+  EXPECT_EQ(AllocationId(a + 512), a + 512 == b ? AllocationId(b) : 0u);
+  ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
+  EXPECT_EQ(AllocationId(a), 0u);
+  std::set<uint64_t> seen = {id, AllocationId(b)};
+  for (int i = 0; i < 8; ++i) {  // the allocator may well hand `a`'s address out again
+    ASSERT_EQ(cu.MemAlloc(&a, 512), CUDA_SUCCESS);
+    EXPECT_TRUE(seen.insert(AllocationId(a)).second);
+    ASSERT_EQ(cu.MemFree(a), CUDA_SUCCESS);
+  }
+  ASSERT_EQ(cu.MemFree(b), CUDA_SUCCESS);
+}
+
+TEST_F(FakeDriverTest, PinnedMemoryAndAsyncCopies) {
+  Init();
+  void* pinned = nullptr;
+  ASSERT_EQ(cu.MemAllocHost(&pinned, 100), CUDA_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pinned) % 256, 0u);
+  EXPECT_EQ(LiveHostAllocations(), 1);
+  EXPECT_EQ(cu.MemAllocHost(&pinned, 0), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr device = 0;
+  ASSERT_EQ(cu.MemAlloc(&device, 100), CUDA_SUCCESS);
+  CUstream stream, capturing;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&capturing, 0), CUDA_SUCCESS);
+
+  auto* bytes = static_cast<uint8_t*>(pinned);
+  for (int i = 0; i < 100; ++i) bytes[i] = static_cast<uint8_t>(i);
+  ASSERT_EQ(cu.MemcpyHtoDAsync(device, pinned, 100, stream), CUDA_SUCCESS);
+  std::vector<uint8_t> out(100);
+  ASSERT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 100, nullptr), CUDA_SUCCESS);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(out[i], i);
+
+  // Outside an allocation, a dead stream, a capturing stream: refused, nothing copied.
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device + 1, pinned, 100, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device + 100, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(nullptr, device, 1, stream), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.StreamBeginCapture(capturing, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyDtoHAsync(out.data(), device, 1, capturing), CUDA_ERROR_NOT_SUPPORTED);
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cu.StreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(stream), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemcpyHtoDAsync(device, pinned, 1, stream), CUDA_ERROR_INVALID_HANDLE);
+
+  EXPECT_EQ(cu.MemFreeHost(bytes + 8), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cu.MemFreeHost(pinned), CUDA_SUCCESS);
+  EXPECT_EQ(cu.MemFreeHost(pinned), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(LiveHostAllocations(), 0);
+  ASSERT_EQ(cu.MemFree(device), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamDestroy(capturing), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, CapturedLaunchesReplayWithTheGraph) {
@@ -1012,14 +1083,127 @@ TEST_F(FakeDriverTest, EmulatorsRunWhenALaunchExecutesNotWhenItIsCaptured) {
   ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
 }
 
+// A latch for host functions: the stream's later work stays queued until it opens.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::atomic<bool> ran_on_caller{false};
+  std::thread::id caller = std::this_thread::get_id();
+  static void Wait(void* gate) {
+    auto* g = static_cast<Gate*>(gate);
+    if (std::this_thread::get_id() == g->caller) g->ran_on_caller = true;
+    g->open.wait(false);
+  }
+  void Open() {
+    open = true;
+    open.notify_all();
+  }
+};
+
+// Work queued behind a host function waits for it, on its stream only; synchronizing
+// calls wait for what they must, and a kernel's emulation runs when its turn comes.
+TEST_F(FakeDriverTest, HostFunctionsHoldTheirStreamsLaterWork) {
+  LoadAdd();
+  SetKernelEmulator("add_kernel", EmulateAdd);
+  CUdeviceptr x, y, out, other;
+  for (CUdeviceptr* p : {&x, &y, &out, &other}) ASSERT_EQ(cu.MemAlloc(p, 16 * 4), CUDA_SUCCESS);
+  std::vector<float> ones(16, 1.0f), got(16, -1);
+  ASSERT_EQ(cu.MemcpyHtoD(x, ones.data(), 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemcpyHtoD(y, ones.data(), 64), CUDA_SUCCESS);
+  CUstream held, free_stream;
+  ASSERT_EQ(cu.StreamCreate(&held, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cu.StreamCreate(&free_stream, 0), CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(held, &Gate::Wait, &gate), CUDA_SUCCESS);
+  auto params = AddParams(x, y, out, 16);
+  ASSERT_EQ(LaunchExtra(Config(held, 1), params), CUDA_SUCCESS);
+  auto params2 = AddParams(x, y, other, 16);
+  ASSERT_EQ(LaunchExtra(Config(free_stream, 1), params2), CUDA_SUCCESS);
+  EXPECT_EQ(cu.StreamSynchronize(free_stream), CUDA_SUCCESS) << "another stream: no wait";
+  EXPECT_EQ(LaunchCount(), 2) << "both recorded when issued";
+  std::thread opener([&] { gate.Open(); });
+  EXPECT_EQ(cu.StreamSynchronize(held), CUDA_SUCCESS) << "waits for the host function";
+  opener.join();
+  ASSERT_EQ(cu.MemcpyDtoH(got.data(), out, 64), CUDA_SUCCESS);
+  EXPECT_EQ(got[15], 2.0f) << "the held kernel ran once its stream got to it";
+  EXPECT_FALSE(gate.ran_on_caller.load()) << "on the driver's thread";
+  EXPECT_TRUE(Faults().empty());
+  EXPECT_EQ(cu.LaunchHostFunc(held, nullptr, nullptr), CUDA_ERROR_INVALID_VALUE);
+}
+
+// cuMemFree waits for the work queued before it; a wait that would never end on a GPU
+// (the driver's thread blocked) is reported as a fault and fails the call.
+TEST_F(FakeDriverTest, SynchronizingCallsWaitAndADeadlockIsAFault) {
+  Init();
+  CUdeviceptr pointer;
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);
+  SetDeadlockTimeout(std::chrono::milliseconds(50));
+  EXPECT_EQ(cu.CtxSynchronize(), CUDA_ERROR_LAUNCH_TIMEOUT);
+  EXPECT_EQ(cu.MemFree(pointer), CUDA_ERROR_LAUNCH_TIMEOUT);
+  EXPECT_EQ(LiveAllocations(), 1) << "not freed";
+  ASSERT_EQ(Faults().size(), 2u);
+  EXPECT_THAT(Faults()[1], ::testing::HasSubstr("cuMemFree waited 50 ms"));
+  gate.Open();
+  DrainDriverThread();
+  Reset();
+  Init();
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);  // open: runs
+  EXPECT_EQ(cu.MemFree(pointer), CUDA_SUCCESS);
+  EXPECT_TRUE(Faults().empty());
+}
+
+// With async destructors, the call that drops a user object's last reference returns at
+// once (as libcuda's); the destructor runs on the driver's thread, in turn.
+TEST_F(FakeDriverTest, AsyncDestructorsRunOnTheDriversThreadInTurn) {
+  Init();
+  SetAsyncDestructors(true);
+  g_destroyed = 0;
+  int one = 1;
+  CUuserObject object;
+  ASSERT_EQ(cu.UserObjectCreate(&object, &one, CountDestroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            CUDA_SUCCESS);
+  Gate gate;
+  ASSERT_EQ(cu.LaunchHostFunc(nullptr, &Gate::Wait, &gate), CUDA_SUCCESS);
+  ASSERT_EQ(cu.UserObjectRelease(object, 1), CUDA_SUCCESS) << "returns with the thread held";
+  EXPECT_EQ(g_destroyed.load(), 0) << "queued behind the host function";
+  EXPECT_EQ(LiveUserObjects(), 0);
+  gate.Open();
+  DrainDriverThread();
+  EXPECT_EQ(g_destroyed.load(), 1);
+}
+
+// OnNextCall runs a hook inside the next call of one function, once.
+TEST_F(FakeDriverTest, OnNextCallRunsAHookInsideTheNextCall) {
+  Init();
+  int runs = 0;
+  CUdeviceptr inner = 0, pointer = 0;
+  OnNextCall("MemAlloc", [&] {
+    ++runs;
+    EXPECT_EQ(cu.MemAlloc(&inner, 16), CUDA_SUCCESS) << "the hook may call the driver";
+  });
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  ASSERT_EQ(cu.MemAlloc(&pointer, 64), CUDA_SUCCESS);
+  EXPECT_EQ(runs, 1);
+  EXPECT_NE(inner, 0u);
+  EXPECT_EQ(LiveAllocations(), 3);
+}
+
 TEST_F(FakeDriverTest, UnsafeCallsDuringCaptureInvalidateIt) {
   Init();
   CUstream stream;
   ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_NONE);
   ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(CaptureStatus(nullptr), CU_STREAM_CAPTURE_STATUS_NONE);
   CUdeviceptr pointer;
   EXPECT_EQ(cu.MemAlloc(&pointer, 64), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
   CUstreamCaptureStatus status;
+  const int64_t calls = CallCount("StreamIsCapturing");
+  EXPECT_EQ(CaptureStatus(stream), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  EXPECT_EQ(CallCount("StreamIsCapturing"), calls) << "CaptureStatus is no driver call";
   ASSERT_EQ(cu.StreamIsCapturing(stream, &status), CUDA_SUCCESS);
   EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
   CUgraph graph = reinterpret_cast<CUgraph>(&pointer);
@@ -1049,7 +1233,8 @@ TEST_F(FakeDriverTest, UnsafeCallsFollowTheThreadsCaptureInteractionMode) {
   ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
   EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL) << "a thread starts in GLOBAL mode";
   EXPECT_EQ(ThreadCaptureMode(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-  mode = static_cast<CUstreamCaptureMode>(7);
+  const std::underlying_type_t<CUstreamCaptureMode> no_mode = 7;  // not a mode
+  std::memcpy(&mode, &no_mode, sizeof(no_mode));
   EXPECT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_ERROR_INVALID_VALUE);
   mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   ASSERT_EQ(cu.ThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);

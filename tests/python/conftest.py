@@ -1,5 +1,6 @@
 """Fixtures for the Python extension's CPU tests: the installed `kpack` package against the
-tests' recording fake CUDA driver (tests/fake_driver, built by CMake).
+tests' recording fake CUDA driver (tests/fake_driver, built by CMake), with tensor stand-ins
+from the test-only module kpack_testing (kpack_testing_path.py says where it is).
 
 The fake is found at $KPACK_FAKE_DRIVER, else build/tests/fake_driver/libkpack_fake_cuda.so;
 without it the tests error (they never skip). `fake` reads what the driver recorded through
@@ -18,8 +19,13 @@ from pathlib import Path
 
 import pytest
 
+import kpack_testing_path
+
 REPO = Path(__file__).resolve().parents[2]
 KERNELS = REPO / "kernels"
+
+# The tensor stand-ins (import kpack_testing) are a test-only module, not in the wheel.
+kpack_testing_path.add_to_sys_path()
 
 
 def fake_driver_path() -> str:
@@ -36,7 +42,8 @@ class _Launch(ctypes.Structure):
                 ("block", ctypes.c_uint32 * 3), ("shared_bytes", ctypes.c_uint32),
                 ("num_attrs", ctypes.c_uint32), ("stream", ctypes.c_uint64),
                 ("context", ctypes.c_uint64), ("param_size", ctypes.c_uint64),
-                ("params", ctypes.c_uint8 * 4096)]
+                ("params", ctypes.c_uint8 * 4096), ("captured", ctypes.c_uint32),
+                ("graph_replay", ctypes.c_uint32)]
 
 
 @dataclass
@@ -48,6 +55,8 @@ class Launch:
     shared_bytes: int
     stream: int
     params: bytes
+    captured: bool = False      # issued into a capturing stream
+    graph_replay: bool = False  # issued by cuGraphLaunch
 
     def u64(self, offset: int) -> int:
         return struct.unpack_from("<Q", self.params, offset)[0]
@@ -115,7 +124,8 @@ class Fake:
             rec = _Launch()
             assert self.lib.kpack_fake_get_launch(i, ctypes.byref(rec)) == 0
             out.append(Launch(rec.entry.decode(), tuple(rec.grid), tuple(rec.block),
-                              rec.shared_bytes, rec.stream, bytes(rec.params)[:rec.param_size]))
+                              rec.shared_bytes, rec.stream, bytes(rec.params)[:rec.param_size],
+                              bool(rec.captured), bool(rec.graph_replay)))
         return out
 
     def last_launch(self, mark: int) -> Launch:
@@ -144,8 +154,32 @@ class Fake:
     def call_count(self, fn: str) -> int:
         return self.lib.kpack_fake_call_count(fn.encode())
 
-    def fail_next(self, fn: str, code: int) -> None:
-        self.lib.kpack_fake_fail_next(fn.encode(), code)
+    def fail_next(self, fn: str, code: int, skip: int = 0) -> None:
+        self.lib.kpack_fake_fail_next_skip.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+        self.lib.kpack_fake_fail_next_skip(fn.encode(), code, skip)
+
+    def cancel_failures(self) -> int:
+        """Drops the failures not yet due; how many there were (0: all fired)."""
+        return self.lib.kpack_fake_cancel_failures()
+
+    def allocation_id(self, pointer: int) -> int:
+        """The process-unique id of the live allocation holding `pointer`, 0 if none."""
+        self.lib.kpack_fake_allocation_id.argtypes = [ctypes.c_uint64]
+        self.lib.kpack_fake_allocation_id.restype = ctypes.c_uint64
+        return self.lib.kpack_fake_allocation_id(pointer)
+
+    def capture_status(self, stream: int) -> int:
+        """The stream's CUstreamCaptureStatus (0 none, 1 active, 2 invalidated), read
+        without a driver call."""
+        self.lib.kpack_fake_capture_status.argtypes = [ctypes.c_uint64]
+        return self.lib.kpack_fake_capture_status(stream)
+
+    def live(self) -> dict:
+        """Live allocations, graphs plus executables, and user objects."""
+        self.lib.kpack_fake_live_allocations.restype = ctypes.c_int64
+        return {"allocations": self.lib.kpack_fake_live_allocations(),
+                "graphs": self.lib.kpack_fake_live_graphs(),
+                "user_objects": self.lib.kpack_fake_live_user_objects()}
 
     def _proc(self, name: str, version: int, *argtypes):
         fn = ctypes.c_void_p()
@@ -190,6 +224,58 @@ class Fake:
         s = ctypes.c_void_p()
         assert create(ctypes.byref(s), 0) == 0
         return s.value
+
+    def stream_destroy(self, stream: int) -> None:
+        assert self._proc("cuStreamDestroy", 4000, ctypes.c_void_p)(stream) == 0
+
+    def begin_capture(self, stream: int, mode: int = 0) -> None:
+        """cuStreamBeginCapture (mode 0 global, 1 thread-local, 2 relaxed)."""
+        begin = self._proc("cuStreamBeginCapture", 10010, ctypes.c_void_p, ctypes.c_int)
+        assert begin(stream, mode) == 0
+
+    def end_capture_keep(self, stream: int) -> tuple:
+        """cuStreamEndCapture: (its result, the captured graph or None)."""
+        end = self._proc("cuStreamEndCapture", 10000, ctypes.c_void_p,
+                         ctypes.POINTER(ctypes.c_void_p))
+        graph = ctypes.c_void_p()
+        return end(stream, ctypes.byref(graph)), graph.value
+
+    def end_capture(self, stream: int) -> None:
+        """cuStreamEndCapture, and the captured graph destroyed."""
+        r, graph = self.end_capture_keep(stream)
+        assert r == 0
+        self.graph_destroy(graph)
+
+    def _relaxed(self, call):
+        """``call()`` in RELAXED capture interaction mode (cuThreadExchangeStreamCaptureMode),
+        as a program instantiates or destroys graphs while one of its streams captures."""
+        exchange = self._proc("cuThreadExchangeStreamCaptureMode", 10010,
+                              ctypes.POINTER(ctypes.c_int))
+        mode = ctypes.c_int(2)
+        assert exchange(ctypes.byref(mode)) == 0
+        try:
+            return call()
+        finally:
+            assert exchange(ctypes.byref(mode)) == 0
+
+    def graph_instantiate(self, graph: int) -> int:
+        e = ctypes.c_void_p()
+        instantiate = self._proc("cuGraphInstantiateWithFlags", 11040,
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                 ctypes.c_uint64)
+        assert self._relaxed(lambda: instantiate(ctypes.byref(e), graph, 0)) == 0
+        return e.value
+
+    def graph_launch(self, exec_: int, stream: int) -> int:
+        return self._proc("cuGraphLaunch", 10000, ctypes.c_void_p, ctypes.c_void_p)(exec_, stream)
+
+    def graph_destroy(self, graph: int) -> None:
+        destroy = self._proc("cuGraphDestroy", 10000, ctypes.c_void_p)
+        assert self._relaxed(lambda: destroy(graph)) == 0
+
+    def graph_exec_destroy(self, exec_: int) -> None:
+        destroy = self._proc("cuGraphExecDestroy", 10000, ctypes.c_void_p)
+        assert self._relaxed(lambda: destroy(exec_)) == 0
 
     def mem_alloc(self, size: int) -> int:
         alloc = self._proc("cuMemAlloc", 3020, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)

@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.runtime.jit import JITFunction, KernelInterface
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 from conftest import KERNELS
 

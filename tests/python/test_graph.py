@@ -7,10 +7,13 @@ bucket's upper edge (4096, 65536, 2^20), whatever n is inside the bucket. Its so
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 from test_launch import addr, tensor
 
@@ -78,7 +81,7 @@ def test_declared_shapes_then_unseen_signatures_are_errors(fake, va):
                        match=r"launch 0 is kernel 'vector_add' variant 'b2_generic' "
                              r"\(bucket 65537 <= n <= 1048576\)"):
         g.replay(stream=s)
-    g.unseen = "eager"
+    g.unseen = "launch_eagerly"
     mark = fake.launch_count()
     g.replay(stream=s)
     assert fake.last_launch(mark).grid == (69, 1, 1)  # eagerly: the exact grid
@@ -96,13 +99,51 @@ def test_errors(fake, open_pack, va):
         kpack.graph([])
     with pytest.raises(kpack.InvalidArgumentError, match="listed twice"):
         kpack.graph([a, a])
-    with pytest.raises(ValueError, match="unseen must be 'build', 'error' or 'eager'"):
+    with pytest.raises(ValueError,
+                       match="unseen must be 'build', 'error' or 'launch_eagerly', got 'sometimes'"):
         kpack.graph([a], unseen="sometimes")
     softmax = open_pack("graphpack").softmax
     g = kpack.graph([softmax.bind(tensor(3), tensor(4), 64, 64, 8, 64)])
     with pytest.raises(kpack.InvalidArgumentError, match="'softmax' has no grid_tolerance"):
         g.pin_grid(0, 16)
-    with pytest.raises(ValueError, match="1 to 3 dimensions"):
+    with pytest.raises(ValueError, match="1 to 3 axes"):
         kpack.graph([a]).pin_grid(0, (1, 1, 1, 1))
     with pytest.raises(TypeError):
         kpack.graph([a]).replay(stream="s")
+
+
+def test_unseen_is_spelled_as_in_cpp_and_the_old_spelling_is_deprecated(fake, va):
+    a = va.bind(tensor(0), tensor(1), tensor(2), 100)
+    for unseen in ("build", "error", "launch_eagerly"):  # StepGraph::Unseen::k...
+        assert kpack.graph([a], unseen=unseen).unseen == unseen
+    with pytest.warns(DeprecationWarning, match="'eager' is now spelled 'launch_eagerly'"):
+        g = kpack.graph([a], unseen="eager")
+    assert g.unseen == "launch_eagerly"
+    with pytest.warns(DeprecationWarning) as warned:
+        g.unseen = "eager"
+    assert warned[0].filename == __file__, "the warning points at the caller's line"
+
+
+def test_a_graph_and_its_launches_are_seen_by_the_garbage_collector(fake, va):
+    # A cycle through a graph: graph -> its launches -> a launch's scratch callable -> the
+    # graph. Collectable only if the collector sees what the graph holds.
+    box = []
+    b = va.bind(tensor(0), tensor(1), tensor(2), 100, scratch=lambda *_: box[0])
+    g = kpack.graph([b])
+    assert any(isinstance(r, list) and r == [b] for r in gc.get_referents(g))
+    box.append(g)
+    ref = weakref.ref(g)
+    del g, b, box
+    gc.collect()
+    assert ref() is None
+
+
+def test_stats_and_graphs_give_every_field(fake, va):
+    g = kpack.graph([va.bind(tensor(0), tensor(1), tensor(2), 100)])
+    g.replay(stream=fake.stream_create())
+    assert set(g.stats()) == {"graphs_built", "replays", "nodes_patched", "last_nodes_patched",
+                              "eager_steps", "captured_steps", "scratch_bytes",
+                              "pdl_fallbacks"}
+    assert set(g.graphs()[0]) == {"signature", "nodes", "scratch_bytes", "build_us", "replays",
+                                  "programmatic_edges", "pdl_fallback"}
+    assert g.graphs()[0]["programmatic_edges"] == 0 and g.graphs()[0]["pdl_fallback"] == ""

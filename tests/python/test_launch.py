@@ -1,7 +1,7 @@
 """The kpack Python extension against the recording fake driver: launches, argument
 conversion, dispatch, grids, streams, bound launches and every error path.
 
-Tensors are stand-ins: kpack._kpack._testing.FakeTensor carries a C DLPack exchange table
+Tensors are stand-ins: kpack_testing.FakeTensor (a test-only module) carries a C DLPack exchange table
 on its type, as torch.Tensor does (test_dlpack.py checks the table's layout against an
 independent ctypes producer). Outputs are the parameter buffers the fake driver recorded,
 decoded at the offsets the manifests give.
@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 from conftest import KERNELS
 
@@ -363,9 +363,9 @@ def test_with_torch_imported_raw_pointers_use_torchs_current_stream(driver):
     script = f"""
 import sys, types, ctypes
 import kpack
-from kpack._kpack import _testing
 sys.path.insert(0, {str(KERNELS.parent / 'tests' / 'python')!r})
 from conftest import Fake
+import kpack_testing as _testing
 pack = kpack.open({str(KERNELS / 'examplepack')!r}, driver={driver!r})
 fake = Fake({driver!r})
 s = fake.stream_create()
@@ -701,9 +701,9 @@ def run_child(driver, body: str) -> None:
     script = f"""
 import sys, ctypes
 import kpack
-from kpack._kpack import _testing
 sys.path.insert(0, {str(KERNELS.parent / 'tests' / 'python')!r})
 from conftest import Fake
+import kpack_testing as _testing
 fake = Fake({driver!r})
 pack = kpack.open({str(KERNELS / 'examplepack')!r}, driver={driver!r})
 add = pack.vector_add

@@ -95,3 +95,41 @@ int main(int argc, char** argv) {
     r = subprocess.run([str(tmp_path / "main"), str(KERNELS / "testpack"), driver],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "scalars" in r.stdout.split(), r.stdout + r.stderr
+
+
+def test_the_extension_uses_only_kpacks_public_api():
+    # No back doors: src/python includes kpack's public headers (include/kpack), its own
+    # files, and third-party ones, never the library's internals under src/.
+    src = Path(__file__).resolve().parents[2] / "src" / "python"
+    own = {p.name for p in src.glob("*.h")}
+    for source in sorted(src.glob("*.[ch]*")):
+        for line in source.read_text().splitlines():
+            if line.startswith('#include "'):
+                header = line.split('"')[1]
+                assert header in own or header.startswith(("kpack/", "absl/")), \
+                    f"{source.name} includes {header}"
+
+
+def test_the_extension_calls_no_library_internals():
+    # The library loads the CUDA driver once (kpack::Runtime); the extension reaches it, and
+    # everything else of the library, only through the public API: no kpack::internal
+    # symbol (such as Driver::Load, which would dlopen the driver a second time).
+    nm = shutil.which("nm")
+    assert nm, "nm (binutils) is needed to read the extension's symbols"
+    extension = next(Path(kpack.__file__).parent.glob("_kpack*.so"))
+    r = subprocess.run([nm, "-D", "--undefined-only", str(extension)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    undefined = [line.split()[-1] for line in r.stdout.splitlines()]
+    assert any(name.startswith("_ZNK5kpack7Runtime") for name in undefined), "nm worked"
+    internal = [name for name in undefined if name.startswith(("_ZN5kpack8internal",
+                                                               "_ZNK5kpack8internal"))]
+    assert not internal, internal
+    assert not {"dlopen", "dlsym"} & {name.split("@")[0] for name in undefined}
+
+
+def test_test_only_code_is_not_in_the_package():
+    from kpack import _kpack  # noqa: PLC0415
+    assert not hasattr(_kpack, "_testing")
+    package = Path(kpack.__file__).parent
+    assert not [p for p in package.rglob("*") if "testing" in p.name], "test code in the wheel"

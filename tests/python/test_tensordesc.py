@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import kpack
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 FakeTensor = _testing.FakeTensor
 BASE = 0x7F00_0000_0000

@@ -12,7 +12,7 @@ import pytest
 
 import kpack
 import kpack.torch as kt
-from kpack._kpack import _testing
+import kpack_testing as _testing
 
 
 def test_importing_kpack_torch_does_not_import_torch():

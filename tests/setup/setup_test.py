@@ -205,7 +205,15 @@ class SetupTest(unittest.TestCase):
         probed = set(re.findall(r"kpack-probe|find_package\((\w+)", probe)) - {""}
         probed |= set(re.search(r"foreach\(package ([^)]*)\)", probe).group(1).split())
         used = set()
-        for f in ROOT.rglob("*"):
+        # The repository's own files (not a venv, a build tree or a carried folder beside
+        # them): git's list where there is one.
+        try:
+            tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                                     text=True, check=True).stdout.split()
+            files = [ROOT / name for name in tracked]
+        except (OSError, subprocess.CalledProcessError):
+            files = list(ROOT.rglob("*"))
+        for f in files:
             rel = f.relative_to(ROOT).parts
             if rel[0] in ("examples", ".git") or rel[0].startswith("build") or \
                     rel[:2] == ("cmake", "probe") or not f.is_file():

@@ -1,4 +1,5 @@
-// The launch path allocates nothing, locks nothing and logs nothing. This binary replaces
+// The launch path allocates nothing, locks nothing and logs nothing (nor does the Llama
+// engine's decode step, which is built on it). This binary replaces
 // the global operator new and interposes pthread_mutex_lock to count both, attaches a
 // counting sink to kpack's logger at trace level, then launches through every API path
 // against the fake driver (launch entry made a no-op, so only kpack's own work is seen).
@@ -16,12 +17,17 @@
 #include <new>
 #include <vector>
 
+#include "checkpoint.h"
+#include "device.h"
+#include "engine.h"
 #include "fake_driver.h"
 #include "fake_runtime.h"
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
+#include "model.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
+#include "test_files.h"
 
 namespace {
 std::atomic<long> g_allocations{0};
@@ -164,6 +170,12 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
     ok &= bound->Launch().ok();
     ok &=
         scalars.Launch(Grid{2}, nullptr, kX, kOut, i, 0.5, 0.25f, 1.5, true, int64_t{1} << 40).ok();
+    // Kinds the packing plan leaves to PackArg (unsigned n, a float for bf16 and an
+    // unsigned for i64): the whole call repacked through PackEach, allocating nothing too.
+    ok &= scalars
+              .Launch(Grid{2}, nullptr, kX, kOut, static_cast<uint32_t>(i), 0.5f, 0.25f, 1.5, true,
+                      uint64_t{1} << 40)
+              .ok();
     ok &= cluster.Launch(Grid{3}, nullptr, kX, kOut, i).ok();
     ok &= scratch.Launch(Grid{4, 4}, nullptr, kX, kOut, 128, 128, 128).ok();
     ok &= scratch.Launch(Grid{4, 4}, CU_STREAM_PER_THREAD, kX, kOut, 128, 128, 128).ok();
@@ -172,7 +184,7 @@ TEST_F(LaunchPathTest, NoAllocationLockOrLogPerLaunch) {
   }
   Counts after = Snapshot();
   EXPECT_TRUE(ok);
-  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 10000);
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx") - launches_before, 11000);
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
@@ -306,6 +318,65 @@ TEST_F(LaunchPathTest, EagerStepsAllocateLockAndLogNothing) {
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per eager step";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per eager step";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages per eager step";
+}
+
+// The Llama engine's decode step (examples/llama) after warm-up: graph replays, eager
+// bound launches, a batch size changing inside its bucket, and the pinned read-backs. A
+// micro model of the llama pack's head size, written here; no kernel emulated (the
+// fake's launches do nothing), so only the engine's, kpack's and the driver's host work
+// runs.
+TEST_F(LaunchPathTest, LlamaDecodeStepsAllocateLockAndLogNothing) {
+  llama::LlamaConfig config = llama::testing::MicroConfig();
+  config.head_dim = 64;  // the pack's
+  llama::testing::TempDir dir;
+  llama::testing::WriteFile(dir.file("config.json"), llama::testing::ConfigJson(config));
+  llama::testing::WriteFile(
+      dir.file("model.safetensors"),
+      llama::testing::SafetensorsOf(llama::testing::CheckpointTensors(config)));
+  auto device = llama::Device::Open(KPACK_FAKE_DRIVER, 0);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto rt = kpack::testing::OpenFake(KPACK_LLAMA_PACK_DIR);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  auto checkpoint = llama::Checkpoint::Open(dir.path().string());
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto model = llama::Model::Upload(**device, *checkpoint);
+  ASSERT_TRUE(model.ok()) << model.status();
+  llama::EngineOptions options;
+  options.max_batch = 3;
+  options.max_prompt = 4;
+  options.capacity = 4096;
+  options.read_logits = true;
+  auto engine = llama::Engine::Create(*rt, **device, *model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  llama::Engine& e = **engine;
+  const int32_t prompt[] = {1, 2, 3, 4};
+  for (int row = 0; row < 3; ++row) ASSERT_TRUE(e.Prefill(row, prompt).ok());
+  // A step: graph replay or eager launches, batch 3 or 2, read back a step late.
+  int step = 0;
+  auto decode = [&](int batch, llama::Engine::Mode mode) {
+    bool ok = e.Decode(batch, mode).ok() && e.EnqueueReadback(step % 2, batch).ok();
+    if (step > 0) ok &= e.WaitReadback((step - 1) % 2).ok();
+    ++step;
+    return ok;
+  };
+  for (llama::Engine::Mode mode : {llama::Engine::Mode::kGraph, llama::Engine::Mode::kEager}) {
+    ASSERT_TRUE(decode(3, mode) && decode(2, mode));  // warm-up: bind, build, first NVTX
+  }
+  fake::SetLaunchNoop(true);
+  AttachSink();
+
+  Counts before = Snapshot();
+  bool ok = true;
+  for (int i = 0; i < 200; ++i) {
+    const int batch = i % 10 == 0 ? 2 : 3;
+    ok &= decode(batch, i % 4 == 3 ? llama::Engine::Mode::kEager : llama::Engine::Mode::kGraph);
+  }
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(e.stats().graphs_built, 1u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per decode step";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per decode step";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per decode step";
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ TEST_F(CliTest, InspectShowsKernelsVariantsAndLayouts) {
   ASSERT_EQ(r.code, kOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("buckets on n: edges 4096, 262144"),
                            HasSubstr("grid: (cdiv(n, BLOCK))"),
-                           HasSubstr("bucket: 4096 < n <= 262144"), HasSubstr("n > 262144"),
+                           HasSubstr("bucket: 4097 <= n <= 262144"), HasSubstr("n >= 262145"),
                            HasSubstr("\"stride_x\":[\"eq1\"]"), HasSubstr("{\"n\":\"i64\"}")));
 }
 
@@ -137,10 +137,11 @@ TEST_F(CliTest, InspectErrors) {
 
 TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
   for (const char* pack : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR}) {
-    Result offline = Cli({"verify", pack, "--driver", kNoDriver});
+    Result offline = Cli({"verify", pack, "--offline"});
     EXPECT_EQ(offline.code, kOk) << offline.err;
     EXPECT_THAT(offline.out, AllOf(HasSubstr("grid expressions; dispatch tables): OK"),
-                                   HasSubstr("driver checks skipped"), HasSubstr("OK: ")));
+                                   HasSubstr("driver checks skipped: --offline"),
+                                   HasSubstr("OK: ")));
     fake::Reset();
     Result loaded = Cli({"verify", pack, "--driver", kFake});
     EXPECT_EQ(loaded.code, kOk) << loaded.err;
@@ -152,16 +153,16 @@ TEST_F(CliTest, VerifyBundledPacksOfflineAndThroughTheDriver) {
 // Counts in words ("1 kernel", not "1 kernels"), and each problem on stderr under the
 // subcommand's name, as the other subcommands write theirs.
 TEST_F(CliTest, VerifySpeaksLikeTheOtherSubcommands) {
-  Result one = Cli({"verify", KPACK_SCALAR_PACK_DIR, "--driver", kNoDriver});
+  Result one = Cli({"verify", KPACK_SCALAR_PACK_DIR, "--offline"});
   EXPECT_EQ(one.code, kOk) << one.err;
   EXPECT_THAT(one.out, HasSubstr("offline: manifest, 1 kernel, 1 variant ("));
-  Result many = Cli({"verify", KPACK_DISPATCH_PACK_DIR, "--driver", kNoDriver});
+  Result many = Cli({"verify", KPACK_DISPATCH_PACK_DIR, "--offline"});
   EXPECT_THAT(many.out, HasSubstr("offline: manifest, 1 kernel, 10 variants ("));
   TempPack pack;
   pack.variant("add")["arch"] = 80;
   pack.variant("scalars")["entry"] = "not_there";
   pack.Save();
-  Result bad = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  Result bad = Cli({"verify", pack.dir(), "--offline"});
   EXPECT_EQ(bad.code, kFailed);
   const std::vector<std::string> lines = absl::StrSplit(bad.err, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 3u) << bad.err;
@@ -175,7 +176,7 @@ TEST_F(CliTest, VerifyCatchesALayoutLieOfflineNamingTheParameter) {
   TempPack pack;
   pack.variant("add")["layout"][3]["offset"] = 28;  // the cubin says 24
   pack.Save();
-  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  Result r = Cli({"verify", pack.dir(), "--offline"});
   EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.err,
               AllOf(HasSubstr("kernel 'add': variant 'default'"), HasSubstr("parameter 'n' (#3)"),
@@ -188,7 +189,7 @@ TEST_F(CliTest, VerifyCatchesASizeLieInTheManifest) {
   TempPack pack;
   pack.variant("add")["layout"][3]["size"] = 8;
   pack.Save();
-  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  Result r = Cli({"verify", pack.dir(), "--offline"});
   EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add'"), HasSubstr("layout[3].size"),
                            HasSubstr("parameter 'n'")));
@@ -201,7 +202,7 @@ TEST_F(CliTest, VerifyReportsEveryProblemOnItsOwnLine) {
   std::ofstream(std::filesystem::path(pack.dir()) / "cubins/pdl/default.cubin", std::ios::app)
       << "x";
   pack.Save();
-  Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+  Result r = Cli({"verify", pack.dir(), "--offline"});
   EXPECT_EQ(r.code, kFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'add': variant 'default': field 'arch': the "
                                      "manifest says 80, cubin 'cubins/add/default.cubin' was "
@@ -213,6 +214,43 @@ TEST_F(CliTest, VerifyReportsEveryProblemOnItsOwnLine) {
                            HasSubstr("FAILED: 3 problems")));
 }
 
+// A driver named with --driver must load, as doctor requires: `verify --driver PATH` fails
+// (it used to print OK) when PATH does not load; --offline loads none.
+TEST_F(CliTest, VerifyFailsWhenTheDriverItIsGivenDoesNotLoad) {
+  Result r = Cli({"verify", KPACK_TEST_PACK_DIR, "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed) << r.out;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("driver: no CUDA driver: dlopen(\"" + kNoDriver + "\")"),
+                           HasSubstr("FAILED: 1 problem")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("offline: manifest, 7 kernels"), Not(HasSubstr("OK: "))));
+}
+
+// Every subcommand takes --driver (the README says so): inspect needs none, so a named one
+// is only loaded, and must load.
+TEST_F(CliTest, InspectTakesDriver) {
+  Result r = Cli({"inspect", KPACK_TEST_PACK_DIR, "add", "--driver", kFake});
+  ASSERT_EQ(r.code, kOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("driver: " + kFake + " (loads; inspecting needs none)"),
+                           HasSubstr("kernel add(")));
+  r = Cli({"inspect", KPACK_TEST_PACK_DIR, "--driver", kNoDriver});
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, HasSubstr("kpack inspect: no CUDA driver"));
+}
+
+// A wrong pack path, or kernel name, is what the error says, also where no driver loads
+// (it used to say only that no driver loaded).
+TEST_F(CliTest, AWrongPackIsReportedAsSuchWithoutADriver) {
+  for (const char* command : {"run", "bench"}) {
+    Result r = Cli({command, "/nonexistent/pack", "add", "--driver", kNoDriver});
+    EXPECT_EQ(r.code, kFailed);
+    EXPECT_THAT(r.err, AllOf(HasSubstr("pack '/nonexistent/pack' is not a directory"),
+                             Not(HasSubstr("no CUDA driver"))))
+        << command;
+    r = Cli({command, KPACK_TEST_PACK_DIR, "nope", "--driver", kNoDriver});
+    EXPECT_THAT(r.err, AllOf(HasSubstr("no kernel named 'nope'"), Not(HasSubstr("no CUDA driver"))))
+        << command;
+  }
+}
+
 // Offline verify compiles every grid expression and builds every dispatch table, as Open
 // does (it used to accept both of these packs, which Open then refused).
 TEST_F(CliTest, VerifyCompilesGridExpressions) {
@@ -221,7 +259,7 @@ TEST_F(CliTest, VerifyCompilesGridExpressions) {
     TempPack pack(KPACK_DISPATCH_PACK_DIR);
     pack.kernel("axpy")["grid"] = {grid};
     pack.Save();
-    Result r = Cli({"verify", pack.dir(), "--driver", kNoDriver});
+    Result r = Cli({"verify", pack.dir(), "--offline"});
     EXPECT_EQ(r.code, kFailed);
     // Every variant's grid is compiled, so each of the ten says so.
     EXPECT_THAT(r.err, AllOf(HasSubstr("kernel 'axpy': variant 'b0_generic': field 'grid[0]'"),
@@ -284,7 +322,7 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
             "n=three"});
   EXPECT_THAT(r.err, HasSubstr("--arg n=three (i32): expected an integer"));
   r = with({"--arg", "x_ptr=@" + x, "--arg", "y_ptr=@" + x, "--arg", "out_ptr=@" + x, "--arg",
-            "n=3000000000", "--grid", "1"});
+            "n=3000000000", "--grid", "1", "--no-size-check"});
   EXPECT_THAT(r.err, AllOf(HasSubstr("'n'"), HasSubstr("does not fit")));
   r = with({"--arg", "x_ptr=zeros:float99:3"});
   EXPECT_THAT(r.err, HasSubstr("float99"));
@@ -303,6 +341,57 @@ TEST_F(CliTest, RunErrorsNameTheProblem) {
   EXPECT_THAT(r.err, HasSubstr("no grid expression"));
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
   EXPECT_EQ(fake::LiveAllocations(), 0) << "buffers are freed on every path";
+}
+
+// --out is checked before anything launches (it used to be checked after the launch).
+TEST_F(CliTest, RunChecksOutputsBeforeLaunching) {
+  std::string x = Npy("x.npy", std::vector<float>(8, 1.0f));
+  for (const std::string& out : {"y=@" + (dir_ / "y.npy").string(), std::string("out_ptr=y.npy"),
+                                 "n=@" + (dir_ / "n.npy").string()}) {
+    fake::Reset();
+    Result r = Cli({"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=@" + x, "--arg",
+                    "y_ptr=@" + x, "--arg", "out_ptr=zeros:float32:8", "--arg", "n=8", "--grid",
+                    "1", "--out", out, "--driver", kFake});
+    EXPECT_EQ(r.code, kFailed) << out;
+    EXPECT_THAT(r.err, HasSubstr("--out '" + out + "'"));
+    EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0) << out;
+    EXPECT_EQ(fake::LiveAllocations(), 0);
+  }
+}
+
+// A pointer argument's buffer is checked against its parameter (element size) and the
+// call's sizes (at least the smallest positive integer argument's elements), as
+// descriptor arguments are checked against theirs; nothing launches otherwise.
+TEST_F(CliTest, RunChecksPointerBuffersAgainstTheParameterAndTheSizes) {
+  const std::string x16 = Npy("x16.npy", std::vector<float>(16, 1.0f));
+  auto run = [&](const std::string& x, const std::string& out, const std::string& n,
+                 std::vector<std::string> extra = {}) {
+    fake::Reset();
+    std::vector<std::string> a = {"run", KPACK_TEST_PACK_DIR, "add", "--arg", "x_ptr=" + x,
+                                  "--arg", "y_ptr=" + x, "--arg", "out_ptr=" + out, "--arg",
+                                  "n=" + n, "--grid", "4", "--driver", kFake};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Cli(a);
+  };
+  Result r = run("zeros:float32:4096", "zeros:int8:4096", "4096");
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, HasSubstr("--arg out_ptr=zeros:int8:4096 (*fp32): the buffer's elements "
+                               "(<i1) are 1 bytes, the parameter's fp32 4"));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+  r = run("@" + x16, "zeros:float32:4096", "4096");
+  EXPECT_EQ(r.code, kFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--arg x_ptr (*fp32): the buffer has 16 elements, fewer "
+                                     "than the smallest size argument of the call (n=4096)"),
+                           HasSubstr("--no-size-check")));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+  EXPECT_EQ(fake::LiveAllocations(), 0);
+  // Elements of the parameter's size but another kind are bits of it (bf16 as uint16).
+  r = run("zeros:uint32:4096", "zeros:int32:4096", "4096");
+  EXPECT_EQ(r.code, kOk) << r.err;
+  // A buffer small by design, say a one-element result, with the check off.
+  r = run("@" + x16, "zeros:float32:4096", "4096", {"--no-size-check"});
+  EXPECT_EQ(r.code, kOk) << r.err;
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 1);
 }
 
 TEST_F(CliTest, InspectAndVerifyShowDescriptorSlots) {

@@ -268,6 +268,54 @@ TEST_F(DispatchRuntimeTest, BoundLaunchSelectsAgainWhenADispatchArgumentChanges)
   EXPECT_EQ(Launches("b1_generic"), 2u);
 }
 
+// BoundLaunch::snapshot(): the public view of what a BoundLaunch holds (the CLI and
+// StepGraph used to read it through internal access classes), following every Set.
+TEST_F(DispatchRuntimeTest, ASnapshotShowsTheVariantGridAndBytesABoundLaunchHolds) {
+  auto bound = axpy_.BindArgs(nullptr, kX, kY, kOut, 96, 1, 2.0f);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  BoundLaunchSnapshot snap = bound->snapshot();
+  EXPECT_EQ(snap.kernel.name(), "axpy");
+  ASSERT_NE(snap.variant, nullptr);
+  EXPECT_EQ(snap.variant->name, "b0_div16_unit");
+  EXPECT_EQ(snap.variant, &axpy_.info().variants[2]) << "one of the kernel's descriptions";
+  EXPECT_FALSE(snap.fallback);
+  EXPECT_FALSE(snap.grid.has_value()) << "the grid expressions, at each launch";
+  EXPECT_EQ(snap.stream, nullptr);
+  ASSERT_EQ(snap.args.size(), 6u);
+  EXPECT_EQ(snap.args[3].bits(), 96u);
+  ASSERT_EQ(snap.params.size(), snap.variant->param_bytes);
+  auto at = [&](size_t offset, auto value) {
+    std::memcpy(&value, snap.params.data() + offset, sizeof(value));
+    return value;
+  };
+  EXPECT_EQ(at(0, uint64_t{0}), kX);
+  EXPECT_EQ(at(24, int32_t{0}), 96);
+
+  // A Set that changes the bucket, then one that breaks an assumption: the snapshot
+  // follows, and its bytes are what Launch sends.
+  KP_ASSERT_OK(bound->Set(3, 5008));
+  KP_ASSERT_OK(bound->Set(0, kX + 8));
+  snap = bound->snapshot();
+  EXPECT_EQ(snap.variant->name, "b1_generic");
+  EXPECT_TRUE(snap.fallback) << "a div16 variant of the bucket exists";
+  EXPECT_EQ(at(0, uint64_t{0}), kX + 8);
+  bound->set_grid(Grid{7, 1, 1});
+  bound->set_stream(reinterpret_cast<CUstream>(0x1234));
+  snap = bound->snapshot();
+  ASSERT_TRUE(snap.grid.has_value());
+  EXPECT_EQ(snap.grid->x, 7u);
+  EXPECT_EQ(snap.stream, reinterpret_cast<CUstream>(0x1234));
+  bound->set_stream(nullptr);
+  KP_ASSERT_OK(bound->Launch());
+  snap = bound->snapshot();
+  ASSERT_EQ(LastLaunch().param_size, snap.params.size());
+  EXPECT_EQ(std::memcmp(LastLaunch().params.data(), snap.params.data(), snap.params.size()), 0);
+  // Moving the BoundLaunch keeps the views valid.
+  BoundLaunch moved = *std::move(bound);
+  EXPECT_EQ(moved.snapshot().params.data(), snap.params.data());
+  EXPECT_EQ(moved.snapshot().variant, snap.variant);
+}
+
 TEST_F(DispatchRuntimeTest, NoValidVariantLaunchesNothing) {
   TempPack pack(kPack);
   auto& variants = pack.kernel("axpy")["variants"];
@@ -300,7 +348,7 @@ TEST_F(DispatchRuntimeTest, BucketWithoutVariantIsRefusedAtOpen) {
   EXPECT_EQ(rt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(rt.status().message()),
               AllOf(HasSubstr("manifest.json: kernel 'axpy'"),
-                    HasSubstr("no variant serves bucket 1 (4096 < n <= 262144)")));
+                    HasSubstr("no variant serves bucket 1 (4097 <= n <= 262144)")));
   EXPECT_EQ(fake::CallCount("LibraryLoadData"), 0);
 }
 

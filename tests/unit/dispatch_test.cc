@@ -226,7 +226,7 @@ TEST(DispatchTest, BucketWithoutVariantsIsABuildError) {
   t = DispatchTable::Build(Kernel(variants, buckets));
   ASSERT_FALSE(t.ok());
   EXPECT_THAT(std::string(t.status().message()),
-              HasSubstr("no variant serves bucket 3 (n > 100, 1 < stride <= 8)"));
+              HasSubstr("no variant serves bucket 3 (n >= 101, 2 <= stride <= 8)"));
 }
 
 TEST(DispatchTest, BucketArgumentMustBeAnInteger) {

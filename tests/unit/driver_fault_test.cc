@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fake_driver.h"
@@ -49,14 +50,14 @@ constexpr Classified kClassified[] = {
     {"GetErrorString", Use::kErrorText},
     {"Init", Use::kLibrary},
     {"DriverGetVersion", Use::kToolsOrTests},  // kpack doctor
-    {"DeviceGet", Use::kToolsOrTests},
-    {"DeviceGetCount", Use::kToolsOrTests},
+    {"DeviceGet", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
+    {"DeviceGetCount", Use::kLibrary},  // Runtime::CurrentDevice, UseDevice
     {"DeviceGetAttribute", Use::kLibrary},
     {"DeviceGetName", Use::kToolsOrTests},
-    {"DevicePrimaryCtxRetain", Use::kToolsOrTests},
+    {"DevicePrimaryCtxRetain", Use::kLibrary},  // Runtime::UseDevice
     {"DevicePrimaryCtxRelease", Use::kToolsOrTests},
     {"CtxGetCurrent", Use::kLibrary},
-    {"CtxSetCurrent", Use::kToolsOrTests},
+    {"CtxSetCurrent", Use::kLibrary},  // Runtime::UseDevice
     {"CtxGetDevice", Use::kLibrary},
     {"CtxGetId", Use::kLibrary},
     {"CtxPushCurrent", Use::kLibrary},
@@ -90,10 +91,12 @@ constexpr Classified kClassified[] = {
     {"StreamEndCapture", Use::kToolsOrTests},
     {"StreamIsCapturing", Use::kLibrary},
     {"StreamGetCaptureInfo", Use::kLibrary},
-    {"ThreadExchangeStreamCaptureMode", Use::kLibrary},  // kpack::StepGraph builds relaxed
+    // kpack::StepGraph builds relaxed; a thread's exit frees its arenas relaxed too
+    {"ThreadExchangeStreamCaptureMode", Use::kLibrary},
     {"UserObjectCreate", Use::kLibrary},
     {"UserObjectRelease", Use::kCleanup},
     {"GraphRetainUserObject", Use::kLibrary},
+    {"LaunchHostFunc", Use::kToolsOrTests},  // stream work held in flight, in tests
     {"GraphInstantiateWithFlags", Use::kLibrary},  // kpack::StepGraph
     {"GraphLaunch", Use::kLibrary},
     {"GraphDestroy", Use::kCleanup},
@@ -109,6 +112,10 @@ constexpr Classified kClassified[] = {
     {"EventElapsedTime", Use::kToolsOrTests},
     {"EventDestroy", Use::kToolsOrTests},
     {"MemGetInfo", Use::kToolsOrTests},
+    {"MemAllocHost", Use::kToolsOrTests},  // examples/llama
+    {"MemFreeHost", Use::kToolsOrTests},
+    {"MemcpyHtoDAsync", Use::kToolsOrTests},
+    {"MemcpyDtoHAsync", Use::kToolsOrTests},
 };
 
 constexpr const char* kSymbols[] = {
@@ -133,6 +140,7 @@ constexpr size_t kReserve = 1 << 20;
 // are the library's.
 struct World {
   std::optional<Runtime> rt;
+  CUcontext context = nullptr;  // current on the harness's thread
   CUstream stream = nullptr;
   CUcontext second = nullptr;
   bool capturing = false;
@@ -148,12 +156,26 @@ void Open(World& w) {
   auto rt = OpenFake();
   ASSERT_TRUE(rt.ok()) << rt.status();
   w.rt.emplace(*std::move(rt));
+  ASSERT_EQ(FakeDriver().CtxGetCurrent(&w.context), CUDA_SUCCESS);
 }
 absl::Status LaunchAdd(Runtime& rt, CUstream s) {
   return rt.Launch("add", Grid{1}, s, kX, kX, kOut, 1);
 }
 absl::Status LaunchScratch(Runtime& rt, CUstream s) {
   return rt.Launch("scratch", Grid{2, 2}, s, kX, kOut, 64, 64, 64);
+}
+// A scratch launch on the per-thread stream of a thread that then exits: its exit frees
+// the arena, where a failure cannot be reported.
+absl::Status LaunchOnAThreadThatExits(World& w) {
+  absl::Status status;
+  std::thread([&] {
+    if (const CUresult r = FakeDriver().CtxPushCurrent(w.context); r != CUDA_SUCCESS) {
+      status = FakeDriver().Error(r, "cuCtxPushCurrent");
+      return;
+    }
+    status = LaunchScratch(*w.rt, CU_STREAM_PER_THREAD);
+  }).join();
+  return status;
 }
 // kernels/descpack's copy_tma: two CUtensorMaps encoded per launch.
 absl::Status LaunchDescriptors(Runtime& rt, CUstream s) {
@@ -277,6 +299,7 @@ const Operation kOperations[] = {
      },
      [](World& w) { return w.rt->ReleaseScratch(w.stream); }},
     {"step graph: build, replay, patch, replay", BindStep, BuildAndReplay, DropStep},
+    {"a thread's exit frees its per-thread arena", Open, LaunchOnAThreadThatExits},
     // A refused instantiation or patch falls back to full edges here: the operation may
     // succeed where the one above fails.
     {"step graph with a programmatic edge", BindPdlStep, BuildAndReplay, DropStep},
@@ -293,6 +316,9 @@ const Operation kOperations[] = {
        return absl::OkStatus();
      },
      nullptr, /*retry=*/false},
+    {"current device, first time in a context", Open,
+     [](World& w) { return w.rt->CurrentDevice().status(); }},
+    {"use device", Open, [](World& w) { return w.rt->UseDevice(0); }},
 };
 
 // Driver calls per function while `op` runs, without faults.

@@ -13,6 +13,7 @@
 
 #include "driver/driver.h"
 #include "fake_driver.h"
+#include "gtest/gtest.h"
 #include "kpack/kpack.h"
 #include "nlohmann/json.hpp"
 
@@ -20,6 +21,11 @@
   do {                                           \
     absl::Status s_ = (expr);                    \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_; \
+  } while (0)
+#define KP_EXPECT_OK(expr)                       \
+  do {                                           \
+    absl::Status s_ = (expr);                    \
+    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_; \
   } while (0)
 
 namespace kpack::testing {
@@ -76,6 +82,28 @@ inline absl::StatusOr<Runtime> OpenFake(const std::string& dir = KPACK_TEST_PACK
                                         Options options = FakeOptions()) {
   return Runtime::Open(dir, options);
 }
+
+// A fixture for tests of a Runtime on the fake: the fake reset before and after each test
+// (device 0's primary context current), runtimes and streams through kpack's driver table.
+class FakeRuntimeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ResetFake(); }
+  void TearDown() override { fake::Reset(); }
+
+  // A runtime on the fake; a failure to open is a test failure.
+  Runtime Open(const std::string& dir = KPACK_TEST_PACK_DIR) {
+    auto rt = OpenFake(dir);
+    EXPECT_TRUE(rt.ok()) << rt.status();
+    return std::move(*rt);
+  }
+  const internal::Driver& d() { return FakeDriver(); }
+  // A real (fake) stream, created through the same driver table kpack uses.
+  CUstream NewStream() {
+    CUstream s = nullptr;
+    EXPECT_EQ(d().StreamCreate(&s, 0), CUDA_SUCCESS);
+    return s;
+  }
+};
 
 // A copy of a pack (kernels/testpack by default) in a fresh temporary directory, removed
 // on destruction.

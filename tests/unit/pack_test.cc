@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,7 +45,7 @@ struct VerifyResult {
 };
 VerifyResult VerifyOffline(const std::string& dir) {
   std::ostringstream out, err;
-  int code = cli::Verify({.pack = dir, .driver = "/nonexistent/libcuda.so.1"}, out, err);
+  int code = cli::Verify({.pack = dir, .offline = true}, out, err);
   return {code, out.str(), err.str()};
 }
 
@@ -184,6 +185,23 @@ std::vector<HostileCase> HostileCases() {
        },
        kInvalid,
        {"kernel 'axpy'", "'buckets'", "6003 buckets"}},
+      // A block size the cubin refuses: ptxas recorded .reqntid 128 (Triton's 4 warps).
+      {"num_warps_contradicts_the_cubins_block",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) { p.variant("add")["num_warps"] = 8; },
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'num_warps'",
+        "8 warps launch blocks of 256x1x1 threads", "entry 'add_kernel'",
+        "requires blocks of 128x1x1 (its .reqntid"}},
+      // Sizes from fstat, checked before anything is allocated (a sparse terabyte).
+      {"cubin_of_a_terabyte",
+       KPACK_TEST_PACK_DIR,
+       [](TempPack& p) {
+         fs::resize_file(fs::path(p.dir()) / "cubins/add/default.cubin", uintmax_t{1} << 40);
+       },
+       kInvalid,
+       {"kernel 'add': variant 'default': field 'cubin'", "1099511627776 bytes",
+        "more than the 1073741824 a pack's cubin may have"}},
       // The manifest.
       {"num_warps_1e30",
        KPACK_TEST_PACK_DIR,
@@ -302,6 +320,51 @@ INSTANTIATE_TEST_SUITE_P(Cases, HostilePackTest, ::testing::ValuesIn(HostileCase
                          [](const ::testing::TestParamInfo<HostileCase>& info) {
                            return info.param.name;
                          });
+
+TEST(PackTest, AManifestOfATerabyteIsRefusedByItsSize) {
+  fake::Reset();
+  TempPack pack(KPACK_TEST_PACK_DIR);
+  fs::resize_file(fs::path(pack.dir()) / "manifest.json", uintmax_t{1} << 40);
+  absl::StatusOr<Pack> read = Pack::Read(pack.dir());
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument) << read.status();
+  EXPECT_THAT(Msg(read.status()),
+              AllOf(HasSubstr("manifest.json' is 1099511627776 bytes"),
+                    HasSubstr("more than the 268435456 a pack's manifest may have")));
+  ExpectReadOpenAndVerifyAgree(pack.dir());
+}
+
+// kpack::DescribeBucket and BucketDimInfo::RangeOf: the one rule for a bucket's range and
+// its spelling, which dispatch errors, StepGraph errors, `kpack inspect` and the Python
+// tools (through the extension) all use.
+TEST(PackTest, BucketRangesHaveOneSpelling) {
+  const BucketDimInfo m{"M", {16, 64}, std::nullopt};
+  EXPECT_FALSE(m.RangeOf(0).low.has_value());
+  EXPECT_EQ(m.RangeOf(0).high, 16);
+  EXPECT_EQ(m.RangeOf(1).low, 17);
+  EXPECT_EQ(m.RangeOf(1).high, 64);
+  EXPECT_EQ(m.RangeOf(2).low, 65);
+  EXPECT_FALSE(m.RangeOf(2).high.has_value());
+  EXPECT_EQ(m.DescribeRange(0), "M <= 16");
+  EXPECT_EQ(m.DescribeRange(1), "17 <= M <= 64");
+  EXPECT_EQ(m.DescribeRange(2), "M >= 65");
+  EXPECT_EQ(m.DescribeRange(3), "M in no bucket (index 3 of 3)");
+  const BucketDimInfo n{"N", {4096}, 8192};
+  const BucketDimInfo dims[] = {m, n};
+  const int index[] = {1, 1};
+  EXPECT_EQ(DescribeBucket(dims, index), "17 <= M <= 64, N >= 4097");
+  EXPECT_EQ(DescribeBucket(dims, {}), "every bucket");
+  EXPECT_EQ(DescribeBucket({}, index), "no buckets");
+  // The largest edge there is: the bucket above it holds nothing, and nothing overflows.
+  const BucketDimInfo top{"n", {0, std::numeric_limits<int64_t>::max()}, std::nullopt};
+  EXPECT_EQ(top.DescribeRange(1), "1 <= n <= 9223372036854775807");
+  EXPECT_EQ(top.DescribeRange(2), "n >= 9223372036854775807");
+  // What `kpack inspect` prints for the dispatch pack (whose edges are 4096 and 262144).
+  absl::StatusOr<Pack> pack = Pack::Read(KPACK_DISPATCH_PACK_DIR);
+  ASSERT_TRUE(pack.ok()) << pack.status();
+  const KernelInfo& axpy = pack->kernels()[0];
+  EXPECT_EQ(DescribeBucket(axpy.buckets, axpy.variants[0].bucket), "n <= 4096");
+}
 
 TEST(PackTest, CommittedPacksAreReadOpenedAndVerifiedAlike) {
   for (const char* dir : {KPACK_TEST_PACK_DIR, KPACK_DISPATCH_PACK_DIR, KPACK_ARCH_PACK_DIR,

@@ -1,6 +1,8 @@
 #include "util/parallel.h"
 
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -52,6 +54,38 @@ TEST(ParallelForTest, UsesTheThreadsItIsGiven) {
     return true;
   });
   EXPECT_EQ(ids.size(), 4u);
+}
+
+TEST(ParallelPipelineTest, ConsumesEveryPostedItemOnce) {
+  for (unsigned threads : {1u, 2u, 8u}) {
+    std::deque<std::atomic<int>> items;
+    ParallelPipeline<std::atomic<int>>(
+        threads,
+        [&](const std::function<void(std::atomic<int>*)>& post) {
+          for (int i = 0; i < 1000; ++i) post(&items.emplace_back(0));
+        },
+        [](std::atomic<int>* item) { item->fetch_add(1); });
+    ASSERT_EQ(items.size(), 1000u);
+    for (const auto& item : items) EXPECT_EQ(item.load(), 1) << threads;
+  }
+}
+
+TEST(ParallelPipelineTest, ConsumesWhileTheProducerIsStillProducing) {
+  // The producer waits, before posting the second item, until the first is consumed:
+  // with a helper thread that happens; the caller alone consumes only afterwards.
+  std::deque<std::atomic<bool>> items;
+  std::atomic<bool> consumed_while_producing{false};
+  ParallelPipeline<std::atomic<bool>>(
+      2,
+      [&](const std::function<void(std::atomic<bool>*)>& post) {
+        post(&items.emplace_back(false));
+        while (!items.front().load()) std::this_thread::yield();
+        consumed_while_producing = true;
+        post(&items.emplace_back(false));
+      },
+      [](std::atomic<bool>* item) { item->store(true); });
+  EXPECT_TRUE(consumed_while_producing.load());
+  EXPECT_TRUE(items.back().load());
 }
 
 TEST(ParallelForTest, ThreadsForIsBetweenOneAndTheCores) {

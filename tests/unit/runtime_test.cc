@@ -7,13 +7,14 @@
 
 #include <atomic>
 #include <cstdint>
-#include <map>
-#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <latch>
+#include <map>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <thread>
@@ -43,24 +44,7 @@ std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
 const CUdeviceptr kX = 0x7f0000001000, kY = 0x7f0000002000, kOut = 0x7f0000003000;
 
-class RuntimeTest : public ::testing::Test {
- protected:
-  void SetUp() override { testing::ResetFake(); }
-  void TearDown() override { fake::Reset(); }
-
-  Runtime Open(const std::string& dir = KPACK_TEST_PACK_DIR) {
-    auto rt = OpenFake(dir);
-    EXPECT_TRUE(rt.ok()) << rt.status();
-    return std::move(*rt);
-  }
-  const internal::Driver& d() { return testing::FakeDriver(); }
-  // A real (fake) stream, created through the same driver table kpack uses.
-  CUstream NewStream() {
-    CUstream s = nullptr;
-    EXPECT_EQ(d().StreamCreate(&s, 0), CUDA_SUCCESS);
-    return s;
-  }
-};
+class RuntimeTest : public testing::FakeRuntimeTest {};
 
 // ---- driver loading ----
 
@@ -588,24 +572,27 @@ TEST_F(RuntimeTest, EachThreadsPerThreadStreamGetsItsOwnArena) {
   std::mutex mu;
   std::set<uint64_t> pointers;
   std::vector<std::thread> threads;
+  std::latch launched(4);  // all alive at once: an exited thread's memory may be reused
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       ASSERT_EQ(d().CtxSetCurrent(context), CUDA_SUCCESS);
       for (int i = 0; i < 3; ++i) {
-        KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, CU_STREAM_PER_THREAD, kX, kOut, 64, 64, 64));
+        ASSERT_TRUE(
+            rt.Launch("scratch", Grid{2, 2}, CU_STREAM_PER_THREAD, kX, kOut, 64, 64, 64).ok());
         std::lock_guard<std::mutex> lock(mu);
         pointers.insert(At<uint64_t>(LastLaunch(), 32));
       }
+      launched.arrive_and_wait();
     });
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(pointers.size(), 4u) << "one arena per thread, reused by its launches";
-  EXPECT_EQ(rt.stats().scratch_arenas, 4u);
+  EXPECT_EQ(rt.stats().scratch_arenas, 0u) << "each freed as its thread exited";
   // Released per thread: the calling thread's.
   KP_ASSERT_OK(rt.Launch("scratch", Grid{2, 2}, CU_STREAM_PER_THREAD, kX, kOut, 64, 64, 64));
-  EXPECT_EQ(rt.stats().scratch_arenas, 5u);
+  EXPECT_EQ(rt.stats().scratch_arenas, 1u);
   KP_ASSERT_OK(rt.ReleaseScratch(CU_STREAM_PER_THREAD));
-  EXPECT_EQ(rt.stats().scratch_arenas, 4u);
+  EXPECT_EQ(rt.stats().scratch_arenas, 0u);
 }
 
 // Inside a capture a launch gets the arena reserved for the stream, owned by the graph
@@ -660,13 +647,39 @@ TEST_F(RuntimeTest, ACaptureIsNeverInvalidatedByLoadingOrAllocating) {
   ASSERT_EQ(d().StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   s = rt.Launch("scratch", Grid{3, 2}, stream, kX, kOut, 96, 64, 64);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("ReserveScratch(stream, 768)")));
+  EXPECT_THAT(Msg(s),
+              AllOf(HasSubstr("kernel 'scratch'"), HasSubstr("ReserveScratch(stream, 768)")));
   EXPECT_EQ(rt.ReserveScratch(stream, 768).code(), absl::StatusCode::kFailedPrecondition)
       << "not during the capture";
   EXPECT_EQ(rt.ReleaseScratch(stream).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_EQ(d().StreamEndCapture(stream, &graph), CUDA_SUCCESS);
   ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(fake::CallCount("LibraryLoadData"), 7) << "all by Preload";
+}
+
+// Loading off the capturing stream -- Preload, or a launch on another stream loading
+// lazily -- while this thread captures in any mode: RELAXED for the load, so the driver
+// neither refuses it nor invalidates the capture, and the thread's mode is restored.
+TEST_F(RuntimeTest, LoadingOffTheCapturingStreamLeavesTheCaptureValid) {
+  for (const CUstreamCaptureMode mode :
+       {CU_STREAM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL}) {
+    SCOPED_TRACE(mode);
+    const int loads = fake::CallCount("LibraryLoadData");
+    Runtime rt = Open();
+    CUstream capturing = NewStream(), other = NewStream();
+    ASSERT_EQ(d().StreamBeginCapture(capturing, mode), CUDA_SUCCESS);
+    KP_ASSERT_OK(rt.Launch("add", Grid{1}, other, kX, kY, kOut, 1));  // loads 'add'
+    KP_ASSERT_OK(rt.Preload());                                       // loads the rest
+    EXPECT_EQ(fake::CallCount("LibraryLoadData") - loads, 7);
+    EXPECT_EQ(fake::CaptureStatus(capturing), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CUstreamCaptureMode now = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    ASSERT_EQ(d().ThreadExchangeStreamCaptureMode(&now), CUDA_SUCCESS);
+    EXPECT_EQ(now, CU_STREAM_CAPTURE_MODE_GLOBAL) << "the thread's mode is back";
+    KP_ASSERT_OK(rt.Launch("add", Grid{1}, capturing, kX, kY, kOut, 1));  // loaded: captured
+    CUgraph graph = nullptr;
+    ASSERT_EQ(d().StreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+    ASSERT_EQ(d().GraphDestroy(graph), CUDA_SUCCESS);
+  }
 }
 
 TEST_F(RuntimeTest, ReleaseScratchFreesAStreamsArenaAndItsSlotServesAgain) {

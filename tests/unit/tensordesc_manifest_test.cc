@@ -286,6 +286,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"meta_elem_size",
                 [](json& m) { Variant(m)["tensordesc_meta"][0]["elem_size"] = 4; }, kInvalid,
                 {"'tensordesc_meta[0].elem_size'", "differs from the 2 bytes"}},
+        // The encode's element type must cover the parameter's element size: FLOAT32 over
+        // fp16 would have TMA reach twice as far as the tensor goes.
+        BadCase{"meta_data_type_wider",
+                [](json& m) { Variant(m)["tensordesc_meta"][0]["data_type"] = 7; }, kInvalid,
+                {"'tensordesc_meta[0].data_type'", "7 (a CUtensorMapDataType of 4-byte "
+                 "elements) does not match the 2-byte elements of tensordesc<fp16[64, 128]>"}},
+        BadCase{"meta_data_type_sub_byte",
+                [](json& m) { Variant(m)["tensordesc_meta"][0]["data_type"] = 14; }, kInvalid,
+                {"'tensordesc_meta[0].data_type'", "sub-byte elements"}},
         BadCase{"meta_unknown_field",
                 [](json& m) { Variant(m)["tensordesc_meta"][0]["swizle"] = 3; }, kInvalid,
                 {"'swizle'", "unknown field in tensordesc_meta[0]"}},

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,28 @@ TEST_F(TensorDescRuntimeTest, Fp4PaddingDoublesTheLastDimension) {
   const TensorDesc wide = TensorDesc::RowMajor(kIn, {64, int64_t{1} << 30});
   const absl::Status s = rt->Launch("copy_tma", nullptr, wide, out, 64, 104);
   EXPECT_THAT(std::string(s.message()), HasSubstr("doubled for fp4 padding"));
+  // So large that doubling it overflows int64 (to a negative that passed the i32 check).
+  const int64_t launches = fake::LaunchCount();
+  const TensorDesc huge = TensorDesc::RowMajor(kIn, {64, int64_t{1} << 62});
+  const absl::Status h = rt->Launch("copy_tma", nullptr, huge, out, 64, 104);
+  EXPECT_EQ(h.code(), absl::StatusCode::kInvalidArgument) << h;
+  EXPECT_THAT(std::string(h.message()),
+              HasSubstr("shape[1] = 4611686018427387904 is outside [1, 2^31) (the last "
+                        "dimension is doubled for fp4 padding)"));
+  EXPECT_EQ(fake::LaunchCount(), launches);
+}
+
+// RowMajor of a hostile shape: strides that do not fit saturate (and are refused at
+// launch) instead of overflowing int64 (undefined behaviour the UBSan tier catches).
+TEST(TensorDescTest, RowMajorStridesSaturateInsteadOfOverflowing) {
+  const TensorDesc d = TensorDesc::RowMajor(kIn, {3, int64_t{1} << 40, int64_t{1} << 40});
+  EXPECT_EQ(d.strides[2], 1);
+  EXPECT_EQ(d.strides[1], int64_t{1} << 40);
+  EXPECT_EQ(d.strides[0], std::numeric_limits<int64_t>::max());
+  const TensorDesc wide = TensorDesc::RowMajor(kIn, {64, int64_t{1} << 62});
+  EXPECT_EQ(wide.strides[0], int64_t{1} << 62);
+  const TensorDesc negative = TensorDesc::RowMajor(kIn, {-5, 8, 2});
+  EXPECT_EQ(negative.strides[0], 16);
 }
 
 // Without TMA (an sm_80 build): base pointer, shape and strides as i64, the padding flag,
@@ -238,6 +261,11 @@ INSTANTIATE_TEST_SUITE_P(
                 {"base 0x7f0000010008 is not 16-byte aligned"}},
         BadDesc{"stride_alignment", [](TensorDesc& d) { d.strides[0] = 100; },
                 {"strides[0] = 100 elements of 2 bytes is not a multiple of 16 bytes"}},
+        // arg.h promises positive strides: 0 and negative multiples of 16 bytes are refused.
+        BadDesc{"zero_stride", [](TensorDesc& d) { d.strides[0] = 0; },
+                {"strides[0] = 0 is not positive"}},
+        BadDesc{"negative_stride", [](TensorDesc& d) { d.strides[0] = -200; },
+                {"strides[0] = -200 is not positive"}},
         BadDesc{"padding_value",
                 [](TensorDesc& d) { d.padding = static_cast<TensorDescPadding>(7); },
                 {"padding 7 is neither"}},

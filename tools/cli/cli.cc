@@ -1,3 +1,6 @@
+// The `kpack` command line's parsing: subcommands, their options, and the dispatch to the
+// command functions (commands.h).
+
 #include "CLI/CLI.hpp"
 
 #include <exception>
@@ -17,6 +20,9 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   inspect_cmd->add_option("pack", inspect.pack, "pack directory")->required();
   inspect_cmd->add_option("kernel", inspect.kernel, "only this kernel");
   inspect_cmd->add_flag("--json", inspect.json, "machine-readable output");
+  inspect_cmd->add_option("--driver", inspect.driver,
+                          "CUDA driver library to load (inspecting needs none; a named one must "
+                          "load)");
 
   VerifyOptions verify;
   CLI::App* verify_cmd = app.add_subcommand(
@@ -24,7 +30,10 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       "check a pack offline (manifest, files, sha256, layouts against the cubins); "
       "with a GPU, also load every variant");
   verify_cmd->add_option("pack", verify.pack, "pack directory")->required();
-  verify_cmd->add_option("--driver", verify.driver, "CUDA driver library to load");
+  verify_cmd->add_option("--driver", verify.driver,
+                         "CUDA driver library to load (a named one must load; by default, "
+                         "the driver checks are skipped where no driver loads)");
+  verify_cmd->add_flag("--offline", verify.offline, "the offline checks only: load no driver");
 
   RunOptions run;
   auto add_run_options = [&run](CLI::App* cmd) {
@@ -36,6 +45,9 @@ int RunCli(int argc, char** argv, std::ostream& out, std::ostream& err) {
     cmd->add_option("--grid", run.grid, "X[,Y[,Z]] (default: the manifest's grid expressions)");
     cmd->add_option("--driver", run.driver, "CUDA driver library to load");
     cmd->add_option("--device", run.device, "device ordinal (default 0)");
+    cmd->add_flag("--no-size-check", run.size_check_off,
+                  "allow pointer buffers with fewer elements than the smallest positive "
+                  "integer argument (for buffers small by design)");
   };
   CLI::App* run_cmd = app.add_subcommand("run", "launch one kernel on inputs from files");
   add_run_options(run_cmd);

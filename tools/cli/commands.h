@@ -23,12 +23,19 @@ struct InspectOptions {
   std::string pack;
   std::string kernel;  // empty: all
   bool json = false;
+  // Inspecting needs no driver; one named here must load (as for every subcommand), and
+  // the report says which it is.
+  std::string driver;
 };
 int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err);
 
 struct VerifyOptions {
   std::string pack;
-  std::string driver;  // empty: the default driver (also loads variants when a GPU exists)
+  // The driver that loads every variant after the offline checks. Empty: the default
+  // ($KPACK_CUDA_DRIVER, else libcuda.so.1), skipped when it does not load; a path given
+  // here (or in $KPACK_CUDA_DRIVER) must load, or verify fails as doctor does.
+  std::string driver;
+  bool offline = false;  // the offline checks only; no driver is loaded
 };
 int Verify(const VerifyOptions& o, std::ostream& out, std::ostream& err);
 
@@ -40,6 +47,9 @@ struct RunOptions {
   std::string grid;                  // "X[,Y[,Z]]"; empty: the grid expressions
   std::string driver;
   int device = 0;
+  // Skip the check that every pointer argument's buffer holds at least as many elements as
+  // the smallest positive integer argument (for buffers small by design).
+  bool size_check_off = false;
   // bench only
   int batch = 256;
   int repetitions = 20;

@@ -1,5 +1,7 @@
-// kpack inspect PACK [KERNEL] [--json]
+// kpack inspect PACK [KERNEL] [--json] [--driver PATH]: what a pack holds, from kpack::Pack
+// (no driver needed).
 
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "commands.h"
+#include "driver/driver.h"
 #include "kpack/pack.h"
 #include "nlohmann/json.hpp"
 
@@ -99,25 +102,6 @@ json KernelJson(const KernelInfo& k) {
   return kernel;
 }
 
-std::string BucketText(const KernelInfo& k, const VariantInfo& v) {
-  if (k.buckets.empty()) return "";
-  if (v.bucket.empty()) return "all buckets";
-  std::vector<std::string> parts;
-  for (size_t d = 0; d < v.bucket.size(); ++d) {
-    const auto& edges = k.buckets[d].edges;
-    const std::string& name = k.buckets[d].param;
-    size_t i = static_cast<size_t>(v.bucket[d]);
-    if (i == 0) {
-      parts.push_back(absl::StrCat(name, " <= ", edges[0]));
-    } else if (i == edges.size()) {
-      parts.push_back(absl::StrCat(name, " > ", edges.back()));
-    } else {
-      parts.push_back(absl::StrCat(edges[i - 1], " < ", name, " <= ", edges[i]));
-    }
-  }
-  return absl::StrJoin(parts, ", ");
-}
-
 // "tensordesc a_desc: fp16, block [64, 128]; TMA: box [64, 64], ..." (the encode's
 // arguments from the manifest), or the pointer form.
 std::string DescText(const TensorDescInfo& d) {
@@ -166,8 +150,7 @@ void PrintKernel(const KernelInfo& k, std::ostream& out) {
     out << "    scratch: global " << v.global_scratch_size << " B/program (align "
         << v.global_scratch_align << "), profile " << v.profile_scratch_size << " B/program (align "
         << v.profile_scratch_align << ")\n";
-    std::string bucket = BucketText(k, v);
-    if (!bucket.empty()) out << "    bucket: " << bucket << "\n";
+    if (!k.buckets.empty()) out << "    bucket: " << DescribeBucket(k.buckets, v.bucket) << "\n";
     json assumptions = Assumptions(v), types = Types(k, v);
     if (!assumptions.empty()) out << "    assumptions: " << assumptions.dump() << "\n";
     if (!types.empty()) out << "    types: " << types.dump() << "\n";
@@ -190,6 +173,15 @@ int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     err << "kpack inspect: " << pack.status().message() << "\n";
     return kFailed;
   }
+  std::string driver_line;  // inspecting reads the pack alone; a named driver must load
+  if (!o.driver.empty()) {
+    absl::StatusOr<std::shared_ptr<const internal::Driver>> d = internal::Driver::Load(o.driver);
+    if (!d.ok()) {
+      err << "kpack inspect: " << d.status().message() << "\n";
+      return kFailed;
+    }
+    driver_line = absl::StrCat("driver: ", (*d)->path, " (loads; inspecting needs none)\n");
+  }
   std::vector<const KernelInfo*> kernels;
   if (o.kernel.empty()) {
     for (const KernelInfo& k : pack->kernels()) kernels.push_back(&k);
@@ -208,6 +200,7 @@ int Inspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
         << "\n";
     return kOk;
   }
+  out << driver_line;
   out << "pack " << pack->dir() << " (" << pack->generator() << "): " << pack->kernels().size()
       << " kernel" << (pack->kernels().size() == 1 ? "" : "s") << "\n";
   for (const KernelInfo* k : kernels) PrintKernel(*k, out);

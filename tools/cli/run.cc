@@ -23,8 +23,6 @@
 #include "kpack/kpack.h"
 #include "manifest/manifest.h"
 #include "npy.h"
-#include "runtime/launch.h"
-#include "runtime/runtime_impl.h"
 #include "util/status_macros.h"
 
 namespace kpack::cli {
@@ -53,6 +51,10 @@ class Session {
 
   static absl::StatusOr<std::unique_ptr<Session>> Start(const RunOptions& o) {
     auto s = std::unique_ptr<Session>(new Session());
+    // The pack and the kernel first: a wrong path or name is reported as such, also
+    // where no driver loads.
+    KPACK_ASSIGN_OR_RETURN(const Pack pack, Pack::Read(o.pack));
+    KPACK_RETURN_IF_ERROR(pack.Find(o.kernel).status());
     KPACK_ASSIGN_OR_RETURN(s->driver_, Driver::Load(o.driver));
     const Driver& d = *s->driver_;
     KPACK_RETURN_IF_ERROR(
@@ -68,6 +70,11 @@ class Session {
     s->runtime_ = std::make_unique<Runtime>(std::move(rt));
     KPACK_ASSIGN_OR_RETURN(s->kernel_, s->runtime_->Find(o.kernel));
     KPACK_RETURN_IF_ERROR(s->BuildArgs(o.args));
+    if (!o.size_check_off) KPACK_RETURN_IF_ERROR(s->CheckBufferSizes());
+    for (const std::string& spec : o.outputs) {
+      KPACK_ASSIGN_OR_RETURN(Output out, s->ParseOutput(spec));
+      s->outputs_.push_back(std::move(out));
+    }
     if (!o.grid.empty()) {
       KPACK_ASSIGN_OR_RETURN(Grid g, ParseGrid(o.grid));
       s->grid_ = g;
@@ -98,54 +105,88 @@ class Session {
     return d;
   }
 
-  // For Bench: the variant's internals, to send kpack's very buffer through the raw
-  // driver. internal::KernelAccess stays for this until BoundLaunch::Prepare (workstream E)
-  // replaces it; Run uses only the public API (Describe).
-  struct Plan {
-    const internal::VariantData* variant;
-    Grid grid;
-  };
-  absl::StatusOr<Plan> MakePlan() const {
-    const internal::KernelData* k = internal::KernelAccess::Get(kernel_);
-    internal::DispatchTable::Choice choice;
-    KPACK_RETURN_IF_ERROR(k->runtime->Select(*k, args_, &choice));
-    Plan plan{k->variants[choice.variant], {}};
-    if (grid_.has_value()) {
-      plan.grid = *grid_;
-    } else {
-      KPACK_ASSIGN_OR_RETURN(plan.grid, k->runtime->EvalGrid(*plan.variant, args_));
-    }
-    return plan;
-  }
-
   absl::Status Launch(CUstream stream) const {
     return grid_.has_value() ? kernel_.LaunchArgs(*grid_, stream, args_)
                              : kernel_.LaunchArgs(stream, args_);
   }
 
-  absl::Status WriteOutput(const std::string& spec) const {
+  // Writes every --out buffer back (each checked at Start), saying so on `out`.
+  absl::Status WriteOutputs(std::ostream& out) const {
+    for (const Output& o : outputs_) {
+      const Buffer& b = buffers_.at(o.name);
+      NpyArray array;
+      array.dtype = b.dtype;
+      array.shape = b.shape;
+      array.data.resize(b.bytes);
+      KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemcpyDtoH(array.data.data(), b.ptr, b.bytes),
+                                           absl::StrCat("cuMemcpyDtoH of '", o.name, "'")));
+      KPACK_RETURN_IF_ERROR(WriteNpy(o.path, array));
+      out << "wrote " << o.spec << "\n";
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Session() = default;
+
+  // An --out name=@file.npy, checked before anything launches.
+  struct Output {
+    std::string spec, name, path;
+  };
+  absl::StatusOr<Output> ParseOutput(const std::string& spec) const {
     std::vector<std::string> parts = absl::StrSplit(spec, absl::MaxSplits('=', 1));
     if (parts.size() != 2 || parts[1].size() < 2 || parts[1][0] != '@') {
       return absl::InvalidArgumentError(
           absl::StrCat("--out '", spec, "': expected name=@file.npy"));
     }
-    auto it = buffers_.find(parts[0]);
-    if (it == buffers_.end()) {
+    if (!buffers_.contains(parts[0])) {
       return absl::InvalidArgumentError(absl::StrCat("--out '", spec, "': '", parts[0],
                                                      "' is not a pointer argument of this call"));
     }
-    const Buffer& b = it->second;
-    NpyArray array;
-    array.dtype = b.dtype;
-    array.shape = b.shape;
-    array.data.resize(b.bytes);
-    KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemcpyDtoH(array.data.data(), b.ptr, b.bytes),
-                                         absl::StrCat("cuMemcpyDtoH of '", parts[0], "'")));
-    return WriteNpy(parts[1].substr(1), array);
+    return Output{spec, parts[0], parts[1].substr(1)};
   }
 
- private:
-  Session() = default;
+  // Every pointer argument's buffer holds at least as many elements as the smallest
+  // positive integer argument of the call: a kernel indexes its buffers by its sizes, so a
+  // buffer smaller than every size is almost surely a mistake that would read or write
+  // past its end on the GPU. (Buffers smaller by design, say a one-element sum, need
+  // --no-size-check.)
+  absl::Status CheckBufferSizes() const {
+    std::optional<std::pair<std::string, uint64_t>> smallest;
+    for (size_t i = 0; i < kernel_.num_args(); ++i) {
+      const std::string type(kernel_.arg_type(i));
+      if (type.empty() || type[0] == '*' || type == "i1" || type == "u1" ||
+          !(type[0] == 'i' || type[0] == 'u')) {
+        continue;
+      }
+      const Arg& a = args_[i];
+      uint64_t value = 0;
+      if (a.kind() == Arg::Kind::kSigned && static_cast<int64_t>(a.bits()) > 0) {
+        value = a.bits();
+      } else if (a.kind() == Arg::Kind::kUnsigned) {
+        value = a.bits();
+      }
+      if (value > 0 && (!smallest.has_value() || value < smallest->second)) {
+        smallest.emplace(kernel_.arg_name(i), value);
+      }
+    }
+    if (!smallest.has_value()) return absl::OkStatus();
+    for (size_t i = 0; i < kernel_.num_args(); ++i) {
+      const std::string name(kernel_.arg_name(i));
+      const std::string type(kernel_.arg_type(i));
+      if (type.empty() || type[0] != '*') continue;
+      const Buffer& b = buffers_.at(name);
+      const uint64_t elements = b.bytes / std::max<size_t>(DescrItemSize(b.dtype), 1);
+      if (elements < smallest->second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--arg ", name, " (", type, "): the buffer has ", elements,
+            " elements, fewer than the smallest size argument of the call (", smallest->first,
+            "=", smallest->second, "): the kernel would likely access it past its end. "
+            "Pass a larger buffer, or --no-size-check if it is small by design"));
+      }
+    }
+    return absl::OkStatus();
+  }
 
   static absl::StatusOr<Grid> ParseGrid(const std::string& text) {
     std::vector<std::string> parts = absl::StrSplit(text, ',');
@@ -205,14 +246,12 @@ class Session {
     if (absl::StartsWith(type, "tensordesc<")) return MakeDesc(name, type, value, what);
     if (!type.empty() && type[0] == '*') {
       Buffer b;
+      std::optional<NpyArray> array;
       if (!value.empty() && value[0] == '@') {
-        KPACK_ASSIGN_OR_RETURN(NpyArray array, ReadNpy(value.substr(1)));
-        b.dtype = array.dtype;
-        b.shape = array.shape;
-        b.bytes = array.data.size();
-        KPACK_RETURN_IF_ERROR(Allocate(b, what));
-        KPACK_RETURN_IF_ERROR(
-            driver_->Check(driver_->MemcpyHtoD(b.ptr, array.data.data(), b.bytes), "cuMemcpyHtoD"));
+        KPACK_ASSIGN_OR_RETURN(array, ReadNpy(value.substr(1)));
+        b.dtype = array->dtype;
+        b.shape = array->shape;
+        b.bytes = array->data.size();
       } else if (value.rfind("zeros:", 0) == 0) {
         std::vector<std::string> parts = absl::StrSplit(value, ':');
         int64_t count = 0;
@@ -223,15 +262,25 @@ class Session {
         KPACK_ASSIGN_OR_RETURN(b.dtype, DtypeDescr(parts[1]));
         b.shape = {count};
         b.bytes = static_cast<size_t>(count) * DescrItemSize(b.dtype);
-        KPACK_RETURN_IF_ERROR(Allocate(b, what));
-        KPACK_RETURN_IF_ERROR(driver_->Check(driver_->MemsetD8(b.ptr, 0, b.bytes), "cuMemsetD8"));
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ": a pointer takes @file.npy or zeros:DTYPE:COUNT"));
       }
-      CUdeviceptr ptr = b.ptr;
-      buffers_[name] = b;
-      return Arg(ptr);
+      // The elements must be the pointee's size (their kind may differ: bf16 travels as
+      // uint16, and a float's bits may come as an unsigned integer of its size).
+      const size_t pointee = static_cast<size_t>(internal::ElementBytes(type.substr(1)));
+      if (pointee != 0 && DescrItemSize(b.dtype) != pointee) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": the buffer's elements (", b.dtype, ") are ", DescrItemSize(b.dtype),
+            " bytes, the parameter's ", type.substr(1), " ", pointee));
+      }
+      KPACK_RETURN_IF_ERROR(Allocate(b, what));
+      buffers_[name] = b;  // freed with the session from here on
+      KPACK_RETURN_IF_ERROR(driver_->Check(
+          array.has_value() ? driver_->MemcpyHtoD(b.ptr, array->data.data(), b.bytes)
+                            : driver_->MemsetD8(b.ptr, 0, b.bytes),
+          array.has_value() ? "cuMemcpyHtoD" : "cuMemsetD8"));
+      return Arg(b.ptr);
     }
     if (type == "i1" || type == "u1") {
       if (value == "true" || value == "1") return Arg(true);
@@ -346,6 +395,7 @@ class Session {
   std::vector<Arg> args_;
   std::deque<TensorDesc> descs_;  // what the tensordesc arguments point at (stable addresses)
   std::map<std::string, Buffer> buffers_;
+  std::vector<Output> outputs_;
   std::optional<Grid> grid_;
 };
 
@@ -381,13 +431,9 @@ int Run(const RunOptions& o, std::ostream& out, std::ostream& err) {
     return kFailed;
   }
   out << "launched and synchronized: OK\n";
-  for (const std::string& spec : o.outputs) {
-    absl::Status w = s.WriteOutput(spec);
-    if (!w.ok()) {
-      err << "kpack run: " << w.message() << "\n";
-      return kFailed;
-    }
-    out << "wrote " << spec << "\n";
+  if (absl::Status w = s.WriteOutputs(out); !w.ok()) {
+    err << "kpack run: " << w.message() << "\n";
+    return kFailed;
   }
   return kOk;
 }
@@ -400,9 +446,9 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
   }
   Session& s = **session;
   const Driver& d = s.driver();
-  auto plan = s.MakePlan();
-  if (!plan.ok()) {
-    err << "kpack bench: " << plan.status().message() << "\n";
+  auto call = s.Describe();
+  if (!call.ok()) {
+    err << "kpack bench: " << call.status().message() << "\n";
     return kFailed;
   }
   CUstream stream;
@@ -449,8 +495,8 @@ int Bench(const RunOptions& o, std::ostream& out, std::ostream& err) {
     return kFailed;
   }
   const double kpack_m = Median(kpack_us), raw_m = Median(raw_us);
-  out << "kernel " << o.kernel << ": variant " << plan->variant->spec->name << ", grid "
-      << GridText(plan->grid) << ", " << o.repetitions << " batches of " << o.batch
+  out << "kernel " << o.kernel << ": variant " << call->variant->name << ", grid "
+      << GridText(call->grid) << ", " << o.repetitions << " batches of " << o.batch
       << " launches\n";
   out << absl::StrFormat("%-34s %10s %10s %10s\n", "host time per launch", "median us", "min us",
                          "x raw");

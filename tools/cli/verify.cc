@@ -1,11 +1,14 @@
 // kpack verify PACK: everything Runtime::Open checks without a GPU (kpack::Pack), each
 // problem on its own line; then, where a driver and device exist, every variant loaded and
-// checked by the driver (cuKernelGetParamInfo, shared memory, threads, arch).
+// checked by the driver (cuKernelGetParamInfo, shared memory, threads, arch). A driver
+// named with --driver (or $KPACK_CUDA_DRIVER) must load; the default one may be absent.
 
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "commands.h"
 #include "driver/driver.h"
 #include "kpack/kpack.h"
@@ -13,23 +16,40 @@
 namespace kpack::cli {
 namespace {
 
+// Whether the driver to load was named (--driver, or $KPACK_CUDA_DRIVER) rather than the
+// default libcuda.so.1: a named driver must load, as doctor requires.
+bool DriverNamed(const std::string& driver) {
+  const char* env = std::getenv("KPACK_CUDA_DRIVER");
+  return !driver.empty() || (env != nullptr && env[0] != '\0');
+}
+
 // Loads every variant through the driver on device 0. Returns false when no driver or
-// device could be used (reported, not a failure: verify is an offline check first).
+// device could be used: reported as a skip for the default driver (verify is an offline
+// check first), as a problem for a named one.
 bool CheckWithDriver(const VerifyOptions& o, std::ostream& out,
                      std::vector<std::string>& problems) {
-  auto driver = internal::Driver::Load(o.driver);
-  if (!driver.ok()) {
-    out << "driver checks skipped: " << driver.status().message() << "\n";
+  const bool named = DriverNamed(o.driver);
+  auto unusable = [&](absl::string_view why) {
+    if (named) {
+      problems.push_back(absl::StrCat("driver: ", why));
+    } else {
+      out << "driver checks skipped: " << why << "\n";
+    }
     return false;
-  }
+  };
+  auto driver = internal::Driver::Load(o.driver);
+  if (!driver.ok()) return unusable(driver.status().message());
   const internal::Driver& d = **driver;
   CUdevice device;
   CUcontext ctx;
   if (d.DeviceGet(&device, 0) != CUDA_SUCCESS ||
-      d.DevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS ||
-      d.CtxSetCurrent(ctx) != CUDA_SUCCESS) {
-    out << "driver checks skipped: cannot make device 0's primary context current\n";
-    return false;
+      d.DevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS) {
+    return unusable(absl::StrCat("driver '", d.path, "' has no usable device 0"));
+  }
+  if (d.CtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    d.DevicePrimaryCtxRelease(device);
+    return unusable(absl::StrCat("cannot make device 0's primary context current in '", d.path,
+                                 "'"));
   }
   Options options;
   options.driver_path = o.driver;
@@ -66,7 +86,9 @@ int Verify(const VerifyOptions& o, std::ostream& out, std::ostream& err) {
         << variants << (variants == 1 ? " variant" : " variants")
         << " (cubin files, sha256, ELF arch, entry symbols, parameter layouts; grid "
            "expressions; dispatch tables): OK\n";
-    if (CheckWithDriver(o, out, problems) && problems.empty()) {
+    if (o.offline) {
+      out << "driver checks skipped: --offline\n";
+    } else if (CheckWithDriver(o, out, problems) && problems.empty()) {
       out << "driver: " << (variants == 1 ? "the variant" : "all " + std::to_string(variants) +
                                                            " variants")
           << " loaded and checked on device 0: OK\n";

@@ -59,7 +59,12 @@ def bucket_bounds(spec: KernelSpec, index: Sequence[int]) -> List[Optional[Tuple
     to its highest; None where they keep exact grids (an open-ended last interval without
     a ``grid_max``, a first interval below 1).  kpack's C++ rule decides, through the
     extension."""
-    from kpack._kpack import graph_padding  # pylint: disable=import-outside-toplevel
+    try:
+        from kpack._kpack import graph_padding  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise RuntimeError(
+            "the grid-tolerance proof (a spec with grid_tolerance) needs kpack's padding rule "
+            "from the installed kpack package (pip install .): " + str(e)) from e
 
     return [graph_padding([int(e) for e in dim.edges], spec.grid_max.get(dim.param), int(i))
             for dim, i in zip(spec.buckets, index)]

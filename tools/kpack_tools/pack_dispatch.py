@@ -188,12 +188,36 @@ def check_dispatch_table(dispatch, buckets, where):
 
 
 def describe_bucket_index(buckets, index) -> str:
-    """``17 <= M <= 64, N > 4096`` style text for a bucket of ``[(param, edges)]``
-    dims (inclusive upper edges, docs/pack-format.md)."""
+    """``17 <= M <= 64, N >= 4097`` style text for a bucket of ``[(param, edges)]`` dims
+    (inclusive upper edges, docs/pack-format.md), one index per dim.
+
+    The rule is the runtime's, kpack::DescribeBucket (include/kpack/pack.h), called
+    through the extension where the kpack package is installed (pip install, as the
+    kpack-build and kpack-record commands are). The tools also run from a checkout without
+    it (``PYTHONPATH=tools``, the GPU checks): there this copy of the rule answers, and
+    tools/tests/test_bucket_text.py holds it to the extension's."""
+    dims = [(param, list(edges)) for param, edges in buckets]
+    native = _native_describe_bucket()
+    if native is not None:
+        return native(dims, list(index))
+    if not dims:
+        return "no buckets"
+    if not list(index):
+        return "every bucket"
     parts = []
-    for (param, edges), i in zip(buckets, index):
-        lo = None if i == 0 else edges[i - 1] + 1
-        hi = None if i == len(edges) else edges[i]
-        parts.append(f"{param} <= {hi}" if lo is None else
+    for (param, edges), i in zip(dims, index):
+        lo = None if i == 0 or i > len(edges) else min(edges[i - 1] + 1, 2**63 - 1)
+        hi = edges[i] if i < len(edges) else None
+        parts.append(f"{param} in no bucket (index {i} of {len(edges) + 1})" if i > len(edges)
+                     else f"{param} <= {hi}" if lo is None else
                      f"{param} >= {lo}" if hi is None else f"{lo} <= {param} <= {hi}")
-    return ", ".join(parts) or "the only bucket"
+    return ", ".join(parts)
+
+
+def _native_describe_bucket():
+    """kpack._kpack.describe_bucket, or None where the extension is not installed."""
+    try:
+        from kpack._kpack import describe_bucket  # noqa: PLC0415 (optional dependency)
+    except ImportError:
+        return None
+    return describe_bucket

@@ -55,13 +55,29 @@ the pack (``kpack._dropin``).
 
 Launches need a current CUDA context on the calling thread (torch makes one when it puts
 a tensor on the GPU); a thread with none gets the primary context of its tensors' device,
-as the CUDA runtime would do. The extension does not import torch.
+as the CUDA runtime would do. Without torch (int device pointers, or tensors of a library
+that made no context on this thread), ``pack.use_device(0)`` makes device 0's primary
+context current on the calling thread, and ``pack.current_device()`` says which device is
+current (None: no context). The extension does not import torch.
+
+Testing without a GPU: kpack loads the CUDA driver at run time (``driver=`` of
+:func:`open`, else ``$KPACK_CUDA_DRIVER``, else ``libcuda.so.1``), so code that uses kpack
+can run against kpack's fake driver, ``libkpack_fake_cuda.so`` (a build of kpack's
+repository makes it: ``cmake --build build --target kpack_fake_cuda``, then
+``build/tests/fake_driver/libkpack_fake_cuda.so``). It models devices, contexts, memory
+(host memory: a "device pointer" is a host address), streams, launches, graphs and
+captures, records every launch (entry, grid, block, stream and parameter bytes) and runs
+no kernel: ``KPACK_CUDA_DRIVER=.../libkpack_fake_cuda.so python -m pytest`` checks what
+your code launches, with what arguments, on which stream. Its C functions
+(``kpack_fake_launch_count``, ``kpack_fake_get_launch``, ``kpack_fake_fail_next``, ...,
+tests/fake_driver/fake_driver.h) read the record and inject driver errors through
+ctypes; kpack's own Python tests (tests/python/conftest.py) show how.
 """
 
 from __future__ import annotations
 
 import os as _os
-from typing import Iterator, List, Optional
+from collections.abc import Iterator as _Iterator
 
 from kpack import _kpack
 from kpack._dropin import DropInError, DropInWarning, install, installed, uninstall
@@ -82,6 +98,11 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+def __dir__() -> list[str]:
+    # kpack's API only: not the modules and names this file uses to implement it.
+    return sorted([*__all__, "__version__", *(["torch"] if "torch" in globals() else [])])
+
+
 class Pack:
     """An open pack: its kernels by name (``pack["add"]`` or ``pack.add``).
 
@@ -99,7 +120,7 @@ class Pack:
         return self._runtime.dir
 
     @property
-    def kernel_names(self) -> List[str]:
+    def kernel_names(self) -> list[str]:
         """Every kernel's name, in manifest order."""
         return self._runtime.kernel_names
 
@@ -128,7 +149,7 @@ class Pack:
     def __contains__(self, name: object) -> bool:
         return name in self.kernel_names
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> _Iterator[str]:
         return iter(self.kernel_names)
 
     def __len__(self) -> int:
@@ -142,18 +163,45 @@ class Pack:
         capture, which forbids loading."""
         self._runtime.preload()
 
-    def reserve_scratch(self, nbytes: int, stream: Optional[int] = None) -> None:
-        """Grow ``stream``'s scratch arena (kernels with Triton global scratch) so that no
-        launch allocates, e.g. before graph capture."""
+    def use_device(self, device: int = 0) -> None:
+        """Make ``device``'s primary context current on the calling thread, as the CUDA
+        runtime (and so torch) does on a thread's first call there: what a launch needs
+        when nothing else made a context current (``kpack::Runtime::UseDevice``).
+        ``InvalidArgumentError`` for a device that does not exist."""
+        self._runtime.use_device(device)
+
+    def current_device(self) -> int | None:
+        """The device of the calling thread's current CUDA context, or None when no
+        context is current (``kpack::Runtime::CurrentDevice``)."""
+        return self._runtime.current_device()
+
+    def reserve_scratch(self, nbytes: int, stream=None) -> None:
+        """Grow ``stream``'s scratch arena (kernels with Triton global scratch) and set one
+        of ``nbytes`` aside for the next capture on it, so that no launch allocates: call
+        it before capturing a CUDA graph (``kpack::Runtime::ReserveScratch``). ``stream``
+        takes what a launch's ``stream=`` takes (an int ``CUstream``, a
+        ``torch.cuda.Stream``, an object with ``__cuda_stream__``); None is the stream a
+        launch without ``stream=`` and without tensor arguments uses: torch's current
+        stream of the current device when torch is imported, else the legacy default
+        stream."""
         self._runtime.reserve_scratch(nbytes, stream)
 
+    def release_scratch(self, stream=None) -> None:
+        """Free ``stream``'s scratch arena and capture reservation (``stream`` as
+        :meth:`reserve_scratch` takes it), e.g. before destroying the stream
+        (``kpack::Runtime::ReleaseScratch``)."""
+        self._runtime.release_scratch(stream)
+
     def stats(self) -> dict:
-        """Runtime counters: libraries loaded, scratch arenas and their bytes."""
+        """Runtime counters, every field of ``kpack::Runtime::Stats``: libraries_loaded,
+        scratch_arenas (streams with an arena), scratch_reserved (arenas set aside for a
+        capture), scratch_in_graphs (arenas owned by captured graphs), scratch_idle
+        (arenas graphs gave back) and scratch_bytes (device bytes of all of them)."""
         return self._runtime.stats()
 
 
 def open(dir: str | _os.PathLike, preload: bool | str = False,  # noqa: A001
-         driver: Optional[str] = None, nvtx: bool = True) -> Pack:
+         driver: str | None = None, nvtx: bool = True) -> Pack:
     """Open the pack in ``dir``: read and check the manifest and every cubin's sha256, and
     load the CUDA driver (``driver``: the library's path; default ``$KPACK_CUDA_DRIVER``,
     else ``libcuda.so.1``). Kernels load lazily at their first launch, or all now with

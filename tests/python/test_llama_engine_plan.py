@@ -1,0 +1,168 @@
+"""The Python Llama engine's launches through kpack (examples/llama/python/engine.py), as the
+recording fake CUDA driver receives them, on the tiny checkpoint and kernels/llamapack:
+the decode and prefill steps are docs/llama.md's launch sequence with its arguments, a
+graph replay sends the eager step's parameters, and graphs are built once per batch
+bucket and never as the context grows. The fake driver computes nothing here (no emulators
+for these kernels): device memory is host memory, torch CPU tensors go as addresses.
+
+Needs torch (the engine's tensors); CI, without torch, skips this file.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import KERNELS  # noqa: E402
+
+LLAMA_PY = Path(__file__).resolve().parents[2] / "examples" / "llama" / "python"
+sys.path.insert(0, str(LLAMA_PY))
+
+import checkpoint  # noqa: E402
+import config  # noqa: E402
+import engine  # noqa: E402
+
+PACK = KERNELS / "llamapack"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny_plan")
+    checkpoint.write_checkpoint(out, config.preset_dict("tiny"), seed=2, backend="numpy")
+    return out
+
+
+@pytest.fixture
+def eng(tiny, driver, fake):
+    fake.use_primary_context()
+    return engine.LlamaEngine(str(tiny), str(PACK), "eager", max_batch=8, max_prompt=32,
+                              capacity=64, device="cpu", driver=driver)
+
+
+def kernel_of(entry: str) -> str:
+    return {"llama_proj_residual": "proj"}.get(entry, entry)
+
+
+def decode_names(L: int) -> list:
+    layer = ["llama_qkv_rope", "llama_attn_decode", "proj", "llama_gate_up", "proj"]
+    return ["llama_embed"] + layer * L + ["llama_lm_head"]
+
+
+def params_of(eng, call, launch, layouts):
+    """{param: value} of a recorded launch, read at the chosen variant's offsets."""
+    k = eng.pack[call.kernel]
+    variant = k.select_variant(*eng.backend._args(call))
+    offsets = layouts("llamapack", call.kernel, variant)
+    types = {p.name: p.type for p in k.params}
+    out = {}
+    for name, off in offsets.items():
+        t = types.get(name, "")
+        if t.startswith("*"):
+            out[name] = launch.u64(off)
+        elif t == "fp32":
+            out[name] = launch.f32(off)
+        elif t in ("i32", "u32"):
+            out[name] = launch.i32(off)
+        elif t == "i64":
+            out[name] = launch.i64(off)
+    return out
+
+
+def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
+    cfg = eng.cfg
+    eng.prefill(config.prompt_tokens(3, [4, 2, 7], 0, cfg.V))
+    eng.set_batch(3)
+    calls = eng.state.decode_calls(3)
+    mark = fake.launch_count()
+    eng.decode_step()
+    launches = fake.launches_since(mark)
+    assert [kernel_of(x.entry) for x in launches] == decode_names(cfg.L)
+    assert len(launches) == 5 * cfg.L + 2
+    S = config.decode_splits(3, cfg.NKV)
+    assert S == 16
+    for call, launch in zip(calls, launches):
+        p = params_of(eng, call, launch, layouts)
+        want = dict(zip(engine.PARAMS[call.kernel], eng.backend._args(call)))
+        for name, value in p.items():
+            if isinstance(want[name], float):
+                assert value == struct.unpack("<f", struct.pack("<f", want[name]))[0], name
+            else:
+                assert value == want[name], (call.kernel, name)
+        assert p.get("M", 3) == 3
+    attn = launches[2]
+    assert attn.grid == (S, cfg.NKV, 3)
+    lm = params_of(eng, calls[-1], launches[-1], layouts)
+    assert lm["advance"] == 1 and lm["tokens"] == eng.state.tokens.data_ptr()
+
+
+def test_prefill_is_one_step_then_the_lm_head_on_the_last_row(eng, fake, layouts):
+    cfg, s = eng.cfg, eng.state
+    prompt = config.prompt_tokens(2, [3, 20], 1, cfg.V)
+    mark = fake.launch_count()
+    eng.prefill(prompt)
+    launches = fake.launches_since(mark)
+    per_row = 5 * cfg.L + 2
+    assert len(launches) == 2 * per_row
+    row1 = launches[per_row:]
+    names = [kernel_of(x.entry) for x in row1]
+    assert names[2] == "llama_attn_prefill" and names[-1] == "llama_lm_head"
+    calls = s.prefill_calls(1, 20)
+    for call, launch in zip(calls[:-1], row1[:-1]):
+        assert params_of(eng, call, launch, layouts).get("M", 20) == 20
+    lm = params_of(eng, calls[-1], row1[-1], layouts)
+    assert lm["M"] == 1 and lm["advance"] == 0
+    assert lm["h"] == s.h.data_ptr() + 19 * cfg.H * 4
+    assert lm["logits"] == s.logits.data_ptr() + cfg.V * 4
+    assert lm["counters"] == s.lm_counters.data_ptr() + 4
+    assert lm["tokens"] == s.tokens.data_ptr() + 4 and lm["pos"] == s.pos.data_ptr() + 4
+    qkv = params_of(eng, calls[1], row1[1], layouts)
+    assert qkv["pos"] == s.ppos.data_ptr() and qkv["seq"] == s.pseq.data_ptr()
+    # The host set the decode rows after the prefills: pos = prompt lengths, seq = rows.
+    assert s.pos[:2].tolist() == [3, 20] and s.seq[:2].tolist() == [0, 1]
+    assert s.ptokens[:20].tolist() == prompt[1] and s.pseq[:20].tolist() == [1] * 20
+
+
+def test_graph_replay_sends_the_eager_steps_parameters(eng, fake):
+    eng.prefill(config.prompt_tokens(3, [4] * 3, 0, eng.cfg.V))
+    eng.set_batch(3)
+    mark = fake.launch_count()
+    eng.decode_step()
+    eager = fake.launches_since(mark)
+    eng.use("graph")
+    eng.set_batch(3)
+    mark = fake.launch_count()
+    eng.decode_step()
+    replayed = fake.launches_since(mark)
+    assert [x.entry for x in replayed] == [x.entry for x in eager]
+    assert [x.params for x in replayed] == [x.params for x in eager]
+    # Grid-tolerant kernels run at their bucket's edge (2-4: 4) in the graph.
+    assert replayed[2].grid == (16, eng.cfg.NKV, 4) and eager[2].grid == (16, eng.cfg.NKV, 3)
+
+
+def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):
+    eng.prefill(config.prompt_tokens(8, [5] * 8, 0, eng.cfg.V))
+    eng.use("graph")
+    graph_stats = lambda: eng.backend.stats()  # noqa: E731
+    n = 5 * eng.cfg.L + 2
+    eng.set_batch(3)
+    for _ in range(3):
+        eng.decode_step()
+    st = graph_stats()
+    assert st["graphs_built"] == 1 and st["replays"] == 3 and st["nodes_patched"] == 0
+    eng.set_batch(2)  # same bucket (2-4): M patched in every launch, no new graph
+    eng.decode_step()
+    st = graph_stats()
+    assert st["graphs_built"] == 1 and st["last_nodes_patched"] == n
+    eng.set_batch(8)  # bucket 5-16: S changes too; a second graph
+    eng.decode_step()
+    eng.decode_step()
+    st = graph_stats()
+    assert st["graphs_built"] == 2 and st["last_nodes_patched"] == 0
+    eng.set_batch(4)
+    eng.decode_step()
+    assert graph_stats()["graphs_built"] == 2
