@@ -13,22 +13,25 @@ How they are written:
 - Every count comes from the size arguments, never from ``tl.num_programs``; a program
   past them touches no memory (a padded grid gives the same bits). Offsets into tensors
   are int64.
-- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M == 1`` (batch 1: a GEMV)
-  and ``BLOCK_M < 16`` (small batches) multiply and add elementwise on a
-  ``[BLOCK_N, BLOCK_K]`` (or ``[BLOCK_M, BLOCK_N, BLOCK_K]``) tile and reduce over K once
-  at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The K loop is software-pipelined
+- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M < 16`` (batch 1 and
+  small batches) is a GEMV per row: each ``[BLOCK_N, BLOCK_K]`` weight tile, read once, is
+  multiplied with each of the program's rows in turn and the fp32 products reduced over
+  the tile; ``BLOCK_M >= 16`` uses ``tl.dot``. The first K tile of a program's weights is
+  loaded before ``gdc_wait()``; the K loop after it is software-pipelined
   (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a dot only when asked).
+  The LM head at one row streams a wide program's vocabulary rows tile by tile.
 - No float atomics: the two cross-program reductions (decode-attention splits, the LM
   head's argmax) write partials and the program that brings an int32 counter to its
   target (acq_rel, after a CTA barrier) reduces them in a fixed order and resets the
   counter, so results are the same bits on every run whichever program comes last.
 - Programmatic dependent launch behind the constexpr ``USE_PDL`` (off in the
-  interpreter, which cannot run inline PTX): a program may prefetch its weights into L2
-  (weights are never written), then ``gdc_wait()`` before touching anything a previous
-  kernel may write, and ``gdc_launch_dependents()`` once its dependent reads are issued.
-  Both are no-ops when the launch has no PDL attribute, so the kernels are correct either
-  way. Every program calls ``gdc_wait()`` (also the ones that then return), so no kernel
-  can complete before the one it follows.
+  interpreter, which cannot run inline PTX): a program may read its weights first (its
+  first K tile into registers, more prefetched into L2: the weights, norm weights and
+  ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
+  anything a previous kernel may write, and ``gdc_launch_dependents()`` once its dependent
+  reads are issued. Both are no-ops when the launch has no PDL attribute, so the kernels
+  are correct either way. Every program calls ``gdc_wait()`` (also the ones that then
+  return), so no kernel can complete before the one it follows.
 """
 
 import triton

@@ -73,9 +73,25 @@ def _proj_configs(n_name):
             for m, n, k, w, s in table]
 
 
+def _candidate_cap():
+    """LLAMA_SPEC_CANDIDATES=N tunes only the first N candidates of each bucket's list
+    (the lists run from the most promising down; each candidate costs a JIT compile and
+    its timing on the tuning GPU); unset, all of them."""
+    text = os.environ.get("LLAMA_SPEC_CANDIDATES", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"LLAMA_SPEC_CANDIDATES must be a positive integer, not {text!r}")
+    return int(text)
+
+
 def _candidates(per_bucket):
     """(default per bucket, config_allowed) from one list of candidate names per bucket,
-    the first being the bucket's default."""
+    the first being the bucket's default; LLAMA_SPEC_CANDIDATES keeps each list's head."""
+    cap = _candidate_cap()
+    if cap is not None:
+        per_bucket = [names[:cap] for names in per_bucket]
+
     def allowed(shape, config):
         return config.name in per_bucket[_bucket(shape["M"])]
     return [names[0] for names in per_bucket], allowed
@@ -92,30 +108,31 @@ def _candidates(per_bucket):
 # per SM, one wave (the first tile in registers and 32 KB more in L2 before gdc_wait);
 # the LM head streams 64 rows per program in 16 KB tiles, 3 in flight (2004 programs, 128
 # registers: 4 per SM; the row's norm and the argmax counter paid once per 256 KB).
-_M1 = {
-    "llama_qkv_rope": ["p1_4_k2048_w4_s1", "p1_2_k2048_w4_s1", "p1_4_k2048_w8_s1",
-                       "p1_4_k1024_w4_s2", "p1_8_k256_w4_s4"],
-    "llama_o_proj": ["p1_4_k2048_w4_s1", "p1_2_k2048_w4_s1", "p1_8_k2048_w8_s1",
-                     "p1_4_k512_w4_s3", "p1_8_k256_w4_s4"],
-    "llama_gate_up": ["p1_4_k2048_w4_s1", "p1_2_k2048_w4_s1", "p1_4_k2048_w8_s1",
-                      "p1_8_k1024_w8_s2", "p1_8_k256_w4_s4"],
-    "llama_down_proj": ["p1_4_k2048_w4_s3", "p1_2_k4096_w4_s2", "p1_1_k8192_w4_s1",
-                        "p1_4_k512_w4_s3", "p1_8_k512_w8_s3"],
-    "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_32_k2048_w4_s4", "p1_128_k2048_w4_s4",
-                      "p1_8_k2048_w4_s1", "p1_16_k512_w4_s3"],
+_M1 = {  # each list: the default, the first H200 tuning's winner, then the others
+    "llama_qkv_rope": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                       "p1_4_k2048_w8_s1", "p1_4_k1024_w4_s2"],
+    "llama_o_proj": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                     "p1_8_k2048_w8_s1", "p1_4_k512_w4_s3"],
+    "llama_gate_up": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                      "p1_4_k2048_w8_s1", "p1_8_k1024_w8_s2"],
+    "llama_down_proj": ["p1_4_k2048_w4_s3", "p1_4_k512_w4_s3", "p1_2_k4096_w4_s2",
+                        "p1_1_k8192_w4_s1", "p1_8_k512_w8_s3"],
+    "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_16_k512_w4_s3", "p1_32_k2048_w4_s4",
+                      "p1_128_k2048_w4_s4", "p1_8_k2048_w4_s1"],
 }
 # M = 2-4: the GEMV per row over 4 rows sharing each weight tile (whole rows, as at M = 1,
-# or the K loop's tiles of the first tuning, whose winners they are) or tl.dot over 16.
+# or the K loop's tiles of the first tuning, whose winners they are) or tl.dot over 16;
+# ordered as _M1 (so LLAMA_SPEC_CANDIDATES=2 keeps the new default and the old winner).
 _M4 = {
-    "llama_qkv_rope": ["p4_2_k2048_w4_s1", "p4_4_k2048_w8_s1", "p4_8_k128_w4_s3",
+    "llama_qkv_rope": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
                        "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_o_proj": ["p4_4_k2048_w4_s1", "p4_2_k2048_w4_s1", "p4_8_k128_w4_s3",
+    "llama_o_proj": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_2_k2048_w4_s1",
                      "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_gate_up": ["p4_2_k2048_w4_s1", "p4_4_k2048_w8_s1", "p4_8_k128_w4_s3",
+    "llama_gate_up": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_down_proj": ["p4_1_k8192_w4_s1", "p4_2_k4096_w4_s2", "p4_4_k256_w4_s3",
+    "llama_down_proj": ["p4_1_k8192_w4_s1", "p4_4_k256_w4_s3", "p4_2_k4096_w4_s2",
                         "p4_8_k128_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_lm_head": ["p4_4_k2048_w4_s1", "p4_8_k2048_w8_s1", "p4_8_k128_w4_s3",
+    "llama_lm_head": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_8_k2048_w8_s1",
                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
 }
 # M > 4: tl.dot tiles growing with M, with narrow ones among them so that the 2048-row
