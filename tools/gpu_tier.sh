@@ -21,7 +21,10 @@
 #             kpack-build with --jobs; their tuning merged; the pack rebuilt from it with
 #             --reuse-tuning); tuning.json and the logs kept in $LOGS/llamapack-tuned.
 #             Needs the kpack package installed (the build stage's pip install): the
-#             grid-tolerance proof calls kpack's padding rule through the extension
+#             grid-tolerance proof calls kpack's padding rule through the extension.
+#             LLAMA_TUNE_GROUPS="a,b c,d" names the groups (default: all eight kernels
+#             in three); a kernel no group names keeps the committed pack's tuning.
+#             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only
 #   llama     the Llama engine's GPU tier: the kernels against their torch math
 #             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size
 #             (LlamaGpuTest.*), Python vs C++ and the reference's KL check
@@ -88,22 +91,33 @@ stage_run() {
 }
 
 stage_llama-tune() {
-  local out="$LOGS/llamapack-tuned" group i=0
+  local out="$LOGS/llamapack-tuned" group i=0 start
+  local all="llama_embed,llama_attn_decode,llama_attn_prefill,llama_qkv_rope"
+  all+=" llama_o_proj,llama_gate_up llama_down_proj,llama_lm_head"
+  local groups
+  read -r -a groups <<< "${LLAMA_TUNE_GROUPS:-$all}"
   "$python" -c 'import kpack._kpack' 2> /dev/null ||
     { echo "llama-tune: install the kpack package first (the build stage does)"; return 1; }
   rm -rf "$out" && mkdir -p "$out" || return 1
-  for group in llama_embed,llama_attn_decode,llama_attn_prefill,llama_qkv_rope \
-               llama_o_proj,llama_gate_up llama_down_proj,llama_lm_head; do
-    i=$((i + 1))
+  for group in "${groups[@]}"; do
+    i=$((i + 1)) start=$SECONDS
     LLAMA_SPEC_KERNELS=$group PYTHONPATH=tools "$python" -m kpack_tools.build \
       kernels/llama/llama_spec.py --out "$out/group$i" --jobs "$(nproc)" \
       > "$out/tune$i.log" 2>&1 || { tail -n 20 "$out/tune$i.log"; return 1; }
+    echo "llama-tune: group $i ($group) in $((SECONDS - start)) s"
   done
-  "$python" - "$out" <<'PY' || return 1
+  # The groups' kernels, then the committed pack's entries of the kernels no group names
+  # (the final build's --reuse-tuning refuses them if they no longer fit the spec).
+  "$python" - "$out" "$i" kernels/llamapack/tuning.json <<'PY' || return 1
 import json, sys
-out = sys.argv[1]
-parts = [json.load(open(f"{out}/group{i}/tuning.json")) for i in (1, 2, 3)]
-merged = dict(parts[0], kernels=[k for p in parts for k in p["kernels"]])
+out, groups, committed = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+parts = [json.load(open(f"{out}/group{i}/tuning.json")) for i in range(1, groups + 1)]
+kernels = [k for p in parts for k in p["kernels"]]
+named = {k["name"] for k in kernels}
+kept = [k for k in json.load(open(committed))["kernels"] if k["name"] not in named]
+if kept:
+    print("llama-tune: kept from the committed pack:", ", ".join(k["name"] for k in kept))
+merged = dict(parts[0], kernels=kernels + kept)
 json.dump(merged, open(f"{out}/tuning.json", "w"), indent=1)
 PY
   PYTHONPATH=tools "$python" -m kpack_tools.build kernels/llama/llama_spec.py \

@@ -121,7 +121,7 @@ int BatchBucket(int batch) {
 int DecodeSplits(int batch, int num_key_value_heads) {
   const int bucket = BatchBucket(batch);
   const int edge = bucket < 4 ? kBatchBucketEdges[static_cast<size_t>(bucket)] : batch;
-  return std::max(1, std::min(kMaxDecodeSplits, 128 / (edge * num_key_value_heads)));
+  return std::max(1, std::min(kMaxDecodeSplits, 512 / (edge * num_key_value_heads)));
 }
 
 // One batch bucket's decode step: its launches bound once, in step order, and their graph.

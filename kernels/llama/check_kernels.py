@@ -16,11 +16,14 @@ Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unles
 
 ``--device cpu`` runs Triton's interpreter (``TRITON_INTERPRET=1``, torch CPU tensors,
 ``USE_PDL`` off) at the tiny model's shapes and odd sizes, with one config per code path
-(the GEMV, the multiply-add over a few rows, ``tl.dot``). ``--device cuda`` compiles them
-(``USE_PDL`` on, launched with PDL): the same cases with every candidate config of the
-spec, the Llama-3.2-1B shapes of every bucket, then the timing tables issue 22 asks for:
-each projection at M = 1 (µs, GB/s, % of a measured device-to-device copy) and decode
-attention at contexts 128/1K/4K/8K.
+(the GEMV with K in one tile and with a K loop, the GEMV per row over a few rows,
+``tl.dot``). ``--device cuda`` compiles them (``USE_PDL`` on, launched with PDL): the same
+cases with every bucket's default config (every config for attention), the Llama-3.2-1B
+shapes of every bucket, then the timing tables issue 22 asks for: each projection at
+M = 1 with every candidate of the bucket (µs, GB/s, % of a measured 1 GiB device-to-device
+copy, µs of a copy moving the same bytes in the same kind of graph and the kernel's speed
+relative to it, µs with the weights in L2) and decode attention at contexts
+128/512/1K/4K/8K the same way.
 """
 
 import argparse
@@ -249,9 +252,14 @@ def _cfg(name, warps, stages, **blocks):
 
 
 # Compact configs for the interpreter, one per code path (the spec's, larger, run on the
-# GPU): the GEMV (BLOCK_M 1), the multiply-add over a few rows, tl.dot.
+# GPU): the GEMV (BLOCK_M 1), the GEMV per row over a few rows, tl.dot.
 CPU_PROJ = {
     "gemv": dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
+    "gemv_k64": dict(BLOCK_M=1, BLOCK_N=8, BLOCK_K=64),
+    # The LM head streaming its rows tile by tile (_lm_head_stream): K in one tile (the
+    # pipelined loop) and in two.
+    "stream": dict(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256),
+    "stream_k128": dict(BLOCK_M=1, BLOCK_N=128, BLOCK_K=128),
     "rows4": dict(BLOCK_M=4, BLOCK_N=16, BLOCK_K=128),
     "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
     "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
@@ -266,13 +274,16 @@ def _proj_cfg(kernel, path):
 
 
 def _lm_ties(args):
-    """Exact ties: row 0's winner duplicated further on in another program and row 1's in
-    the next column (same program), so the smallest index must win."""
+    """Exact ties: row 0's winner at 260 and 261 (one tile), 300 (a later tile of the same
+    streaming program) and V - 3 (another program); row 1's in the next column (same
+    program), so the smallest index must win."""
     v, m = args["V"], args["M"]
     xn = lt.rmsnorm(args["h"], args["norm_w"], args["eps"]).float()
     w = args["w"]
     w[300] = (xn[0] * 0.05).to(lt.BF16)
     w[v - 3] = w[300]
+    w[260] = w[300]
+    w[261] = w[300]
     if m > 1:
         w[500] = (xn[1] * 0.05).to(lt.BF16)
         w[501] = w[500]
@@ -282,6 +293,7 @@ def cases(device):
     """(kernel, shape, config, padded, tweak) to check."""
     tiny = dict(lt.TINY)
     gqa4 = dict(tiny, NH=8, NKV=2)
+    odd = dict(tiny, H=255, I=517, V=999)
     out = []
     cpu = device == "cpu"
     proj_kernels = ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
@@ -290,14 +302,23 @@ def cases(device):
         out.append(("llama_embed", dict(tiny, M=m), SPECS["llama_embed"].config("b512_w1"),
                     m in (3, 17), None))
     if cpu:
-        plan = {1: ("gemv", "rows4"), 3: ("rows4", "dot16"), 17: ("gemv", "dot16"),
-                70: ("dot64",)}
+        # The GEMV with its whole K in the first tile (loaded before gdc_wait) and with
+        # more tiles after it (the K loop and, under RMSNorm, the rest of the row).
+        plan = {1: ("gemv", "gemv_k64", "rows4"), 3: ("rows4", "dot16"),
+                17: ("gemv", "dot16"), 70: ("dot64",)}
         for kernel in proj_kernels:
             for m, paths in plan.items():
                 for path in paths:
                     shape = dict(tiny, M=m, CAP=128)
                     out.append((kernel, shape, _proj_cfg(kernel, path),
                                 m in (3, 17) and path != "gemv" or m == 1, None))
+            # Sizes that are no multiples of 16 (rows that start off 16-byte boundaries).
+            out.append((kernel, dict(odd, M=1, CAP=128), _proj_cfg(kernel, "gemv_k64"), True,
+                        None))
+        for path in ("stream", "stream_k128"):
+            for shape in (dict(tiny, M=1, CAP=128), dict(odd, M=1, CAP=128)):
+                out.append(("llama_lm_head", shape, _proj_cfg("llama_lm_head", path), True,
+                            None))
     else:  # every bucket's default config (the tuner checks every candidate at scale)
         for kernel in proj_kernels:
             spec = SPECS[kernel]
@@ -307,6 +328,9 @@ def cases(device):
                 small = config.constexprs["BLOCK_M"] < 16
                 for m in ((1, 3) if small else (3, 17, 70)):
                     out.append((kernel, dict(tiny, M=m, CAP=128), config, True, None))
+                # Rows off 16-byte boundaries: the L2 prefetch's span rounding.
+                out.append((kernel, dict(odd, M=1 if small else 17, CAP=128), config, True,
+                            None))
     # KV append at positions near and at CAP (the row at CAP is dropped), prefill rows.
     qkv = _proj_cfg("llama_qkv_rope", "rows4") if cpu else SPECS["llama_qkv_rope"].config(
         "p4_4_k256_w4_s3")
@@ -315,23 +339,37 @@ def cases(device):
         args["pos"][:] = torch.tensor([127, 126, 128], dtype=torch.int32)[:args["M"]]
     out.append(("llama_qkv_rope", dict(tiny, M=3, CAP=128), qkv, True, near_cap))
     out.append(("llama_qkv_rope", dict(gqa4, M=17, CAP=128, prefill=True), qkv, True, None))
-    lm = _proj_cfg("llama_lm_head", "gemv") if cpu else SPECS["llama_lm_head"].config(
-        "p1_16_k512_w4_s3")
+    lms = ([_proj_cfg("llama_lm_head", p) for p in ("gemv", "stream")] if cpu else
+           [SPECS["llama_lm_head"].config(n) for n in ("p1_16_k512_w4_s3", "p1_64_k2048_w4_s4")])
     lm4 = _proj_cfg("llama_lm_head", "rows4") if cpu else SPECS["llama_lm_head"].config(
         "p4_4_k256_w4_s3")
-    out.append(("llama_lm_head", dict(tiny, M=1, clear_winner=False), lm, False, _lm_ties))
+    for lm in lms:
+        out.append(("llama_lm_head", dict(tiny, M=1, clear_winner=False), lm, False, _lm_ties))
     out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False), lm4, False, _lm_ties))
-    # Decode attention: GQA groups 2 and 4, contexts up to CAP, S = 1 (no partials), S
-    # from the formula, S above the number of KV tiles.
+    # Decode attention: GQA groups 2 and 4; contexts of a few KV tiles (split 0 alone
+    # writes out) and longer ones (partials and the combine: every split with work, some
+    # idle, S odd, S = 1), rows of both kinds in one launch, S above the number of tiles.
     dec_cfgs = [SPECS["llama_attn_decode"].config(n) for n in
                 (("n32_w4_s3",) if cpu else [c.name for c in SPECS["llama_attn_decode"].configs])]
+
+    def mixed(args):  # one row of one tile, one at the direct limit, one split
+        args["pos"][:] = torch.tensor([20, 127, 290], dtype=torch.int32)[:args["M"]]
     for config in dec_cfgs:
-        for shape in (dict(tiny, M=1, CAP=128, ctx=128), dict(tiny, M=3, CAP=128, ctx=100),
-                      dict(gqa4, M=2, CAP=128, ctx=128, S=1),
-                      dict(gqa4, M=3, CAP=128, ctx=77, S=3),
-                      dict(tiny, M=1, CAP=128, ctx=5, S=32),
-                      dict(gqa4, M=17, CAP=64, ctx=64)):
-            out.append(("llama_attn_decode", shape, config, True, None))
+        for shape, tweak in ((dict(tiny, M=1, CAP=128, ctx=128), None),
+                             (dict(tiny, M=3, CAP=128, ctx=100), None),
+                             (dict(gqa4, M=2, CAP=128, ctx=128, S=1), None),
+                             (dict(gqa4, M=3, CAP=128, ctx=77, S=3), None),
+                             (dict(tiny, M=1, CAP=128, ctx=5, S=32), None),
+                             (dict(gqa4, M=17, CAP=64, ctx=64), None),
+                             (dict(tiny, M=1, CAP=640, ctx=640), None),
+                             (dict(gqa4, M=2, CAP=320, ctx=300, S=5), None),
+                             (dict(tiny, M=3, CAP=320, ctx=300, S=7), mixed),
+                             (dict(gqa4, M=2, CAP=512, ctx=500, S=1), None),
+                             # 8 q heads per kv head (two combine chunks of heads), more
+                             # splits than one combine chunk reads (S above S_MAX).
+                             (dict(tiny, NH=16, NKV=2, M=1, CAP=1200, ctx=1200, S=40),
+                              None)):
+            out.append(("llama_attn_decode", shape, config, True, tweak))
     pre_cfgs = [SPECS["llama_attn_prefill"].config(n) for n in
                 (("m16_n32_w4_s3", "m64_n64_w4_s3") if cpu else
                  [c.name for c in SPECS["llama_attn_prefill"].configs])]
@@ -409,27 +447,66 @@ def _chosen(name, bucket):
     return spec.default_config(bucket)
 
 
+def _rotations(nbytes):
+    """How many copies of an `nbytes` operand one timing graph cycles through, so that
+    what it reads comes from memory, not L2 (50 MB): at least 256 MB in all."""
+    return min(512, max(2, -(-(256 << 20) // max(nbytes, 1))))
+
+
+def copy_us(nbytes):
+    """µs per device-to-device copy moving `nbytes` in all (nbytes / 2 read, as many
+    written), timed as the kernels are: back-to-back in a CUDA graph, source and
+    destination rotated beyond L2. A small copy does not reach the 1 GiB copy's
+    bandwidth either: this is what moving that many bytes costs in a graph."""
+    half = max(16, nbytes // 2 // 16 * 16)
+    copies = _rotations(half)
+    src = torch.empty(copies * half, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+
+    def run(i=0):
+        j = i % copies
+        dst[j * half:(j + 1) * half].copy_(src[j * half:(j + 1) * half])
+    us = _time_graph(run, 2 * copies)
+    del src, dst
+    return us
+
+
+def _proj_bytes(name, model):
+    """(weight bytes, all bytes moved) of a projection at M = 1: weights plus the
+    activations read and written."""
+    h, nh, nkv, d, inter, v = (model[k] for k in ("H", "NH", "NKV", "D", "I", "V"))
+    weights = {"llama_qkv_rope": (nh + 2 * nkv) * d * h * 2, "llama_o_proj": h * nh * d * 2,
+               "llama_gate_up": 2 * inter * h * 2, "llama_down_proj": h * inter * 2,
+               "llama_lm_head": v * h * 2}[name]
+    activations = {"llama_qkv_rope": 4 * h + 2 * (nh + 2 * nkv) * d,
+                   "llama_o_proj": 2 * nh * d + 8 * h, "llama_gate_up": 4 * h + 2 * inter,
+                   "llama_down_proj": 2 * inter + 8 * h, "llama_lm_head": 4 * h + 4 * v}[name]
+    return weights, weights + activations
+
+
 def bench(pdl, out_json=None):
     model = dict(lt.LLAMA_1B)
     bw = copy_bandwidth()
-    print(f"\ndevice-to-device copy: {bw / 1e12:.3f} TB/s (read + write)")
+    print(f"\ndevice-to-device copy: {bw / 1e12:.3f} TB/s (read + write, 1 GiB)")
     rows, attn_rows = [], []
-    weight_bytes = {
-        "llama_qkv_rope": (model["NH"] + 2 * model["NKV"]) * 64 * model["H"] * 2,
-        "llama_o_proj": model["H"] * model["NH"] * 64 * 2,
-        "llama_gate_up": 2 * model["I"] * model["H"] * 2,
-        "llama_down_proj": model["H"] * model["I"] * 2,
-        "llama_lm_head": model["V"] * model["H"] * 2,
-    }
-    print(f"\nprojections at M = 1 (Llama-3.2-1B), weights rotated over copies larger than "
-          f"L2; graph = µs per kernel inside a CUDA graph of back-to-back launches"
-          f"{' with PDL' if pdl else ''}")
-    print(f"{'kernel':18} {'config':20} {'MB':>7} {'µs':>8} {'GB/s':>8} {'% copy':>7}")
-    for name, nbytes in weight_bytes.items():
+    print(f"\nprojections at M = 1 (Llama-3.2-1B): µs per kernel inside a CUDA graph of "
+          f"back-to-back launches{' with PDL' if pdl else ''}, weights rotated over copies "
+          f"larger than L2; GB/s and % of the 1 GiB copy for the bytes moved (weights and "
+          f"activations); 'copy µs': a device-to-device copy moving as many bytes in the "
+          f"same kind of graph, '% cp' the kernel's speed relative to it (the reachable "
+          f"ceiling at this size); 'L2-hot µs': the same weights every launch (what is left "
+          f"when they come from L2: latency and the kernel boundary)")
+    print(f"{'kernel':18} {'config':20} {'MB':>7} {'µs':>8} {'GB/s':>7} {'% copy':>7} "
+          f"{'copy µs':>8} {'% cp':>6} {'L2-hot µs':>10}")
+    same_copy = {}
+    for name in ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
+                 "llama_lm_head"):
         spec = SPECS[name]
+        nbytes, moved = _proj_bytes(name, model)
+        same_copy[name] = copy_us(moved)
         shape = dict(model, M=1, CAP=4096)
         base = lt.make_inputs(name, shape, "cuda")
-        copies = max(2, -(-(512 << 20) // nbytes))
+        copies = _rotations(nbytes)
         weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
         for config in [_chosen(name, 0)] + [c for c in spec.configs if spec.allowed(
                 shape, c) and c.name != _chosen(name, 0).name]:
@@ -437,40 +514,62 @@ def bench(pdl, out_json=None):
 
             def run(i=0, config=config, grid=grid):
                 launch(name, {**base, "w": weights[i % copies]}, config, grid, pdl)
+
+            def hot(i=0, config=config, grid=grid):
+                launch(name, base, config, grid, pdl)
             try:
                 us = _time_graph(run, 2 * copies)
+                hot_us = _time_graph(hot, 2 * copies)
             except Exception as err:  # noqa: BLE001 - report and go on
                 print(f"{name:18} {config.name:20} failed: {type(err).__name__}: {err}")
                 continue
-            moved = nbytes + (8 * model["H"] if name != "llama_down_proj" else 0)
             gbs = moved / us / 1e3
             rows.append({"kernel": name, "config": config.name, "us": us, "GB/s": gbs,
-                         "pct_copy": 100 * gbs * 1e9 / bw})
-            print(f"{name:18} {config.name:20} {nbytes / 1e6:7.1f} {us:8.2f} {gbs:8.0f} "
-                  f"{100 * gbs * 1e9 / bw:6.1f}%", flush=True)
-    print(f"\ndecode attention (Llama-3.2-1B heads), bytes = K and V read")
-    print(f"{'M':>3} {'ctx':>6} {'S':>3} {'config':12} {'µs':>8} {'GB/s':>8} {'% copy':>7}")
+                         "pct_copy": 100 * gbs * 1e9 / bw, "bytes": moved,
+                         "copy_us": same_copy[name],
+                         "pct_same_copy": 100 * same_copy[name] / us, "l2_hot_us": hot_us})
+            print(f"{name:18} {config.name:20} {nbytes / 1e6:7.1f} {us:8.2f} {gbs:7.0f} "
+                  f"{100 * gbs * 1e9 / bw:6.1f}% {same_copy[name]:8.2f} "
+                  f"{100 * same_copy[name] / us:5.1f}% {hot_us:10.2f}", flush=True)
+        del weights, base
+    print(f"\ndecode attention (Llama-3.2-1B heads): bytes = K and V read; the caches rotated "
+          f"over copies larger than L2 ('L2-hot µs': one cache); 'copy µs' and '% cp' as above")
+    print(f"{'M':>3} {'ctx':>6} {'S':>3} {'config':12} {'µs':>8} {'GB/s':>7} {'% copy':>7} "
+          f"{'copy µs':>8} {'% cp':>6} {'L2-hot µs':>10}")
     spec = SPECS["llama_attn_decode"]
     for m in (1, 4, 16, 64):
-        for ctx in (128, 1024, 4096, 8192):
+        for ctx in (128, 512, 1024, 4096, 8192):
             shape = dict(model, M=m, CAP=ctx, ctx=ctx)
             args = lt.make_inputs("llama_attn_decode", shape, "cuda")
             args["pos"][:] = ctx - 1
+            moved = m * model["NKV"] * ctx * 64 * 2 * 2
+            copies = _rotations(moved)
+            caches = [(args["k_cache"], args["v_cache"])] + [
+                (args["k_cache"].clone(), args["v_cache"].clone()) for _ in range(copies - 1)]
             config = _chosen("llama_attn_decode", llama_spec._bucket(m))
             grid = spec.grid_for(args, config)
+
+            def run(i=0, config=config, grid=grid):
+                k, v = caches[i % copies]
+                launch("llama_attn_decode", {**args, "k_cache": k, "v_cache": v}, config,
+                       grid, pdl)
             try:
-                us = _time_graph(
+                us = _time_graph(run, max(20, copies))
+                hot_us = _time_graph(
                     lambda i=0: launch("llama_attn_decode", args, config, grid, pdl), 20)
+                cp_us = copy_us(moved)
             except Exception as err:  # noqa: BLE001 - report and go on
                 print(f"{m:3} {ctx:6} failed: {type(err).__name__}: {err}")
                 continue
-            moved = m * model["NKV"] * ctx * 64 * 2 * 2
             gbs = moved / us / 1e3
             attn_rows.append({"M": m, "ctx": ctx, "S": args["S"], "config": config.name,
-                              "us": us, "GB/s": gbs, "pct_copy": 100 * gbs * 1e9 / bw})
-            print(f"{m:3} {ctx:6} {args['S']:3} {config.name:12} {us:8.2f} {gbs:8.0f} "
-                  f"{100 * gbs * 1e9 / bw:6.1f}%", flush=True)
-            del args
+                              "us": us, "GB/s": gbs, "pct_copy": 100 * gbs * 1e9 / bw,
+                              "copy_us": cp_us, "pct_same_copy": 100 * cp_us / us,
+                              "l2_hot_us": hot_us})
+            print(f"{m:3} {ctx:6} {args['S']:3} {config.name:12} {us:8.2f} {gbs:7.0f} "
+                  f"{100 * gbs * 1e9 / bw:6.1f}% {cp_us:8.2f} {100 * cp_us / us:5.1f}% "
+                  f"{hot_us:10.2f}", flush=True)
+            del args, caches
     if out_json:
         Path(out_json).write_text(json.dumps(
             {"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "pdl": pdl,

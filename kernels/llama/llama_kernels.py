@@ -13,53 +13,79 @@ How they are written:
 - Every count comes from the size arguments, never from ``tl.num_programs``; a program
   past them touches no memory (a padded grid gives the same bits). Offsets into tensors
   are int64.
-- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M == 1`` (batch 1: a GEMV)
-  and ``BLOCK_M < 16`` (small batches) multiply and add elementwise on a
-  ``[BLOCK_N, BLOCK_K]`` (or ``[BLOCK_M, BLOCK_N, BLOCK_K]``) tile and reduce over K once
-  at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The K loop is software-pipelined
+- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M < 16`` (batch 1 and
+  small batches) is a GEMV per row: each ``[BLOCK_N, BLOCK_K]`` weight tile, read once, is
+  multiplied with each of the program's rows in turn and the fp32 products reduced over
+  the tile; ``BLOCK_M >= 16`` uses ``tl.dot``. The first K tile of a program's weights is
+  loaded before ``gdc_wait()``; the K loop after it is software-pipelined
   (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a dot only when asked).
+  The LM head at one row streams a wide program's vocabulary rows tile by tile.
 - No float atomics: the two cross-program reductions (decode-attention splits, the LM
   head's argmax) write partials and the program that brings an int32 counter to its
   target (acq_rel, after a CTA barrier) reduces them in a fixed order and resets the
   counter, so results are the same bits on every run whichever program comes last.
 - Programmatic dependent launch behind the constexpr ``USE_PDL`` (off in the
-  interpreter, which cannot run inline PTX): a program may prefetch its weights into L2
-  (weights are never written), then ``gdc_wait()`` before touching anything a previous
-  kernel may write, and ``gdc_launch_dependents()`` once its dependent reads are issued.
-  Both are no-ops when the launch has no PDL attribute, so the kernels are correct either
-  way. Every program calls ``gdc_wait()`` (also the ones that then return), so no kernel
-  can complete before the one it follows.
+  interpreter, which cannot run inline PTX): a program may read its weights first (its
+  first K tile into registers, more prefetched into L2: the weights, norm weights and
+  ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
+  anything a previous kernel may write, and ``gdc_launch_dependents()`` once its dependent
+  reads are issued. Both are no-ops when the launch has no PDL attribute, so the kernels
+  are correct either way. Every program calls ``gdc_wait()`` (also the ones that then
+  return), so no kernel can complete before the one it follows.
 """
 
 import triton
 import triton.language as tl
 
-# Bytes of its weight rows a projection program prefetches into L2 before gdc_wait.
-_PREFETCH_BYTES = tl.constexpr(16384)
+# Bytes of its weight rows beyond the first K tile (which it loads into registers) a
+# projection program prefetches into L2 before gdc_wait, at most.
+_PREFETCH_BYTES = tl.constexpr(32768)
+# Elements of a weight tile the LM head streams at one row (_lm_head_stream): 16 KB.
+_LM_TILE = tl.constexpr(8192)
 # Elements of argmax partials the LM head's last program reads per row and iteration.
 _ARGMAX_CHUNK = tl.constexpr(4096)
-# Elements of attention partials ([heads, splits, HEAD_DIM]) the combine reads at once.
-_COMBINE_CHUNK = tl.constexpr(8192)
 _INT32_MAX = tl.constexpr(2147483647)
-# Elements of the fp32 residual stream the RMSNorm prologue reads per iteration.
+# Decode attention: a row whose context spans at most this many KV tiles is attended by
+# split 0 alone (no partials, no counter).
+_DIRECT_TILES = tl.constexpr(4)
+# Decode attention's combine: heads and splits of partials read at once.
+_COMBINE_HEADS = tl.constexpr(4)
+_COMBINE_SPLITS = tl.constexpr(32)
+# Elements of the fp32 residual stream the RMSNorm prologue reads per iteration beyond the
+# first K tile (BLOCK_M > 1).
 _RSTD_CHUNK = tl.constexpr(4096)
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(w, rows, rows_ok, K, BLOCK_N: tl.constexpr, BYTES: tl.constexpr):
-    """Prefetch into L2 the first BYTES // BLOCK_N bytes of each of the BLOCK_N weight
-    rows (bf16, row length K), one 128-byte line per element."""
-    LINES: tl.constexpr = BYTES // (BLOCK_N * 128)
-    tl.static_assert(LINES >= 1, "prefetch: BLOCK_N * 128 must not exceed BYTES")
-    cols = tl.arange(0, LINES) * 64
-    ok = rows_ok[:, None] & (cols[None, :] < K)
-    _prefetch_l2(w + tl.where(ok, rows.to(tl.int64)[:, None] * K + cols[None, :], 0))
+def _prefetch_span(w, r0, r1, K, BYTES: tl.constexpr):
+    """Prefetch into L2 weight rows [r0, r1) (bf16, row length K; scalar row indices),
+    at most BYTES from the start of row r0: the span's 16-byte aligned interior split
+    over the CTA's warps, one bulk prefetch (cp.async.bulk.prefetch.L2) by each warp's
+    first lane. Nothing where the span is empty."""
+    NW: tl.constexpr = tl.extra.cuda.num_warps()
+    start = (w + r0.to(tl.int64) * K).to(tl.int64)
+    stop = tl.minimum((w + r1.to(tl.int64) * K).to(tl.int64), start + BYTES)
+    lo = (start + 15) & -16
+    hi = tl.maximum(stop & -16, lo)
+    per = (hi - lo + (NW * 16 - 1)) // (NW * 16) * 16
+    tl.inline_asm_elementwise(
+        """{
+        .reg .u32 t, n;
+        .reg .u64 a, e, wi;
+        .reg .pred p;
+        mov.u32 t, %tid.x;
+        shr.u32 n, t, 5;
+        cvt.u64.u32 wi, n;
+        mad.lo.u64 a, wi, $3, $1;
+        add.u64 e, a, $3;
+        min.u64 e, e, $2;
+        and.b32 t, t, 31;
+        setp.eq.u32 p, t, 0;
+        setp.lt.and.u64 p, a, e, p;
+        sub.u64 e, e, a;
+        cvt.u32.u64 n, e;
+        @p cp.async.bulk.prefetch.L2.global [a], n;
+        }""", "=r,l,l,l", [lo, hi, per], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -75,89 +101,230 @@ def _pdl_launch(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def _rstd(h, rows, rows_ok, H, eps, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
-    """1 / sqrt(mean(h[m]^2) + eps) per row of the fp32 residual stream: 16 KB of h per
-    iteration, the loads pipelined (this pass is on every program's critical path)."""
+def _rstd_row(xf0, h, row, row_ok, H, eps, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(h[row]^2) + eps) for one row of the fp32 residual stream, given its
+    first K tile xf0 (columns [0, BLOCK_K), already loaded for the projection); the rest
+    of the row, if any, read in narrow chunks, two in flight (narrow: the registers of a
+    loop that a whole-row tile never runs still count against the tile's)."""
+    CHUNK: tl.constexpr = 512
+    cols = tl.arange(0, CHUNK)
+    acc = tl.zeros([CHUNK], tl.float32)
+    base = row.to(tl.int64) * H
+    for k0 in tl.range(BLOCK_K, H, CHUNK, num_stages=2):
+        x = tl.load(h + base + k0 + cols, mask=row_ok & (k0 + cols < H), other=0.0)
+        acc += x * x
+    mean = tl.div_rn(tl.sum(xf0 * xf0, 0) + tl.sum(acc, 0), H.to(tl.float32))
+    return tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
+
+
+@triton.jit
+def _rstd(xf0, h, rows, rows_ok, H, eps, K0, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
+    """1 / sqrt(mean(h[m]^2) + eps) per row of the fp32 residual stream: the sum of
+    squares of xf0 ([BLOCK_M, *], columns [0, K0) already loaded) plus the rest of the
+    rows, read 16 KB per iteration, the loads pipelined."""
     CHUNK: tl.constexpr = _RSTD_CHUNK // BLOCK_M
     acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
     base = rows.to(tl.int64)[:, None] * H
-    for k0 in tl.range(0, H, CHUNK, num_stages=STAGES):
+    for k0 in tl.range(K0, H, CHUNK, num_stages=STAGES):
         cols = k0 + tl.arange(0, CHUNK)
         x = tl.load(h + base + cols[None, :], mask=rows_ok[:, None] & (cols < H)[None, :],
                     other=0.0)
         acc += x * x
-    mean = tl.div_rn(tl.sum(acc, 1), H.to(tl.float32))
+    mean = tl.div_rn(tl.sum(xf0 * xf0, 1) + tl.sum(acc, 1), H.to(tl.float32))
     return tl.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), tl.sqrt_rn(mean + eps))
 
 
 @triton.jit
-def _acc_zeros(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    if BLOCK_M >= 16:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    elif BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    return acc
+def _normed(xf, r, g):
+    """rmsnorm's bf16 activations from fp32 h, the rows' rstd r and the bf16 weight g."""
+    return ((xf * r[:, None]).to(tl.bfloat16).to(tl.float32)
+            * g.to(tl.float32)[None, :]).to(tl.bfloat16)
 
 
 @triton.jit
-def _acc_mac(acc, x, w, BLOCK_M: tl.constexpr):
-    """acc += x · wᵀ for x [BLOCK_M, BLOCK_K] bf16, w [BLOCK_N, BLOCK_K] bf16: tl.dot from
-    16 rows; below, elementwise products kept per k (reduced once, in _acc_sum)."""
-    if BLOCK_M >= 16:
-        acc = tl.dot(x, tl.trans(w), acc)
-    elif BLOCK_M == 1:
-        acc += x.to(tl.float32) * w.to(tl.float32)
-    else:
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return acc
+def _normed_row(xf, r, g):
+    """_normed of one row: xf [BLOCK_K] fp32, r a scalar."""
+    return ((xf * r).to(tl.bfloat16).to(tl.float32) * g.to(tl.float32)).to(tl.bfloat16)
 
 
 @triton.jit
-def _acc_sum(acc, BLOCK_M: tl.constexpr):
-    """The [BLOCK_M, BLOCK_N] fp32 result of an accumulator."""
-    if BLOCK_M >= 16:
-        out = acc
-    elif BLOCK_M == 1:
-        out = tl.sum(acc, 1)[None, :]
-    else:
-        out = tl.sum(acc, 2)
-    return out
+def _w_tile(w, wrows, wrows_ok, k0, K, BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of the weight rows wrows (bf16, row length K)."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(w + wrows.to(tl.int64)[:, None] * K + cols[None, :],
+                   mask=wrows_ok[:, None] & (cols < K)[None, :], other=0.0)
 
 
 @triton.jit
-def _project(xsrc, rows, rows_ok, r, norm_w, w, wrows_a, wrows_b, wrows_ok, K,
+def _w_first(w, wrows_a, wrows_b, wrows_ok, norm_w, K, TWO: tl.constexpr,
+             NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """What a projection program reads before gdc_wait (weights are never written): the
+    first K tile of its weight rows (two row sets with TWO, the second returned as the
+    first without) and, with NORM, the norm weight's first BLOCK_K columns (else zeros)."""
+    wa0 = _w_tile(w, wrows_a, wrows_ok, 0, K, BLOCK_K)
+    if TWO:
+        wb0 = _w_tile(w, wrows_b, wrows_ok, 0, K, BLOCK_K)
+    else:
+        wb0 = wa0
+    cols = tl.arange(0, BLOCK_K)
+    if NORM:
+        g0 = tl.load(norm_w + cols, mask=cols < K, other=0.0)
+    else:
+        g0 = tl.zeros([BLOCK_K], tl.bfloat16)
+    return wa0, wb0, g0
+
+
+@triton.jit
+def _prefetch_rows(w, first, count, K, BLOCK_K: tl.constexpr, BYTES: tl.constexpr,
+                   USE_PDL: tl.constexpr):
+    """With PDL, before gdc_wait: the program's `count` consecutive weight rows from row
+    `first` into L2 (at most BYTES) when its first K tile does not cover them."""
+    if USE_PDL:
+        if (count > 0) & (K > BLOCK_K):
+            _prefetch_span(w, first, first + count, K, BYTES)
+
+
+@triton.jit
+def _row_tile(xsrc, row, M, r, g, k0, K, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of row `row` of x as bf16: rmsnorm'd with rstd r and
+    the norm weight's columns g when NORM (xsrc the fp32 residual stream), else xsrc's
+    own."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    xv = tl.load(xsrc + row.to(tl.int64) * K + cols, mask=(row < M) & (cols < K), other=0.0)
+    if NORM:
+        xv = _normed_row(xv, r, g)
+    return xv
+
+
+@triton.jit
+def _prefetch_rows_l1(x, row0, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of the BLOCK_M rows of bf16 x from row0 into L1, one
+    128-byte line per element: the rows are then read one at a time (_project_rows), each
+    after the previous row's reduction, from L1 instead of one L2 round trip each."""
+    LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = k0 + tl.arange(0, LINES) * 64
+    ok = (rows < M)[:, None] & (cols < K)[None, :]
+    ptrs = x + tl.where(ok, rows.to(tl.int64)[:, None] * K + cols[None, :], 0)
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1]; // $0", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _row_mac(acc, ridx, mi, xv, wt):
+    """Row mi of acc ([BLOCK_M, BLOCK_N]) += xv · wtᵀ (xv [BLOCK_K], wt [BLOCK_N, BLOCK_K]
+    bf16; the fp32 products reduced over the tile)."""
+    part = tl.sum(xv.to(tl.float32)[None, :] * wt.to(tl.float32), 1)
+    return tl.where((ridx == mi)[:, None], acc + part[None, :], acc)
+
+
+@triton.jit
+def _project_rows(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0,
+                  wb0, NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    """_project below 16 rows, without tl.dot: each K tile of the weights (the first one
+    given) is read once and multiplied with each of the BLOCK_M rows of x in turn (an
+    unrolled loop: a GEMV per row sharing the tile), the fp32 products reduced over the
+    tile. One row: its rstd from the first tile it loads anyway; more: the rows' rstd
+    first, then each row's tiles (read again, from L1)."""
+    ridx = tl.arange(0, BLOCK_M)
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    r_all = tl.zeros([BLOCK_M], tl.float32)
+    if BLOCK_M == 1:
+        cols = tl.arange(0, BLOCK_K)
+        xv = tl.load(xsrc + row0.to(tl.int64) * K + cols, mask=(row0 < M) & (cols < K),
+                     other=0.0)
+        if NORM:
+            r_all += _rstd_row(xv, xsrc, row0, row0 < M, K, eps, BLOCK_K)
+            xv = _normed_row(xv, tl.sum(r_all, 0), g0)
+        acc_a = _row_mac(acc_a, ridx, 0, xv, wa0)
+        if TWO:
+            acc_b = _row_mac(acc_b, ridx, 0, xv, wb0)
+    else:
+        rows = row0 + ridx
+        if NORM:  # (reads the rows whole: L1 holds them for the tiles below)
+            r_all = _rstd(tl.zeros([BLOCK_M, 1], tl.float32), xsrc, rows, rows < M, K, eps, 0,
+                          BLOCK_M, 2)
+        elif USE_ASM:
+            _prefetch_rows_l1(xsrc, row0, M, 0, K, BLOCK_M, BLOCK_K)
+        for mi in tl.static_range(BLOCK_M):
+            r = tl.sum(tl.where(ridx == mi, r_all, 0.0), 0)
+            xv = _row_tile(xsrc, row0 + mi, M, r, g0, 0, K, NORM, BLOCK_K)
+            acc_a = _row_mac(acc_a, ridx, mi, xv, wa0)
+            if TWO:
+                acc_b = _row_mac(acc_b, ridx, mi, xv, wb0)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        wa = _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
+        if TWO:
+            wb = _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
+        if NORM:
+            cols = k0 + tl.arange(0, BLOCK_K)
+            g = tl.load(norm_w + cols, mask=cols < K, other=0.0)
+        else:
+            g = g0
+            if BLOCK_M > 1 and USE_ASM:
+                _prefetch_rows_l1(xsrc, row0, M, k0, K, BLOCK_M, BLOCK_K)
+        for mi in tl.static_range(BLOCK_M):
+            r = tl.sum(tl.where(ridx == mi, r_all, 0.0), 0)
+            xv = _row_tile(xsrc, row0 + mi, M, r, g, k0, K, NORM, BLOCK_K)
+            acc_a = _row_mac(acc_a, ridx, mi, xv, wa)
+            if TWO:
+                acc_b = _row_mac(acc_b, ridx, mi, xv, wb)
+    if not TWO:
+        acc_b = acc_a
+    return acc_a, acc_b
+
+
+@triton.jit
+def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
              NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for the rows of x:
-    x = rmsnorm(xsrc, norm_w) with rstd r when NORM (xsrc the fp32 residual stream), else
-    xsrc itself (bf16). Without TWO only the first is computed (returned twice)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    x_base = rows.to(tl.int64)[:, None] * K
-    wa = w + wrows_a.to(tl.int64)[:, None] * K + offs_k[None, :]
-    wb = w + wrows_b.to(tl.int64)[:, None] * K + offs_k[None, :]
-    acc_a = _acc_zeros(BLOCK_M, BLOCK_N, BLOCK_K)
-    acc_b = _acc_zeros(BLOCK_M, BLOCK_N, BLOCK_K)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        cols = k0 + offs_k
-        cols_ok = cols < K
-        x_ok = rows_ok[:, None] & cols_ok[None, :]
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+             USE_ASM: tl.constexpr):
+    """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for rows row0 ..
+    row0 + BLOCK_M of x (those below M): x = rmsnorm(xsrc, norm_w) when NORM (xsrc the
+    fp32 residual stream), else xsrc itself (bf16). Given, as loaded before gdc_wait
+    (_w_first): wa0, wb0, the first K tiles of the weight rows, and g0, the norm weight's
+    first BLOCK_K columns; the K loop covers the rest. Without TWO only the first is
+    computed (returned twice). tl.dot from 16 rows, _project_rows below. USE_ASM: inline
+    PTX (L1 prefetches) allowed (the kernels' USE_PDL: off in the interpreter)."""
+    if BLOCK_M < 16:
+        out_a, out_b = _project_rows(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
+                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, STAGES, USE_ASM)
+    else:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        rows_ok = rows < M
+        x_base = rows.to(tl.int64)[:, None] * K
+        cols = tl.arange(0, BLOCK_K)
+        x_ok = rows_ok[:, None] & (cols < K)[None, :]
         if NORM:
             xf = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-            g = tl.load(norm_w + cols, mask=cols_ok, other=0.0).to(tl.float32)
-            x = ((xf * r[:, None]).to(tl.bfloat16).to(tl.float32) * g[None, :]).to(tl.bfloat16)
+            r = _rstd(xf, xsrc, rows, rows_ok, K, eps, BLOCK_K, BLOCK_M, STAGES)
+            x = _normed(xf, r, g0)
         else:
+            r = 0.0
             x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-        w_ok = wrows_ok[:, None] & cols_ok[None, :]
-        acc_a = _acc_mac(acc_a, x, tl.load(wa + k0, mask=w_ok, other=0.0), BLOCK_M)
+        out_a = tl.dot(x, tl.trans(wa0))
         if TWO:
-            acc_b = _acc_mac(acc_b, x, tl.load(wb + k0, mask=w_ok, other=0.0), BLOCK_M)
-    out_a = _acc_sum(acc_a, BLOCK_M)
-    if TWO:
-        out_b = _acc_sum(acc_b, BLOCK_M)
-    else:
-        out_b = out_a
+            out_b = tl.dot(x, tl.trans(wb0))
+        else:
+            out_b = out_a
+        for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            x_ok = rows_ok[:, None] & (cols < K)[None, :]
+            if NORM:
+                xf = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
+                x = _normed(xf, r, tl.load(norm_w + cols, mask=cols < K, other=0.0))
+            else:
+                x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
+            out_a = tl.dot(x, tl.trans(_w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)), out_a)
+            if TWO:
+                out_b = tl.dot(x, tl.trans(_w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)),
+                               out_b)
+        if not TWO:
+            out_b = out_a
     return out_a, out_b
 
 
@@ -196,18 +363,23 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
     pairs_ok = (pairs < n_pairs) & live
     row_a = head * HEAD_DIM + j
     row_b = row_a + HALF
-    if USE_PDL:
-        _prefetch_rows(w, row_a, pairs_ok, H, BLOCK_J, _PREFETCH_BYTES // 2)
-        _prefetch_rows(w, row_b, pairs_ok, H, BLOCK_J, _PREFETCH_BYTES // 2)
+    wa0, wb0, g0 = _w_first(w, row_a, row_b, pairs_ok, norm_w, H, True, True, BLOCK_K)
+    freq = tl.load(inv_freq + j, mask=pairs_ok, other=0.0)
+    p0 = pid_j * BLOCK_J
+    count = tl.where(live, tl.minimum(n_pairs - p0, BLOCK_J), 0)
+    first = p0 // HALF * HEAD_DIM + p0 % HALF
+    if BLOCK_J >= HALF:  # whole heads: both halves of each, one span
+        _prefetch_rows(w, first, 2 * count, H, BLOCK_K, _PREFETCH_BYTES, USE_PDL)
+    else:  # part of one head: rows j.. and j + D/2..
+        _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
+        _prefetch_rows(w, first + HALF, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         p = tl.load(pos + rows, mask=rows_ok, other=0)
         s = tl.load(seq + rows, mask=rows_ok, other=0)
         _pdl_launch(USE_PDL)
-        a, b = _project(h, rows, rows_ok, r, norm_w, w, row_a, row_b, pairs_ok, H,
-                        True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES)
-        freq = tl.load(inv_freq + j, mask=pairs_ok, other=0.0)
+        a, b = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a, row_b, pairs_ok, H,
+                        wa0, wb0, True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES, USE_PDL)
         angle = p.to(tl.float32)[:, None] * freq[None, :]
         c = tl.cos(angle)
         sn = tl.sin(angle)
@@ -241,99 +413,116 @@ def _pv(acc, p, v):
 
 
 @triton.jit
+def _attend_tile(qt, kv, vv, n, n_ok, keep, m_i, l_i, acc, sm_scale, HEAD_DIM: tl.constexpr):
+    """One KV tile (positions n, those n_ok read) of online-softmax attention for the rows
+    of qt: scores where `keep` ([rows, n]), else -inf; returns (m_i, l_i, acc) updated."""
+    d = tl.arange(0, HEAD_DIM)
+    kv_off = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
+    kt = tl.load(kv + kv_off, mask=n_ok[:, None], other=0.0)
+    s = tl.dot(qt, tl.trans(kt)) * sm_scale
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    pr = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(pr, 1)
+    vt = tl.load(vv + kv_off, mask=n_ok[:, None], other=0.0)
+    return m_new, l_i, _pv(acc * alpha[:, None], pr, vt)
+
+
+@triton.jit
 def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, out,
                       M, NH, NKV, CAP, S, sm_scale,
                       HEAD_DIM: tl.constexpr, GROUP_BLOCK: tl.constexpr,
                       BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
-    """Split s of S of row m's attention for the q heads of kv head g, each K/V tile read
-    once for all of them; the last split to finish combines (S == 1: no partials)."""
+    """Split s of row m's attention for the q heads of kv head g, each K/V tile read once
+    for all of them. How many of the S splits carry work follows from the row's context
+    (read here, so a graph's grid stays fixed as it grows): up to _DIRECT_TILES KV tiles,
+    split 0 alone, writing out directly; beyond, cdiv(tiles, S) tiles per split and the
+    last of the splits with work combines their partials."""
     split = tl.program_id(0)
     g = tl.program_id(1)
     m = tl.program_id(2)
     _pdl_wait(USE_PDL)
     if (split < S) & (g < NKV) & (m < M):
+        # pos, seq and q in one round trip (also by the splits that turn out idle).
+        length = tl.minimum(tl.load(pos + m) + 1, CAP)
+        sq = tl.load(seq + m)
         group = NH // NKV
         i = tl.arange(0, GROUP_BLOCK)
         heads = g * group + i
         heads_ok = i < group
         d = tl.arange(0, HEAD_DIM)
-        length = tl.load(pos + m) + 1
-        sq = tl.load(seq + m)
         q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
         qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
         _pdl_launch(USE_PDL)
-        chunk = tl.cdiv(tl.cdiv(length, S), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, tl.minimum(length, CAP))
-        kv = k_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
-        vv = v_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
-        m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_BLOCK], tl.float32)
-        acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            kv_off = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
-            kt = tl.load(kv + kv_off, mask=n_ok[:, None], other=0.0)
-            s = tl.dot(qt, tl.trans(kt)) * sm_scale
-            s = tl.where(n_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            pr = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, 1)
-            vt = tl.load(vv + kv_off, mask=n_ok[:, None], other=0.0)
-            acc = _pv(acc * alpha[:, None], pr, vt)
-            m_i = m_new
-        o_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
-        if S == 1:
-            o = acc / l_i[:, None]
-            tl.store(out + o_off, o.to(tl.bfloat16), mask=heads_ok[:, None])
-        else:
-            part = (m.to(tl.int64) * NH + heads) * S + split
-            tl.store(o_part + part[:, None] * HEAD_DIM + d[None, :], acc,
-                     mask=heads_ok[:, None])
-            tl.store(ml_part + part * 2, m_i, mask=heads_ok)
-            tl.store(ml_part + part * 2 + 1, l_i, mask=heads_ok)
-            tl.debug_barrier()
-            counter = counters + m * NKV + g
-            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if done == S - 1:
-                _attn_combine(o_part, ml_part, out, m, heads, heads_ok, NH, S, o_off,
-                              HEAD_DIM, GROUP_BLOCK)
-                tl.store(counter, 0)
+        tiles = tl.cdiv(length, BLOCK_N)
+        per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
+        n_split = tl.cdiv(tiles, per)
+        if split < n_split:
+            lo = split * per * BLOCK_N
+            hi = tl.minimum(lo + per * BLOCK_N, length)
+            kv = k_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
+            vv = v_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
+            m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
+            l_i = tl.zeros([GROUP_BLOCK], tl.float32)
+            acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
+            for start in range(lo, hi, BLOCK_N):
+                n = start + tl.arange(0, BLOCK_N)
+                m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i,
+                                             l_i, acc, sm_scale, HEAD_DIM)
+            o_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
+            if n_split == 1:
+                o = acc / tl.where(heads_ok, l_i, 1.0)[:, None]
+                tl.store(out + o_off, o.to(tl.bfloat16), mask=heads_ok[:, None])
+            else:
+                part = (m.to(tl.int64) * NH + heads) * S + split
+                tl.store(o_part + part[:, None] * HEAD_DIM + d[None, :], acc,
+                         mask=heads_ok[:, None])
+                tl.store(ml_part + part * 2, m_i, mask=heads_ok)
+                tl.store(ml_part + part * 2 + 1, l_i, mask=heads_ok)
+                tl.debug_barrier()
+                counter = counters + m * NKV + g
+                done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+                if done == n_split - 1:
+                    _attn_combine(o_part, ml_part, out, m, g * group, group, NH, S, n_split,
+                                  HEAD_DIM)
+                    tl.store(counter, 0)
 
 
 @triton.jit
-def _attn_combine(o_part, ml_part, out, m, heads, heads_ok, NH, S, o_off,
-                  HEAD_DIM: tl.constexpr, GROUP_BLOCK: tl.constexpr):
-    """out = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the S splits' partials (read
-    through L2: other programs wrote them), in a fixed order."""
-    SPLITS: tl.constexpr = _COMBINE_CHUNK // (GROUP_BLOCK * HEAD_DIM)
-    base = (m.to(tl.int64) * NH + heads) * S
+def _attn_combine(o_part, ml_part, out, m, head0, group, NH, S, n_split,
+                  HEAD_DIM: tl.constexpr):
+    """out = Σ_s o_s e^(m_s - M) / Σ_s l_s e^(m_s - M) over the n_split partials of the
+    heads head0 .. head0 + group (written by other programs: read through L2), in a fixed
+    order: _COMBINE_HEADS heads and _COMBINE_SPLITS splits at a time, each chunk's
+    maxima, sums and partial outputs loaded together (one round trip per chunk)."""
+    HC: tl.constexpr = _COMBINE_HEADS
+    SC: tl.constexpr = _COMBINE_SPLITS
     d = tl.arange(0, HEAD_DIM)
-    top = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
-    for s0 in range(0, S, 32):
-        sp = s0 + tl.arange(0, 32)
-        ok = heads_ok[:, None] & (sp < S)[None, :]
-        mx = tl.load(ml_part + (base[:, None] + sp[None, :]) * 2, mask=ok,
-                     other=float("-inf"), cache_modifier=".cg")
-        top = tl.maximum(top, tl.max(mx, 1))
-    top = tl.where(heads_ok, top, 0.0)
-    den = tl.zeros([GROUP_BLOCK], tl.float32)
-    num = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
-    for s0 in range(0, S, SPLITS):
-        sp = s0 + tl.arange(0, SPLITS)
-        ok = heads_ok[:, None] & (sp < S)[None, :]
-        idx = base[:, None] + sp[None, :]
-        mx = tl.load(ml_part + idx * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        sm = tl.load(ml_part + idx * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        wt = tl.where(mx > float("-inf"), tl.exp(mx - top[:, None]), 0.0)
-        den += tl.sum(wt * sm, 1)
-        o = tl.load(o_part + idx[:, :, None] * HEAD_DIM + d[None, None, :],
-                    mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-        num += tl.sum(wt[:, :, None] * o, 1)
-    den = tl.where(heads_ok, den, 1.0)
-    tl.store(out + o_off, (num / den[:, None]).to(tl.bfloat16), mask=heads_ok[:, None])
+    for h0 in range(0, group, HC):
+        i = h0 + tl.arange(0, HC)
+        heads_ok = i < group
+        base = (m.to(tl.int64) * NH + head0 + i) * S
+        top = tl.full([HC], float("-inf"), tl.float32)
+        den = tl.zeros([HC], tl.float32)
+        num = tl.zeros([HC, HEAD_DIM], tl.float32)
+        for s0 in range(0, n_split, SC):
+            sp = s0 + tl.arange(0, SC)
+            ok = heads_ok[:, None] & (sp < n_split)[None, :]
+            idx = base[:, None] + sp[None, :]
+            mx = tl.load(ml_part + idx * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            sm = tl.load(ml_part + idx * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            o = tl.load(o_part + idx[:, :, None] * HEAD_DIM + d[None, None, :],
+                        mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+            new_top = tl.where(heads_ok, tl.maximum(top, tl.max(mx, 1)), 0.0)
+            keep = tl.exp(top - new_top)
+            wt = tl.exp(mx - new_top[:, None])
+            den = den * keep + tl.sum(wt * sm, 1)
+            num = num * keep[:, None] + tl.sum(wt[:, :, None] * o, 1)
+            top = new_top
+        den = tl.where(heads_ok, den, 1.0)
+        o_off = (m.to(tl.int64) * NH + head0 + i[:, None]) * HEAD_DIM + d[None, :]
+        tl.store(out + o_off, (num / den[:, None]).to(tl.bfloat16), mask=heads_ok[:, None])
 
 
 @triton.jit
@@ -363,18 +552,8 @@ def llama_attn_prefill(q, k_cache, v_cache, pos, seq, out, M, NH, NKV, CAP, sm_s
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start in range(0, hi, BLOCK_N):
             n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            kv_off = n.to(tl.int64)[:, None] * HEAD_DIM + d[None, :]
-            kt = tl.load(kv + kv_off, mask=n_ok[:, None], other=0.0)
-            s = tl.dot(qt, tl.trans(kt)) * sm_scale
-            s = tl.where(n[None, :] <= p[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp(m_i - m_new)
-            pr = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, 1)
-            vt = tl.load(vv + kv_off, mask=n_ok[:, None], other=0.0)
-            acc = _pv(acc * alpha[:, None], pr, vt)
-            m_i = m_new
+            m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, n[None, :] <= p[:, None], m_i,
+                                         l_i, acc, sm_scale, HEAD_DIM)
         l_i = tl.where(rows_ok, l_i, 1.0)
         o_off = (rows.to(tl.int64)[:, None] * NH + head) * HEAD_DIM + d[None, :]
         tl.store(out + o_off, (acc / l_i[:, None]).to(tl.bfloat16), mask=rows_ok[:, None])
@@ -393,16 +572,22 @@ def llama_proj_residual(x, w, h, M, N, K,
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N)
     cols_ok = (cols < N) & live
-    if USE_PDL:
-        _prefetch_rows(w, cols, cols_ok, K, BLOCK_N, _PREFETCH_BYTES)
+    wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, x, K, False, False, BLOCK_K)
+    first = pid_n * BLOCK_N
+    _prefetch_rows(w, first, tl.where(live, tl.minimum(N - first, BLOCK_N), 0), K, BLOCK_K,
+                   _PREFETCH_BYTES, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        _pdl_launch(USE_PDL)
-        acc, _ = _project(x, rows, rows_ok, 0.0, x, w, cols, cols, cols_ok, K,
-                          False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         ok = rows_ok[:, None] & cols_ok[None, :]
         h_ptrs = h + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        tl.store(h_ptrs, tl.load(h_ptrs, mask=ok, other=0.0) + acc, mask=ok)
+        if BLOCK_M < 16:  # a few values: read with x, off the critical path's end
+            h_old = tl.load(h_ptrs, mask=ok, other=0.0)
+        _pdl_launch(USE_PDL)
+        acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K, wa0,
+                          wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
+        if BLOCK_M >= 16:
+            h_old = tl.load(h_ptrs, mask=ok, other=0.0)
+        tl.store(h_ptrs, h_old + acc, mask=ok)
 
 
 @triton.jit
@@ -418,15 +603,16 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < I)
     cols_ok = (cols < I) & live
-    if USE_PDL:
-        _prefetch_rows(w, cols, cols_ok, H, BLOCK_N, _PREFETCH_BYTES // 2)
-        _prefetch_rows(w, cols + I, cols_ok, H, BLOCK_N, _PREFETCH_BYTES // 2)
+    wa0, wb0, g0 = _w_first(w, cols, cols + I, cols_ok, norm_w, H, True, True, BLOCK_K)
+    first = pid_n * BLOCK_N
+    count = tl.where(live, tl.minimum(I - first, BLOCK_N), 0)
+    _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
+    _prefetch_rows(w, first + I, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         _pdl_launch(USE_PDL)
-        gate, up = _project(h, rows, rows_ok, r, norm_w, w, cols, cols + I, cols_ok, H,
-                            True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        gate, up = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols + I, cols_ok,
+                            H, wa0, wb0, True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out + rows.to(tl.int64)[:, None] * I + cols[None, :], act.to(tl.bfloat16),
                  mask=rows_ok[:, None] & cols_ok[None, :])
@@ -440,23 +626,45 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
     rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
     rows (counted in counters[its first row]) reduces them in program order, writes
-    tokens[m], adds `advance` to pos[m] and resets the counter."""
+    tokens[m], adds `advance` to pos[m] and resets the counter. At one row, a program of
+    more vocabulary rows than one _LM_TILE-element tile holds streams them tile by tile
+    (_lm_head_stream)."""
+    TILE_N: tl.constexpr = _LM_TILE // BLOCK_K if BLOCK_K < _LM_TILE else 1
+    STREAM: tl.constexpr = BLOCK_N > TILE_N if BLOCK_M == 1 else False
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    if STREAM:
+        _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+                        M, V, H, eps, advance, pid_n, pid_m, BLOCK_N, BLOCK_K, TILE_N,
+                        STAGES, USE_PDL)
+    else:
+        _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+                       M, V, H, eps, advance, pid_n, pid_m, BLOCK_M, BLOCK_N, BLOCK_K,
+                       STAGES, USE_PDL)
+
+
+@triton.jit
+def _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+                   M, V, H, eps, advance, pid_n, pid_m,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """The LM head of rows pid_m·BLOCK_M .. + BLOCK_M over vocabulary rows pid_n·BLOCK_N
+    .. + BLOCK_N, all of them at once (_project)."""
     n_prog = tl.cdiv(V, BLOCK_N)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
     cols_ok = (cols < V) & live
-    if USE_PDL:
-        _prefetch_rows(w, cols, cols_ok, H, BLOCK_N, _PREFETCH_BYTES)
+    wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, True, BLOCK_K)
+    row0 = pid_n * BLOCK_N
+    _prefetch_rows(w, row0, tl.where(live, tl.minimum(V - row0, BLOCK_N), 0), H, BLOCK_K,
+                   _PREFETCH_BYTES, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        r = _rstd(h, rows, rows_ok, H, eps, BLOCK_M, STAGES)
         _pdl_launch(USE_PDL)
-        y, _ = _project(h, rows, rows_ok, r, norm_w, w, cols, cols, cols_ok, H,
-                        True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        y, _ = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
+                        wa0, True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])
@@ -465,15 +673,108 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
         first = tl.min(tl.where(y == best[:, None], cols[None, :], _INT32_MAX), 1)
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
-        tl.debug_barrier()
-        # One counter per block of rows (its first row's): the programs of a block finish
-        # all its rows together; a scalar atomic is one thread's, its result the CTA's.
-        counter = counters + pid_m * BLOCK_M
-        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if done == n_prog - 1:
-            _argmax_finish(part_max, part_idx, tokens, pos, rows, rows_ok, V, n_prog,
-                           advance, BLOCK_M)
-            tl.store(counter, 0)
+        _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, n_prog,
+                       advance, pid_m * BLOCK_M, BLOCK_M)
+
+
+@triton.jit
+def _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, n_prog,
+                   advance, first_row, BLOCK_M: tl.constexpr):
+    """After a program's partials: count it in counters[first_row] (acq_rel, after a CTA
+    barrier); the program that brings it to n_prog reduces all partials and resets it.
+    One counter per block of rows: the programs of a block finish all its rows together;
+    a scalar atomic is one thread's, its result the CTA's."""
+    tl.debug_barrier()
+    counter = counters + first_row
+    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if done == n_prog - 1:
+        _argmax_finish(part_max, part_idx, tokens, pos, rows, rows_ok, V, n_prog, advance,
+                       BLOCK_M)
+        tl.store(counter, 0)
+
+
+@triton.jit
+def _tile_best(y, rows, ok, best, first):
+    """(best, first) over the values y of vocabulary rows `rows` (those `ok`) after the
+    previous tiles' (best, first): a later tile replaces them only when strictly larger,
+    so the first index of the maximum is kept."""
+    y = tl.where(ok, y, float("-inf"))
+    top = tl.max(y, 0)
+    at = tl.min(tl.where(y == top, rows, _INT32_MAX), 0)
+    take = top > best
+    return tl.where(take, top, best), tl.where(take, at, first)
+
+
+@triton.jit
+def _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K: tl.constexpr):
+    """y + the columns [BLOCK_K, H) of rmsnorm(h[m]) · w[rows]ᵀ (nothing when BLOCK_K
+    covers H)."""
+    cols = tl.arange(0, BLOCK_K)
+    for k0 in range(BLOCK_K, H, BLOCK_K):
+        xv = _row_tile(h, m, m + 1, r, tl.load(norm_w + k0 + cols, mask=k0 + cols < H,
+                                                other=0.0), k0, H, True, BLOCK_K)
+        wt = _w_tile(w, rows, ok, k0, H, BLOCK_K)
+        y += tl.sum(xv.to(tl.float32)[None, :] * wt.to(tl.float32), 1)
+    return y
+
+
+@triton.jit
+def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+                    M, V, H, eps, advance, pid_n, m,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_N: tl.constexpr,
+                    STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """The LM head of row m over vocabulary rows pid_n·BLOCK_N .. + BLOCK_N, TILE_N rows
+    at a time: the normalized row computed once and kept, the weight tiles streamed
+    through a pipelined loop (STAGES deep; the first one loaded before gdc_wait, the next
+    ones prefetched into L2), so one program keeps a few tiles in flight from its start to
+    its end and pays the row's load, its norm and the counter once for BLOCK_N rows."""
+    n_prog = tl.cdiv(V, BLOCK_N)
+    live = (m < M) & (pid_n < n_prog)
+    row0 = pid_n * BLOCK_N
+    tr = tl.arange(0, TILE_N)
+    cols = tl.arange(0, BLOCK_K)
+    rows = row0 + tr
+    ok = (rows < V) & live
+    w0 = _w_tile(w, rows, ok, 0, H, BLOCK_K)
+    g0 = tl.load(norm_w + cols, mask=cols < H, other=0.0)
+    if USE_PDL:
+        end = tl.minimum(row0 + BLOCK_N, V)
+        if live & (end > row0 + TILE_N):
+            _prefetch_span(w, row0 + TILE_N, end, H, _PREFETCH_BYTES)
+    _pdl_wait(USE_PDL)
+    if live:
+        _pdl_launch(USE_PDL)
+        xf = tl.load(h + m.to(tl.int64) * H + cols, mask=cols < H, other=0.0)
+        r = _rstd_row(xf, h, m, True, H, eps, BLOCK_K)
+        xn = _normed_row(xf, r, g0).to(tl.float32)
+        y = _dot_rest(tl.sum(xn[None, :] * w0.to(tl.float32), 1), h, m, r, norm_w, w, rows,
+                      ok, H, BLOCK_K)
+        out = logits + m.to(tl.int64) * V
+        tl.store(out + rows, y, mask=ok)
+        best, first = _tile_best(y, rows, ok, float("-inf"), 0)
+        end = tl.minimum(row0 + BLOCK_N, V)
+        if H <= BLOCK_K:  # the row in one tile: a loop with no inner loop, pipelined
+            for t0 in tl.range(row0 + TILE_N, end, TILE_N, num_stages=STAGES):
+                rows = t0 + tr
+                ok = rows < end
+                y = tl.sum(xn[None, :] * _w_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
+                           1)
+                tl.store(out + rows, y, mask=ok)
+                best, first = _tile_best(y, rows, ok, best, first)
+        else:
+            for t0 in range(row0 + TILE_N, end, TILE_N):
+                rows = t0 + tr
+                ok = rows < end
+                y = tl.sum(xn[None, :] * _w_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
+                           1)
+                y = _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K)
+                tl.store(out + rows, y, mask=ok)
+                best, first = _tile_best(y, rows, ok, best, first)
+        one = tl.arange(0, 1)
+        tl.store(part_max + m.to(tl.int64) * V + pid_n + one, tl.zeros([1], tl.float32) + best)
+        tl.store(part_idx + m.to(tl.int64) * V + pid_n + one, tl.zeros([1], tl.int32) + first)
+        _lm_head_count(part_max, part_idx, counters, tokens, pos, m + one, one == 0, V,
+                       n_prog, advance, m, 1)
 
 
 @triton.jit

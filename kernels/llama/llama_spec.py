@@ -51,8 +51,19 @@ def _proj_configs(n_name):
     """Projection candidates, BLOCK_N named `n_name` (BLOCK_J for the QKV pairs). Names:
     p<M>_<n>_k<K>_w<warps>_s<stages>; BLOCK_M 1 and < 16 multiply-add without tl.dot."""
     table = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-        (1, 2, 1024, 4, 3), (1, 4, 512, 4, 3), (1, 4, 1024, 4, 2), (1, 8, 256, 4, 4),
-        (1, 8, 512, 8, 3),
+        # M = 1: whole 2048-wide rows in one tile (loaded before gdc_wait, no K loop) ...
+        (1, 1, 8192, 4, 1), (1, 2, 2048, 4, 1), (1, 4, 2048, 4, 1), (1, 4, 2048, 8, 1),
+        (1, 8, 2048, 4, 1), (1, 8, 2048, 8, 1), (1, 16, 2048, 8, 1),
+        # ... or a first tile and a pipelined K loop
+        (1, 2, 2048, 4, 2), (1, 2, 4096, 4, 2), (1, 4, 1024, 4, 2), (1, 8, 1024, 8, 2),
+        (1, 4, 2048, 4, 3),
+        (1, 16, 1024, 4, 2), (1, 4, 512, 4, 3), (1, 8, 256, 4, 4), (1, 8, 512, 8, 3),
+        (1, 16, 512, 4, 3),
+        # the LM head streaming 4-row tiles of 2048 through a pipelined loop
+        (1, 32, 2048, 4, 4), (1, 64, 2048, 4, 4), (1, 128, 2048, 4, 4),
+        # 2-16 rows: a GEMV per row sharing each weight tile, whole rows or a K loop
+        (4, 2, 2048, 4, 1), (4, 4, 2048, 4, 1), (4, 4, 2048, 8, 1), (4, 8, 2048, 8, 1),
+        (4, 1, 8192, 4, 1), (4, 2, 4096, 4, 2),
         (4, 4, 256, 4, 3), (4, 8, 128, 4, 3), (4, 4, 512, 8, 2), (8, 4, 256, 8, 3),
         (16, 16, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 4),
         (32, 32, 128, 4, 3), (64, 32, 128, 4, 3), (64, 64, 64, 4, 4),
@@ -62,22 +73,71 @@ def _proj_configs(n_name):
             for m, n, k, w, s in table]
 
 
+def _candidate_cap():
+    """LLAMA_SPEC_CANDIDATES=N tunes only the first N candidates of each bucket's list
+    (the lists run from the most promising down; each candidate costs a JIT compile and
+    its timing on the tuning GPU); unset, all of them."""
+    text = os.environ.get("LLAMA_SPEC_CANDIDATES", "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"LLAMA_SPEC_CANDIDATES must be a positive integer, not {text!r}")
+    return int(text)
+
+
 def _candidates(per_bucket):
     """(default per bucket, config_allowed) from one list of candidate names per bucket,
-    the first being the bucket's default."""
+    the first being the bucket's default; LLAMA_SPEC_CANDIDATES keeps each list's head."""
+    cap = _candidate_cap()
+    if cap is not None:
+        per_bucket = [names[:cap] for names in per_bucket]
+
     def allowed(shape, config):
         return config.name in per_bucket[_bucket(shape["M"])]
     return [names[0] for names in per_bucket], allowed
 
 
-# Per bucket: M = 1 GEMV configs; 2-4 multiply-add over 4 rows or tl.dot over 16; tl.dot
-# tiles growing with M, with narrow ones among them so that the 2048-row projections (o,
-# down, QKV's 1536 pairs) still spread over all 132 SMs. BLOCK_N <= 64 for the kernels that read two row sets (the L2
-# prefetch splits its bytes between them).
+# M = 1 (a GEMV per kernel, each with its own list): the first K tile of a program's rows
+# is loaded into registers before gdc_wait, so whole 2048-wide rows (one tile, 128-256
+# bytes per thread in flight at once) let a kernel's weights stream while the kernel
+# before it ends; the K loop's configs of the first tuning stay as the baseline. Defaults
+# at Llama-3.2-1B shapes (registers from the sm_90a SASS): QKV 4 pairs x 2 halves = 8 rows,
+# 384 programs, 182 registers: 2 per SM, 1.45 waves (so are the other QKV tiles); o 4
+# rows, 512 programs, 92 registers: 5 per SM, one wave; gate/up 4 + 4 rows, 2048 programs,
+# 168 registers: 3 per SM; down 4 rows in 4 tiles of 2048, 512 programs, 115 registers: 4
+# per SM, one wave (the first tile in registers and 32 KB more in L2 before gdc_wait);
+# the LM head streams 64 rows per program in 16 KB tiles, 3 in flight (2004 programs, 128
+# registers: 4 per SM; the row's norm and the argmax counter paid once per 256 KB).
+_M1 = {  # each list: the default, the first H200 tuning's winner, then the others
+    "llama_qkv_rope": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                       "p1_4_k2048_w8_s1", "p1_4_k1024_w4_s2"],
+    "llama_o_proj": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                     "p1_8_k2048_w8_s1", "p1_4_k512_w4_s3"],
+    "llama_gate_up": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
+                      "p1_4_k2048_w8_s1", "p1_8_k1024_w8_s2"],
+    "llama_down_proj": ["p1_4_k2048_w4_s3", "p1_4_k512_w4_s3", "p1_2_k4096_w4_s2",
+                        "p1_1_k8192_w4_s1", "p1_8_k512_w8_s3"],
+    "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_16_k512_w4_s3", "p1_32_k2048_w4_s4",
+                      "p1_128_k2048_w4_s4", "p1_8_k2048_w4_s1"],
+}
+# M = 2-4: the GEMV per row over 4 rows sharing each weight tile (whole rows, as at M = 1,
+# or the K loop's tiles of the first tuning, whose winners they are) or tl.dot over 16;
+# ordered as _M1 (so LLAMA_SPEC_CANDIDATES=2 keeps the new default and the old winner).
+_M4 = {
+    "llama_qkv_rope": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
+                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
+    "llama_o_proj": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_2_k2048_w4_s1",
+                     "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
+    "llama_gate_up": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
+                      "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
+    "llama_down_proj": ["p4_1_k8192_w4_s1", "p4_4_k256_w4_s3", "p4_2_k4096_w4_s2",
+                        "p4_8_k128_w4_s3", "p16_16_k128_w4_s4"],
+    "llama_lm_head": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_8_k2048_w8_s1",
+                      "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
+}
+# M > 4: tl.dot tiles growing with M, with narrow ones among them so that the 2048-row
+# projections (o, down, QKV's 1536 pairs) still spread over all 132 SMs.
 PROJ_BUCKETS = [
-    ["p1_4_k512_w4_s3", "p1_2_k1024_w4_s3", "p1_4_k1024_w4_s2", "p1_8_k256_w4_s4",
-     "p1_8_k512_w8_s3"],
-    ["p4_4_k256_w4_s3", "p4_8_k128_w4_s3", "p4_4_k512_w8_s2", "p16_16_k128_w4_s4"],
     ["p16_16_k128_w4_s4", "p8_4_k256_w8_s3", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4"],
     ["p64_32_k128_w4_s3", "p16_32_k128_w4_s4", "p16_16_k128_w4_s4", "p32_32_k128_w4_s3",
      "p64_64_k64_w4_s4"],
@@ -85,8 +145,39 @@ PROJ_BUCKETS = [
     ["p128_64_k64_w8_s3", "p64_64_k64_w8_s3", "p64_64_k64_w4_s4"],
 ]
 # o/down and the LM head read one row set: BLOCK_N up to 128 in the prefill buckets.
-PROJ1_BUCKETS = PROJ_BUCKETS[:4] + [PROJ_BUCKETS[4] + ["p64_128_k64_w8_s3"],
-                                    PROJ_BUCKETS[5] + ["p64_128_k64_w8_s3"]]
+PROJ1_BUCKETS = PROJ_BUCKETS[:2] + [PROJ_BUCKETS[2] + ["p64_128_k64_w8_s3"],
+                                    PROJ_BUCKETS[3] + ["p64_128_k64_w8_s3"]]
+
+
+# The first H200 tuning's winners of buckets 5-16 on (its tuning.json): each bucket's
+# default, so that a pack built --no-tune starts from them.
+_TUNED = {
+    "llama_qkv_rope": ["p16_32_k128_w4_s4", "p16_32_k128_w4_s4", "p64_32_k128_w4_s3",
+                       "p64_64_k64_w8_s3"],
+    "llama_o_proj": ["p16_32_k128_w4_s4", "p64_32_k128_w4_s3", "p64_64_k64_w8_s3",
+                     "p128_64_k64_w8_s3"],
+    "llama_gate_up": ["p16_64_k64_w4_s4", "p64_64_k64_w4_s4", "p128_64_k64_w8_s3",
+                      "p128_64_k64_w8_s3"],
+    "llama_down_proj": ["p16_32_k128_w4_s4", "p64_32_k128_w4_s3", "p64_32_k128_w4_s3",
+                        "p128_64_k64_w8_s3"],
+    "llama_lm_head": ["p16_64_k64_w4_s4", "p64_64_k64_w4_s4", "p64_128_k64_w8_s3",
+                      "p64_128_k64_w8_s3"],
+}
+
+
+def _winner_first(lists, winners):
+    """Each bucket's candidate list with that bucket's winner moved to the front."""
+    out = []
+    for names, winner in zip(lists, winners):
+        assert winner in names, (winner, names)
+        out.append([winner] + [n for n in names if n != winner])
+    return out
+
+
+def _proj_buckets(name, later):
+    """Bucket lists of a projection: its M = 1 and M = 2-4 lists, then `later` (buckets
+    5-16 on), each led by the first tuning's winner."""
+    return [_M1[name], _M4[name]] + _winner_first(later, _TUNED[name])
 
 
 def _shape(m, **extra):
@@ -134,7 +225,9 @@ EMBED = _spec(
     + _p("BLOCK USE_PDL", "constexpr"),
     [Config(f"b{b}_w{w}", {"BLOCK": b}, num_warps=w, num_stages=1)
      for b, w in ((512, 1), (1024, 2), (2048, 4), (256, 1))],
-    [["b1024_w2", "b512_w1", "b2048_w4"]] * 3 + [["b2048_w4", "b1024_w2", "b256_w1"]] * 3,
+    _winner_first([["b1024_w2", "b512_w1", "b2048_w4"]] * 3
+                  + [["b2048_w4", "b1024_w2", "b256_w1"]] * 3,
+                  ["b512_w1"] * 3 + ["b1024_w2", "b2048_w4", "b2048_w4"]),
     ["M", "cdiv(H, BLOCK)"], ["h"], ["tokens", "table"], ["tokens", "table", "h", "H"],
     [_shape(m) for m in BUCKET_M], (0.0, 0.0))
 
@@ -144,7 +237,7 @@ QKV = _spec(
     + _p("pos seq", "*i32") + _p("q k_cache v_cache", "*bf16")
     + _p("M H NH NKV CAP", "i32") + _p("eps", "fp32")
     + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES USE_PDL", "constexpr"),
-    _proj_configs("BLOCK_J"), PROJ_BUCKETS,
+    _proj_configs("BLOCK_J"), _proj_buckets("llama_qkv_rope", PROJ_BUCKETS),
     ["cdiv((NH + 2 * NKV) * HEAD_DIM / 2, BLOCK_J)", "cdiv(M, BLOCK_M)"],
     ["q", "k_cache", "v_cache"], ["h", "norm_w", "w", "inv_freq", "pos", "seq"],
     ["h", "norm_w", "w", "inv_freq", "q", "k_cache", "v_cache", "H", "CAP"],
@@ -153,15 +246,19 @@ QKV = _spec(
 
 _ATTN_DECODE_CONFIGS = [
     Config(f"n{n}_w{w}_s{s}", {"GROUP_BLOCK": 16, "BLOCK_N": n}, num_warps=w, num_stages=s)
-    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3))]
+    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3), (64, 4, 4))]
 ATTN_DECODE = _spec(
     "llama_attn_decode", lk.llama_attn_decode,
     _p("q k_cache v_cache", "*bf16") + _p("pos seq", "*i32") + _p("o_part ml_part", "*fp32")
     + _p("counters", "*i32") + _p("out", "*bf16") + _p("M NH NKV CAP S", "i32")
     + _p("sm_scale", "fp32") + _p("HEAD_DIM GROUP_BLOCK BLOCK_N USE_PDL", "constexpr"),
     _ATTN_DECODE_CONFIGS,
-    [["n64_w4_s3", "n32_w4_s3", "n128_w4_s2", "n64_w8_s3"]] * 3
-    + [["n64_w4_s3", "n128_w4_s2", "n64_w8_s3", "n128_w8_s3"]] * 3,
+    # Small batches: contexts up to 4 tiles in one program per kv head (n128: 512
+    # positions), its tiles' loads in flight together (s4: 3 tiles ahead).
+    _winner_first([["n64_w4_s3", "n128_w4_s2", "n64_w4_s4", "n128_w8_s3", "n32_w4_s3"]] * 3
+                  + [["n64_w4_s3", "n128_w4_s2", "n64_w8_s3", "n128_w8_s3"]] * 3,
+                  ["n64_w4_s3", "n128_w4_s2", "n128_w4_s2", "n64_w4_s3", "n128_w4_s2",
+                   "n64_w4_s3"]),
     ["S", "NKV", "M"], ["out", "counters"], ["q", "k_cache", "v_cache", "pos", "seq"],
     ["q", "k_cache", "v_cache", "o_part", "ml_part", "out", "CAP"],
     [_shape(m, CAP=1024, ctx=1024) for m in BUCKET_M[:-1]] + [_shape(512, CAP=1024, ctx=1024)],
@@ -177,10 +274,12 @@ ATTN_PREFILL = _spec(
     + _p("M NH NKV CAP", "i32") + _p("sm_scale", "fp32")
     + _p("HEAD_DIM BLOCK_M BLOCK_N USE_PDL", "constexpr"),
     _ATTN_PREFILL_CONFIGS,
-    [["m16_n64_w4_s3", "m16_n32_w4_s3"]] * 2 + [["m16_n64_w4_s3", "m16_n32_w4_s3",
-                                                 "m32_n64_w4_s3"]]
-    + [["m32_n64_w4_s3", "m16_n64_w4_s3", "m64_n64_w4_s3", "m64_n32_w4_s3"]]
-    + [["m64_n64_w4_s3", "m128_n64_w8_s3", "m64_n64_w8_s2", "m64_n32_w4_s3"]] * 2,
+    _winner_first(
+        [["m16_n64_w4_s3", "m16_n32_w4_s3"]] * 2
+        + [["m16_n64_w4_s3", "m16_n32_w4_s3", "m32_n64_w4_s3"]]
+        + [["m32_n64_w4_s3", "m16_n64_w4_s3", "m64_n64_w4_s3", "m64_n32_w4_s3"]]
+        + [["m64_n64_w4_s3", "m128_n64_w8_s3", "m64_n64_w8_s2", "m64_n32_w4_s3"]] * 2,
+        ["m16_n64_w4_s3"] * 4 + ["m64_n64_w4_s3", "m64_n32_w4_s3"]),
     ["cdiv(M, BLOCK_M)", "NH"], ["out"], ["q", "k_cache", "v_cache", "pos", "seq"],
     ["q", "k_cache", "v_cache", "out", "CAP"],
     [_shape(m, CAP=m + 512, ctx=m + 500) for m in BUCKET_M], BF16_TOL,
@@ -193,7 +292,7 @@ def _proj_residual(name):
         name, lk.llama_proj_residual,
         _p("x w", "*bf16") + _p("h", "*fp32") + _p("M N K", "i32")
         + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
-        _proj_configs("BLOCK_N"), PROJ1_BUCKETS,
+        _proj_configs("BLOCK_N"), _proj_buckets(name, PROJ1_BUCKETS),
         ["cdiv(N, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["h"], ["x", "w"],
         ["x", "w", "h", "N", "K"], [_shape(m) for m in BUCKET_M], (2e-4, 2e-4))
 
@@ -205,7 +304,7 @@ GATE_UP = _spec(
     "llama_gate_up", lk.llama_gate_up,
     _p("h", "*fp32") + _p("norm_w w out", "*bf16") + _p("M H I", "i32") + _p("eps", "fp32")
     + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
-    _proj_configs("BLOCK_N"), PROJ_BUCKETS,
+    _proj_configs("BLOCK_N"), _proj_buckets("llama_gate_up", PROJ_BUCKETS),
     ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "norm_w", "w"],
     ["h", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
 
@@ -214,19 +313,14 @@ LM_HEAD = _spec(
     _p("h", "*fp32") + _p("norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
     + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
-    _proj_configs("BLOCK_N") + [
-        _config("p1_16_k512_w4_s3", 4, 3, BLOCK_M=1, BLOCK_N=16, BLOCK_K=512),
-        _config("p1_16_k256_w8_s4", 8, 4, BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
-        _config("p1_32_k256_w8_s3", 8, 3, BLOCK_M=1, BLOCK_N=32, BLOCK_K=256)],
-    # The LM head's argmax reduction reads cdiv(V, BLOCK_N) partials: wider programs at
-    # M = 1 than the other projections.
-    [["p1_16_k512_w4_s3", "p1_8_k512_w8_s3", "p1_16_k256_w8_s4", "p1_32_k256_w8_s3",
-      "p1_4_k1024_w4_s2"]] + PROJ1_BUCKETS[1:],
+    _proj_configs("BLOCK_N"), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
     ["h", "norm_w", "w"],
     ["h", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],
     [_shape(m) for m in BUCKET_M[:-1]] + [_shape(512)],
-    {"logits": (1e-3, 1e-3), "tokens": (0.0, 0.0), "pos": (0.0, 0.0),
+    # logits: the fp32 order of the RMSNorm's sum of squares depends on the config; its
+    # last bit can flip a few bf16 roundings of the normalized row (about 2e-4 each).
+    {"logits": (1e-3, 3e-3), "tokens": (0.0, 0.0), "pos": (0.0, 0.0),
      "counters": (0.0, 0.0)})
 
 ALL_KERNELS = [EMBED, QKV, ATTN_DECODE, ATTN_PREFILL, O_PROJ, GATE_UP, DOWN_PROJ, LM_HEAD]

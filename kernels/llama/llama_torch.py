@@ -165,8 +165,8 @@ def bucket_edge(m):
 
 
 def decode_splits(m, nkv):
-    """S = max(1, min(S_MAX, 128 / (B_edge * NKV))) (docs/llama.md)."""
-    return max(1, min(S_MAX, 128 // (bucket_edge(m) * nkv)))
+    """S = max(1, min(S_MAX, 512 / (B_edge * NKV))) (docs/llama.md)."""
+    return max(1, min(S_MAX, 512 // (bucket_edge(m) * nkv)))
 
 
 def _gen(device, seed):
@@ -225,13 +225,15 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
                 "v_cache": _randn((seqs, nkv, cap, d), gen, device, 1.0, BF16),
                 "pos": pos, "seq": seq}
         if not prefill:
-            args.update(o_part=torch.zeros(m * nh * S_MAX * d, device=device),
-                        ml_part=torch.zeros(m * nh * S_MAX * 2, device=device),
+            splits = shape.get("S", decode_splits(m, nkv))
+            room = max(S_MAX, splits)  # the engine's scratch (a check may exceed S_MAX)
+            args.update(o_part=torch.zeros(m * nh * room * d, device=device),
+                        ml_part=torch.zeros(m * nh * room * 2, device=device),
                         counters=torch.zeros(m * nkv, dtype=torch.int32, device=device))
         args.update(out=torch.zeros((m, nh * d), dtype=BF16, device=device),
                     M=m, NH=nh, NKV=nkv, CAP=cap)
         if not prefill:
-            args["S"] = shape.get("S", decode_splits(m, nkv))
+            args["S"] = splits
         args["sm_scale"] = 1.0 / math.sqrt(d)
         return args
     if kernel in ("llama_o_proj", "llama_down_proj"):

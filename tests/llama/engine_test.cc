@@ -252,6 +252,41 @@ TEST_F(LlamaEngineTest, SyntheticContextStartsRowsAtAPositionOverARandomCache) {
   EXPECT_TRUE(repeated.ok()) << repeated.status();
 }
 
+// docs/llama.md: decode attention splits a row's context only beyond 4 KV tiles, then
+// over cdiv(tiles, cdiv(tiles, S)) splits (S = 32 here), whose partials the last one
+// combines; below, split 0 writes out alone. At context 600 (10 tiles of 64; 19 of 32, 5
+// of 128, whatever the pack's BLOCK_N) the partials are a prefix of the S slots, and graph
+// and eager steps agree through the combine.
+TEST_F(LlamaEngineTest, LongContextsSplitTheAttention) {
+  Engine& e = MakeEngine(1, /*capacity=*/640, /*read_logits=*/false);
+  const int64_t nh = checkpoint_->config().num_attention_heads, splits = 32;
+  ASSERT_EQ(DecodeSplits(1, static_cast<int>(checkpoint_->config().num_key_value_heads)), splits);
+  auto sums = [&] {  // ml_part's sums of row 0, head 0: [(m·NH + head)·S + s]·2 + 1
+    std::vector<float> ml = DeviceRead<float>(*device_, e.buffers().ml_part(),
+                                              static_cast<size_t>(nh * splits * 2));
+    std::vector<float> out;
+    for (int64_t s = 0; s < splits; ++s) out.push_back(ml[static_cast<size_t>(s * 2 + 1)]);
+    return out;
+  };
+  LL_ASSERT_OK(e.SyntheticContext(1, 30, 3, /*fill_cache=*/true));
+  LL_ASSERT_OK(e.Decode(1, Engine::Mode::kEager));
+  LL_ASSERT_OK(e.Synchronize());
+  EXPECT_THAT(sums(), ::testing::Each(0.0f)) << "a 31-position context wrote partials";
+
+  std::vector<std::vector<int32_t>> tokens;
+  for (const Engine::Mode mode : {Engine::Mode::kEager, Engine::Mode::kGraph}) {
+    LL_ASSERT_OK(e.SyntheticContext(1, 600, 3, /*fill_cache=*/mode == Engine::Mode::kEager));
+    for (int step = 0; step < 3; ++step) LL_ASSERT_OK(e.Decode(1, mode));
+    LL_ASSERT_OK(e.Synchronize());
+    tokens.push_back(DeviceRead<int32_t>(*device_, e.buffers().tokens(), 1));
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  const std::vector<float> s = sums();
+  const auto used = std::find(s.begin(), s.end(), 0.0f) - s.begin();
+  EXPECT_THAT(used, ::testing::AnyOf(19, 10, 5));
+  for (auto i = used; i < splits; ++i) EXPECT_EQ(s[static_cast<size_t>(i)], 0.0f) << i;
+}
+
 TEST_F(LlamaEngineTest, DecodeRefusesRowsWithoutASequence) {
   Engine& e = MakeEngine(3);
   LL_ASSERT_OK(e.Prefill(0, Prompt(0, 4)));
@@ -309,6 +344,22 @@ TEST_F(LlamaEngineTest, EngineRefusesAPackThatDoesNotServeTheModel) {
   e = Engine::Create(*other, *device_, *model_, o);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(e.status().message(), HasSubstr("llama_embed"));
+}
+
+// docs/llama.md: S = max(1, min(S_MAX, 512 / (B_edge · NKV))), B_edge the bucket's upper
+// edge (the batch itself above 64); the Python engine's config.decode_splits agrees.
+TEST(LlamaDecodeSplitsTest, FollowTheBatchBucket) {
+  // Llama-3.2-1B (8 kv heads): 32, 16, 4, 1 over the buckets 1, 2-4, 5-16, 17-64.
+  EXPECT_EQ(DecodeSplits(1, 8), 32);
+  EXPECT_EQ(DecodeSplits(2, 8), 16);
+  EXPECT_EQ(DecodeSplits(4, 8), 16);
+  EXPECT_EQ(DecodeSplits(5, 8), 4);
+  EXPECT_EQ(DecodeSplits(17, 8), 1);
+  EXPECT_EQ(DecodeSplits(64, 8), 1);
+  EXPECT_EQ(DecodeSplits(3, 2), 32);   // capped at S_MAX
+  EXPECT_EQ(DecodeSplits(64, 2), 4);
+  EXPECT_EQ(DecodeSplits(200, 1), 2);  // above 64: the batch itself
+  EXPECT_EQ(DecodeSplits(600, 1), 1);
 }
 
 // One graph per batch bucket, built at the bucket's first graph step; nothing built or

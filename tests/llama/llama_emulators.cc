@@ -105,6 +105,10 @@ class Args {
 
 int64_t Cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Decode attention: a row of at most this many KV tiles is attended by split 0 alone
+// (docs/llama.md; llama_kernels.py's _DIRECT_TILES).
+constexpr int64_t kDirectTiles = 4;
+
 // ---- the contract's math ----
 
 float Bf(const uint16_t* p, size_t i) { return Bf16ToFloat(p[i]); }
@@ -263,7 +267,11 @@ void AttnDecode(const EmulatedLaunch& l) {
       return Error(
           absl::StrCat("llama_attn_decode: row ", r, " position ", pos[r], " outside CAP"));
     }
-    const int64_t chunk = Cdiv(Cdiv(len, s_count), block_n) * block_n;
+    // docs/llama.md: the splits with work follow from the row's KV tiles (up to
+    // kDirectTiles: split 0 alone, writing out), whatever S is.
+    const int64_t tiles = Cdiv(len, block_n);
+    const int64_t per = tiles <= kDirectTiles ? tiles : Cdiv(tiles, s_count);
+    const int64_t splits = Cdiv(tiles, per), chunk = per * block_n;
     for (int64_t g = 0; g < nkv; ++g) {
       if (counters[r * nkv + g] != 0) {
         Error(absl::StrCat("llama_attn_decode: counter of row ", r, " head ", g, " is ",
@@ -276,7 +284,7 @@ void AttnDecode(const EmulatedLaunch& l) {
                                                      static_cast<size_t>(len * d), "attn v_cache");
       if (!keys || !values) return;
       for (int64_t head = g * group; head < (g + 1) * group; ++head) {
-        if (s_count == 1) {  // docs/llama.md: the one program writes out, no partials
+        if (splits == 1) {  // docs/llama.md: split 0 writes out, no partials
           float mx, sum;
           AttendRange(q + (r * nh + head) * d, keys, values, 0, len, d, scale, o.data(), &mx, &sum);
           for (int64_t i = 0; i < d; ++i)
@@ -284,7 +292,7 @@ void AttnDecode(const EmulatedLaunch& l) {
           continue;
         }
         const int64_t base = (r * nh + head) * s_count;
-        for (int64_t s = 0; s < s_count; ++s) {
+        for (int64_t s = 0; s < splits; ++s) {  // the idle splits write nothing
           const int64_t lo = s * chunk, hi = std::min((s + 1) * chunk, len);
           float mx, sum;
           AttendRange(q + (r * nh + head) * d, keys, values, lo, hi, d, scale, o.data(), &mx, &sum);
@@ -294,11 +302,10 @@ void AttnDecode(const EmulatedLaunch& l) {
         }
         // The combine, in split order, from the partials in memory.
         float top = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s < s_count; ++s) top = std::max(top, ml_part[(base + s) * 2]);
+        for (int64_t s = 0; s < splits; ++s) top = std::max(top, ml_part[(base + s) * 2]);
         float den = 0;
         std::fill(num.begin(), num.end(), 0.0f);
-        for (int64_t s = 0; s < s_count; ++s) {
-          if (ml_part[(base + s) * 2 + 1] == 0) continue;
+        for (int64_t s = 0; s < splits; ++s) {
           const float f = std::exp(ml_part[(base + s) * 2] - top);
           den += ml_part[(base + s) * 2 + 1] * f;
           for (int64_t i = 0; i < d; ++i)

@@ -84,7 +84,7 @@ def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
     assert [kernel_of(x.entry) for x in launches] == decode_names(cfg.L)
     assert len(launches) == 5 * cfg.L + 2
     S = config.decode_splits(3, cfg.NKV)
-    assert S == 16
+    assert S == 32  # min(S_MAX, 512 / (4 * NKV 2))
     for call, launch in zip(calls, launches):
         p = params_of(eng, call, launch, layouts)
         want = dict(zip(engine.PARAMS[call.kernel], eng.backend._args(call)))
@@ -141,7 +141,8 @@ def test_graph_replay_sends_the_eager_steps_parameters(eng, fake):
     assert [x.entry for x in replayed] == [x.entry for x in eager]
     assert [x.params for x in replayed] == [x.params for x in eager]
     # Grid-tolerant kernels run at their bucket's edge (2-4: 4) in the graph.
-    assert replayed[2].grid == (16, eng.cfg.NKV, 4) and eager[2].grid == (16, eng.cfg.NKV, 3)
+    S = config.decode_splits(3, eng.cfg.NKV)
+    assert replayed[2].grid == (S, eng.cfg.NKV, 4) and eager[2].grid == (S, eng.cfg.NKV, 3)
 
 
 def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):

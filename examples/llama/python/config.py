@@ -396,8 +396,8 @@ def bucket_edge(m: int) -> int:
 
 
 def decode_splits(batch: int, nkv: int) -> int:
-    """S = max(1, min(S_MAX, 128 / (B_edge NKV))), integer division (docs/llama.md)."""
-    return max(1, min(S_MAX, 128 // (bucket_edge(batch) * nkv)))
+    """S = max(1, min(S_MAX, 512 / (B_edge NKV))), integer division (docs/llama.md)."""
+    return max(1, min(S_MAX, 512 // (bucket_edge(batch) * nkv)))
 
 
 def config_summary(cfg: LlamaConfig) -> Dict[str, Any]:
