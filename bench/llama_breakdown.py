@@ -2,7 +2,8 @@
 """Where a Llama-3.2-1B decode step's GPU time goes (issue 22, point 4), in one process:
 
 * every launch of the step timed one by one (CUDA events around each launch, so no two
-  kernels overlap): µs, bytes read (weights, KV at the context, activations ignored),
+  kernels overlap; the whole step enqueued behind a gate kernel first, so that the GPU
+  never waits for the host and only the kernels are timed): µs, bytes read (weights, KV at the context, activations ignored),
   GB/s and % of a measured device-to-device copy's bandwidth, per kernel and summed;
 * the same launches back to back as eager bound launches (``kernel.bind``), and as one
   step graph (``kpack.graph``) with and without programmatic (PDL) edges.
@@ -34,6 +35,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from llama_bench import copy_bandwidth, skip_or_fail  # noqa: E402
 
+# About 5 ms at the H200's clocks: longer than the host takes to enqueue a step's launches
+# with an event pair around each.
+GATE_CYCLES = 10_000_000
+
 
 def kernel_bytes(cfg, call, B: int, context: int) -> int:
     """Bytes a launch must read from memory: its weights, or the KV cache up to the context
@@ -60,8 +65,14 @@ def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float)
     def reset():
         s.pos[:B].fill_(context)
 
+    # The GPU must not wait for the host between launches (that would be timed too): a
+    # gate kernel spins while the host enqueues the whole step behind it.
+    def gate():
+        torch.cuda._sleep(GATE_CYCLES)
+
     one = [[] for _ in range(n)]
     for rep in range(reps + 2):
+        gate()
         for i, b in enumerate(bound):
             ev[2 * i].record()
             b()
@@ -78,6 +89,7 @@ def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float)
     def step_us(step) -> float:
         times = []
         for rep in range(reps + 2):
+            gate()
             start.record()
             step()
             end.record()
