@@ -17,15 +17,10 @@
 //                               the example pack's persistent TMA matmul (three tensor
 //                               descriptors, 64x64x64: one tile) against a raw
 //                               cuLaunchKernelEx of the same prepared buffer: by kernel,
-//                               the same three descriptors every launch, so the three
-//                               CUtensorMaps are copied from kpack's cache (hits)
-//   paired/tma_matmul_3desc/kpack_by_kernel_miss
-//                               by kernel, each descriptor's base cycling through 5
-//                               buffers (more than the 4 maps the cache keeps per
-//                               descriptor): every launch misses and encodes three maps
+//                               kpack encodes the three CUtensorMaps every launch
 //   paired/tma_matmul_3desc/raw_encode3
-//                               the driver's floor for the miss path: the raw launch plus
-//                               three cuTensorMapEncodeTiled calls of similar maps
+//                               the driver's floor for that: the raw launch plus three
+//                               cuTensorMapEncodeTiled calls of similar maps
 //
 // N = 4, 14, 32 call arguments. Each iteration enqueues a batch of kBatch launches and is
 // timed by hand; the stream is synchronized outside the timed region, so the GPU queue
@@ -43,7 +38,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -213,12 +207,9 @@ void BM_PairedDynamic(benchmark::State& state) {
 // fp16 operands (one tile: the GPU work is negligible), opened once. The raw reference is
 // cuLaunchKernelEx of the very buffer a BoundLaunch prepared (maps encoded once).
 struct TmaBench {
-  // Buffers per operand for the miss arm: one more than a descriptor's cache entries.
-  static constexpr int kMissBases = 5;
   std::optional<kpack::Runtime> runtime;
   kpack::Kernel mm;
-  CUdeviceptr a = 0, b = 0, c = 0;  // bases[i][0]
-  CUdeviceptr bases[3][kMissBases] = {};
+  CUdeviceptr a = 0, b = 0, c = 0;
   std::string error;
 };
 TmaBench& Tma() {
@@ -233,17 +224,12 @@ TmaBench& Tma() {
     }
     t->runtime.emplace(*std::move(rt));
     t->mm = *t->runtime->Find("matmul_tma");
-    for (auto& operand : t->bases) {
-      for (CUdeviceptr& p : operand) {
-        if (g->driver().MemAlloc(&p, 64 * 64 * 2) != CUDA_SUCCESS ||
-            g->driver().MemsetD8(p, 0, 64 * 64 * 2) != CUDA_SUCCESS) {
-          t->error = "cuMemAlloc/cuMemsetD8 failed";
-        }
+    for (CUdeviceptr* p : {&t->a, &t->b, &t->c}) {
+      if (g->driver().MemAlloc(p, 64 * 64 * 2) != CUDA_SUCCESS ||
+          g->driver().MemsetD8(*p, 0, 64 * 64 * 2) != CUDA_SUCCESS) {
+        t->error = "cuMemAlloc/cuMemsetD8 failed";
       }
     }
-    t->a = t->bases[0][0];
-    t->b = t->bases[1][0];
-    t->c = t->bases[2][0];
     return t;
   }();
   return *t;
@@ -252,7 +238,7 @@ TmaBench& Tma() {
 // plus three cuTensorMapEncodeTiled calls of 2-D fp16 maps (64x64 boxes, 128-byte
 // swizzle, like the kernel's), against the raw launch: the floor of a by-kernel launch
 // that encodes every time.
-enum class TmaPath { kByKernel, kByKernelMiss, kBound, kRawEncode };
+enum class TmaPath { kByKernel, kBound, kRawEncode };
 void BM_PairedTma(benchmark::State& state, TmaPath path) {
   g->driver().CtxSetCurrent(g->context());
   TmaBench& t = Tma();
@@ -276,37 +262,9 @@ void BM_PairedTma(benchmark::State& state, TmaPath path) {
            CUDA_SUCCESS;
   };
   if (path == TmaPath::kBound) return RunPaired(state, s, raw, [&] { return bl->Launch().ok(); });
-  if (path == TmaPath::kByKernel || path == TmaPath::kByKernelMiss) {
-    // The maps per launch that came from the cache and from the encoder, from the
-    // kernel's counters (Kernel::variant_stats), so that the table shows which path ran.
-    auto counts = [&] {
-      std::array<uint64_t, 3> n{};  // launches, hits, encodes
-      for (const kpack::Kernel::VariantStats& v : t.mm.variant_stats()) {
-        n[0] += v.launches;
-        n[1] += v.tensor_map_hits;
-        n[2] += v.tensor_map_encodes;
-      }
-      return n;
-    };
-    const std::array<uint64_t, 3> before = counts();
-    if (path == TmaPath::kByKernel) {
-      RunPaired(state, s, raw, [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
-    } else {
-      int i = 0;
-      RunPaired(state, s, raw, [&] {
-        const int k = i++ % TmaBench::kMissBases;
-        return t.mm
-            .Launch(s, kpack::TensorDesc::RowMajor(t.bases[0][k], {64, 64}),
-                    kpack::TensorDesc::RowMajor(t.bases[1][k], {64, 64}),
-                    kpack::TensorDesc::RowMajor(t.bases[2][k], {64, 64}), 64, 64, 64, 132)
-            .ok();
-      });
-    }
-    const std::array<uint64_t, 3> after = counts();
-    const double launches = static_cast<double>(std::max<uint64_t>(1, after[0] - before[0]));
-    state.counters["maps_cached"] = static_cast<double>(after[1] - before[1]) / launches;
-    state.counters["maps_encoded"] = static_cast<double>(after[2] - before[2]) / launches;
-    return;
+  if (path == TmaPath::kByKernel) {
+    return RunPaired(state, s, raw,
+                     [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
   }
   alignas(64) CUtensorMap maps[3];
   const cuuint64_t dims[2] = {64, 64}, strides[1] = {128};
@@ -485,7 +443,6 @@ int main(int argc, char** argv) {
       ->UseManualTime()
       ->Unit(benchmark::kNanosecond);
   for (auto [name, path] : {std::pair{"paired/tma_matmul_3desc/kpack_by_kernel", TmaPath::kByKernel},
-                            {"paired/tma_matmul_3desc/kpack_by_kernel_miss", TmaPath::kByKernelMiss},
                             {"paired/tma_matmul_3desc/kpack_bound", TmaPath::kBound},
                             {"paired/tma_matmul_3desc/raw_encode3", TmaPath::kRawEncode}}) {
     benchmark::RegisterBenchmark(name, BM_PairedTma, path)

@@ -132,29 +132,6 @@ int main(int argc, char** argv) {
                          .ok();
                    }});
 
-  // TMA descriptors: the example pack's matmul_tma with its three descriptors unchanged
-  // (`hit`: every CUtensorMap copied from kpack's cache) and with each descriptor's base
-  // cycling through 5 addresses, one more than the cache keeps per descriptor (`miss`:
-  // every launch calls the fake's cuTensorMapEncodeTiled three times, whose instructions
-  // count as the driver's, and inserts the maps). Own instructions of `miss` are kpack's
-  // side of a miss: the checks, the key, the failed lookup and the insert.
-  const kpack::Kernel mm = *example->Find("matmul_tma");
-  const kpack::TensorDesc tma_a = kpack::TensorDesc::RowMajor(base, {64, 64});
-  const kpack::TensorDesc tma_b = kpack::TensorDesc::RowMajor(base + 0x100000, {64, 64});
-  const kpack::TensorDesc tma_c = kpack::TensorDesc::RowMajor(base + 0x200000, {64, 64});
-  paths.push_back({"kpack_tma/hit", [&] {
-                     return mm.Launch(s, tma_a, tma_b, tma_c, 64, 64, 64, 132).ok();
-                   }});
-  size_t tma_step = 0;
-  paths.push_back({"kpack_tma/miss", [&] {
-                     const CUdeviceptr shift = 0x10000 * (tma_step++ % 5);
-                     return mm.Launch(s, kpack::TensorDesc::RowMajor(tma_a.base + shift, {64, 64}),
-                                      kpack::TensorDesc::RowMajor(tma_b.base + shift, {64, 64}),
-                                      kpack::TensorDesc::RowMajor(tma_c.base + shift, {64, 64}),
-                                      64, 64, 64, 132)
-                         .ok();
-                   }});
-
   // Scratch: the test pack's `scratch` kernel (128 bytes of global scratch per program)
   // from kpack's arenas on a stream of its own, the legacy stream and the per-thread
   // stream, each arena grown by a first launch: the capture-status query, the stream's

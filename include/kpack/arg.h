@@ -42,9 +42,7 @@
 // BoundLaunch keeps its own copy. At launch kpack checks it as Triton's TensorDescriptor
 // and launcher do (rank, last stride 1, 16-byte aligned base and positive strides, shape
 // within i32, NaN padding only for floating-point elements) and, for a variant that lowered it to
-// TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer, or
-// copies it from the tensor map cache when that parameter encoded the same map recently
-// (kpack/runtime.h, "Tensor map cache").
+// TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer.
 
 #ifndef KPACK_ARG_H_
 #define KPACK_ARG_H_

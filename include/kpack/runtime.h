@@ -26,27 +26,13 @@
 // INVALID_ARGUMENT naming the parameter, and nothing is launched. A `tensordesc`
 // parameter takes a kpack::TensorDesc, checked as Triton checks a TensorDescriptor and
 // encoded at launch (a CUtensorMap, for a variant that uses TMA: one cuTensorMapEncodeTiled
-// per descriptor, unless the map is cached, below; a BoundLaunch encodes at Bind and Set
-// only). Triton's hidden scratch parameters are filled by kpack (see `ReserveScratch`).
-//
-// Tensor map cache. Each TMA descriptor parameter of each variant keeps the last 4
-// distinct CUtensorMaps it encoded (4 entries; a miss replaces the oldest, so a cycle of 5
-// or more descriptors through one parameter always encodes). A launch, Bind or Set whose
-// encode inputs -- base address, shape, strides, box, element strides, element type,
-// interleave, swizzle, L2 promotion, out-of-bounds fill (the padding), fp4 doubling
-// included -- equal an entry's copies its 128 bytes instead of calling the driver: the
-// bytes the encode would write, since a map depends on those inputs only. Nothing needs
-// invalidating: memory freed and reallocated at the same address with the same geometry
-// encodes the same map, which stays correct; anything else is a miss. A failed encode is
-// not kept. The cache is lock-free and shared by all threads (a seqlock per entry: no
-// allocation, no lock). Kernel::variant_stats() counts hits and encodes;
-// Options::cache_tensor_maps = false turns it off.
+// per descriptor; a BoundLaunch encodes at Bind and Set only). Triton's hidden scratch
+// parameters are filled by kpack (see `ReserveScratch`).
 //
 // Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
 // formats no string and logs nothing; error messages are built only on failure. It makes
 // one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read), plus one
-// cuTensorMapEncodeTiled per TMA descriptor argument through `Kernel` that misses the
-// tensor map cache (a hit is a 128-byte copy); a kernel
+// cuTensorMapEncodeTiled per TMA descriptor argument through `Kernel`; a kernel
 // with Triton scratch memory from kpack's arenas one more (the stream's capture status)
 // and, on a stream of your own, a third (its id). The
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
@@ -60,8 +46,8 @@
 // stream-capture errors; INTERNAL for any other.
 //
 // Thread safety: `Runtime` and `Kernel` are safe to use from any number of threads at
-// once (launch state is immutable after load, but for the lock-free tensor map caches;
-// loading and scratch growth are synchronized). A `BoundLaunch` belongs to one thread at a time.
+// once (launch state is immutable after load; loading and scratch growth are
+// synchronized). A `BoundLaunch` belongs to one thread at a time.
 //
 // Contexts: a launch goes to the calling thread's current CUDA context (none current is
 // FAILED_PRECONDITION; `UseDevice` makes a device's primary context current, as the CUDA
@@ -198,11 +184,6 @@ struct Options {
   // The environment variable KPACK_NVTX=0 also turns it off; building with
   // -DKPACK_ENABLE_NVTX=OFF removes it entirely.
   bool nvtx = true;
-  // Keep each TMA descriptor parameter's last 4 encoded CUtensorMaps per variant, so that
-  // a launch (or Bind, Set) whose descriptor encodes from the same inputs as one of them
-  // copies the 128-byte map instead of calling cuTensorMapEncodeTiled (see "Tensor map
-  // cache" above); false: encode every time. Kernel::variant_stats() counts both.
-  bool cache_tensor_maps = true;
 };
 
 // A launch whose arguments are already checked, dispatched and packed into the chosen
@@ -347,17 +328,10 @@ class Kernel {
   // assumptions failed (e.g. a misaligned pointer sending every call to the generic
   // variant). Counted with relaxed atomics; a snapshot, not synchronized with launches in
   // flight on other threads.
-  //
-  // TMA descriptors (launches, Bind and Set; not BoundLaunch::Launch, which packs
-  // nothing): tensor_map_hits counts the CUtensorMaps copied from the cache,
-  // tensor_map_encodes the cuTensorMapEncodeTiled calls (misses, a failed encode
-  // included; every map when Options::cache_tensor_maps is off).
   struct VariantStats {
     std::string_view variant;
     uint64_t launches = 0;
     uint64_t fallback_launches = 0;
-    uint64_t tensor_map_hits = 0;
-    uint64_t tensor_map_encodes = 0;
   };
   std::vector<VariantStats> variant_stats() const;
 
@@ -492,10 +466,6 @@ class Runtime {
     size_t scratch_in_graphs = 0;     // arenas owned by captured graphs
     size_t scratch_idle = 0;          // arenas graphs gave back, not yet reused
     size_t scratch_bytes = 0;         // device bytes held by all of the above
-    // Every variant's Kernel::VariantStats counters of the same names, summed: TMA maps
-    // copied from the tensor map cache, and cuTensorMapEncodeTiled calls.
-    size_t tensor_map_hits = 0;
-    size_t tensor_map_encodes = 0;
   };
   Stats stats() const;
 

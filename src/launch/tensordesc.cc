@@ -89,17 +89,7 @@ bool EffectiveShape(const DescSlot& slot, const TensorDesc& d, int64_t* shape, i
 
 }  // namespace
 
-CUresult EncodeTensorMap(const Driver& driver, const TensorMapEncodeArgs& e, CUtensorMap* map) {
-  return driver.TensorMapEncodeTiled(
-      map, static_cast<CUtensorMapDataType>(e.data_type), e.rank,
-      reinterpret_cast<void*>(e.address), e.dims, e.strides, e.box, e.element_strides,
-      static_cast<CUtensorMapInterleave>(e.interleave), static_cast<CUtensorMapSwizzle>(e.swizzle),
-      static_cast<CUtensorMapL2promotion>(e.l2_promotion),
-      static_cast<CUtensorMapFloatOOBfill>(e.oob_fill));
-}
-
-DescResult PackDesc(const Driver& driver, const DescSlot& slot, TensorMapCache* cache,
-                    const Arg& arg, std::byte* buf) {
+DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf) {
   if (arg.kind() != Arg::Kind::kTensorDesc) return {DescProblem::kNotADesc};
   const TensorDesc& d = arg.tensor_desc();
   const int rank = slot.rank;
@@ -121,35 +111,19 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, TensorMapCache* 
   if ((nan && !slot.float_elements) || (!nan && d.padding != TensorDescPadding::kZero)) {
     return {DescProblem::kNanPadding};
   }
-  DescResult result;
   if (slot.tma) {
-    TensorMapEncodeArgs e;
-    e.address = d.base;
-    e.rank = static_cast<uint32_t>(rank);
-    for (int i = 0; i < rank; ++i) e.dims[rank - 1 - i] = static_cast<cuuint64_t>(shape[i]);
+    cuuint64_t dims[DescSlot::kMaxRank];
+    cuuint64_t strides[DescSlot::kMaxRank];  // the driver reads rank - 1 of them
+    for (int i = 0; i < rank; ++i) dims[rank - 1 - i] = static_cast<cuuint64_t>(shape[i]);
     for (int i = 0; i + 1 < rank; ++i) {
-      e.strides[rank - 2 - i] = static_cast<cuuint64_t>(stride_bytes[i]);
+      strides[rank - 2 - i] = static_cast<cuuint64_t>(stride_bytes[i]);
     }
-    // Whole arrays: the slot's are zero past the rank, as the key's must be.
-    static_assert(sizeof(e.box) == sizeof(slot.box) &&
-                  sizeof(e.element_strides) == sizeof(slot.element_strides));
-    std::memcpy(e.box, slot.box, sizeof(e.box));
-    std::memcpy(e.element_strides, slot.element_strides, sizeof(e.element_strides));
-    e.data_type = slot.data_type;
-    e.interleave = slot.interleave;
-    e.swizzle = slot.swizzle;
-    e.l2_promotion = slot.l2_promotion;
-    e.oob_fill = nan ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
-                     : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
-    std::byte* const map = buf + slot.first;
-    if (cache != nullptr && cache->Find(e, map)) {
-      result.map = DescResult::Map::kCached;
-    } else {
-      result.map = DescResult::Map::kEncoded;
-      const CUresult r = EncodeTensorMap(driver, e, reinterpret_cast<CUtensorMap*>(map));
-      if (r != CUDA_SUCCESS) return {DescProblem::kEncode, 0, r, DescResult::Map::kEncoded};
-      if (cache != nullptr) cache->Insert(e, map);
-    }
+    const CUresult r = driver.TensorMapEncodeTiled(
+        reinterpret_cast<CUtensorMap*>(buf + slot.first), slot.data_type,
+        static_cast<cuuint32_t>(rank), reinterpret_cast<void*>(d.base), dims, strides, slot.box,
+        slot.element_strides, slot.interleave, slot.swizzle, slot.l2_promotion,
+        nan ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return {DescProblem::kEncode, 0, r};
   } else {
     Store(buf + slot.first, static_cast<uint64_t>(d.base));
     for (int i = 0; i < rank; ++i) {
@@ -162,7 +136,7 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, TensorMapCache* 
     Store(buf + slot.shape[i], static_cast<int32_t>(shape[i]));
     Store(buf + slot.strides[i], d.strides[i]);
   }
-  return result;
+  return {};
 }
 
 absl::Status DescError(const Driver& driver, absl::string_view what, size_t index,

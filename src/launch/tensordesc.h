@@ -4,8 +4,7 @@
 // lowered the descriptor to TMA: a CUtensorMap, encoded here with cuTensorMapEncodeTiled
 // straight into its 128-byte slot, then the shape as i32 and the strides as i64; otherwise
 // the base pointer, the shape and strides as i64, the padding flag, and the shape and
-// strides again. A map encoded before from the same inputs is copied from the
-// parameter's TensorMapCache instead (tensor_map_cache.h: key, capacity, invalidation).
+// strides again.
 //
 // The checks are Triton's, from its TensorDescriptor (tools/tensor_descriptor.py) and its
 // launcher: the rank of the block shape, every dimension in [1, 2^31) (the shape travels as
@@ -27,7 +26,6 @@
 #include "absl/strings/string_view.h"
 #include "driver/driver.h"
 #include "kpack/arg.h"
-#include "launch/tensor_map_cache.h"
 #include "manifest/manifest.h"
 
 namespace kpack::internal {
@@ -74,23 +72,14 @@ enum class DescProblem : uint8_t {
 };
 
 struct DescResult {
-  // Where a TMA descriptor's CUtensorMap came from (kNone: no map, or refused before).
-  enum class Map : uint8_t { kNone, kCached, kEncoded };
   DescProblem problem = DescProblem::kOk;
   int dim = 0;             // the dimension at fault (kShape, kStrideAlign)
   CUresult result = CUDA_SUCCESS;  // kEncode
-  Map map = Map::kNone;    // kEncoded: cuTensorMapEncodeTiled was called (kEncode: failed)
 };
 
-// cuTensorMapEncodeTiled of `e` into `map` (64-byte aligned).
-CUresult EncodeTensorMap(const Driver& driver, const TensorMapEncodeArgs& e, CUtensorMap* map);
-
 // Checks `arg` and writes it into `buf` (the variant's parameter buffer, placed so that a
-// CUtensorMap slot lies at a 64-byte aligned address). For a TMA slot, the map is copied
-// from `cache` when it holds one encoded from the same inputs, else encoded and, if the
-// encode succeeds, added to `cache` (null: always encoded, nothing cached).
-DescResult PackDesc(const Driver& driver, const DescSlot& slot, TensorMapCache* cache,
-                    const Arg& arg, std::byte* buf);
+// CUtensorMap slot lies at a 64-byte aligned address).
+DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf);
 
 // The INVALID_ARGUMENT for a refused descriptor, naming the kernel, the variant, the
 // argument and what is wrong with the values it has.

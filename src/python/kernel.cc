@@ -163,8 +163,6 @@ nb::dict Stats(const KernelObj& k) {
     nb::object s = Steal(PyStructSequence_New(g_variant_stats_type));
     PyStructSequence_SetItem(s.ptr(), 0, PyLong_FromUnsignedLongLong(v.launches));
     PyStructSequence_SetItem(s.ptr(), 1, PyLong_FromUnsignedLongLong(v.fallback_launches));
-    PyStructSequence_SetItem(s.ptr(), 2, PyLong_FromUnsignedLongLong(v.tensor_map_hits));
-    PyStructSequence_SetItem(s.ptr(), 3, PyLong_FromUnsignedLongLong(v.tensor_map_encodes));
     if (PyErr_Occurred()) throw nb::python_error();
     d[nb::str(v.variant.data(), v.variant.size())] = s;
   }
@@ -216,12 +214,10 @@ PyStructSequence_Field g_variant_stats_fields[] = {
     {"launches", "launches of this variant since the pack was opened"},
     {"fallback_launches",
      "of which a more specialized variant of the same bucket could not take the arguments"},
-    {"tensor_map_hits", "TMA descriptors whose CUtensorMap was copied from kpack's cache"},
-    {"tensor_map_encodes", "cuTensorMapEncodeTiled calls (cache misses, failed ones included)"},
     {nullptr, nullptr},
 };
 PyStructSequence_Desc g_variant_stats_desc = {"kpack.VariantStats", "Launch counters.",
-                                              g_variant_stats_fields, 4};
+                                              g_variant_stats_fields, 2};
 
 }  // namespace
 
@@ -322,8 +318,7 @@ void InitKernel(nb::module_& m) {
           "and pack the arguments once; b() relaunches them, b.set(name_or_index, value) "
           "changes one.")
       .def("stats", &Stats,
-           "stats() -> {variant: VariantStats(launches, fallback_launches, tensor_map_hits, "
-           "tensor_map_encodes)}: launches since "
+           "stats() -> {variant: VariantStats(launches, fallback_launches)}: launches since "
            "the pack was opened; fallbacks are launches that a more specialized variant of "
            "the same bucket could not take (e.g. a misaligned pointer).")
       .def("select_variant", &SelectVariant,

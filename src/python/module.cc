@@ -68,7 +68,7 @@ std::optional<int> CurrentDeviceOrNone(const RuntimeState& s) {
 }
 
 // Runtime::Stats, every field: a new field must be added here.
-static_assert(sizeof(Runtime::Stats) == 8 * sizeof(size_t),
+static_assert(sizeof(Runtime::Stats) == 6 * sizeof(size_t),
               "Runtime::Stats changed: expose every field in Runtime.stats()");
 
 nb::dict Stats(const RuntimeState& s) {
@@ -80,8 +80,6 @@ nb::dict Stats(const RuntimeState& s) {
   d["scratch_in_graphs"] = st.scratch_in_graphs;
   d["scratch_idle"] = st.scratch_idle;
   d["scratch_bytes"] = st.scratch_bytes;
-  d["tensor_map_hits"] = st.tensor_map_hits;
-  d["tensor_map_encodes"] = st.tensor_map_encodes;
   return d;
 }
 
@@ -151,8 +149,7 @@ NB_MODULE(_kpack, m) {
           "reserve_scratch takes it).")
       .def("stats", &Stats,
            "stats() -> dict of Runtime::Stats: libraries_loaded, scratch_arenas, "
-           "scratch_reserved, scratch_in_graphs, scratch_idle, scratch_bytes, "
-           "tensor_map_hits, tensor_map_encodes.");
+           "scratch_reserved, scratch_in_graphs, scratch_idle, scratch_bytes.");
 
   // The one spelling of a bucket's range (kpack::DescribeBucket), for the pack tools
   // (tools/kpack_tools), so that their messages say what the runtime's say.

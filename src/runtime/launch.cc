@@ -64,30 +64,17 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const Varia
   return ContextError(d, r, absl::StrCat("launching ", Describe(v)));
 }
 
-absl::Status RuntimeImpl::PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf,
-                                  MapTally* tally) const {
+absl::Status RuntimeImpl::PackOne(const VariantData& v, size_t i, const Arg& a,
+                                  std::byte* buf) const {
   const ArgSlot& slot = v.arg_slots[i];
   if (slot.offset == ArgSlot::kDropped) return absl::OkStatus();  // eq1: dispatch checked it
   if (slot.type == ParamType::kTensorDesc) {
-    const DescResult r = PackDescriptor(v, slot.desc, a, buf, tally);
+    const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
     if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
     return absl::OkStatus();
   }
   if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) return BadArg(v, i, a);
   return absl::OkStatus();
-}
-
-DescResult RuntimeImpl::PackDescriptor(const VariantData& v, uint8_t desc, const Arg& a,
-                                       std::byte* buf, MapTally* tally) const {
-  TensorMapCache* const cache =
-      v.tensor_map_caches != nullptr ? &v.tensor_map_caches[desc] : nullptr;
-  const DescResult r = PackDesc(*driver_, v.desc_slots[desc], cache, a, buf);
-  MapTally one;
-  MapTally& t = tally != nullptr ? *tally : one;
-  t.hits += r.map == DescResult::Map::kCached;
-  t.encodes += r.map == DescResult::Map::kEncoded;
-  if (tally == nullptr) CountMaps(v, one);
-  return r;
 }
 
 absl::Status RuntimeImpl::PackEach(const VariantData& v, std::span<const Arg> args,

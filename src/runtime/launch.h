@@ -111,27 +111,11 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
     std::memcpy(buf + op->offset, &value, 4);
   }
   if (ABSL_PREDICT_FALSE((bad_kind | bad_value) != 0)) return PackEach(v, args, buf);
-  MapTally tally;
   for (uint32_t g = 0; g < v.num_generic; ++g) {
     const size_t i = more[g];
-    absl::Status status = PackOne(v, i, args[i], buf, &tally);
-    if (ABSL_PREDICT_FALSE(!status.ok())) {
-      CountMaps(v, tally);
-      return status;
-    }
+    KPACK_RETURN_IF_ERROR(PackOne(v, i, args[i], buf));
   }
-  CountMaps(v, tally);
   return absl::OkStatus();
-}
-
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline void RuntimeImpl::CountMaps(const VariantData& v,
-                                                               const MapTally& tally) {
-  if ((tally.hits | tally.encodes) == 0) return;
-  CounterShard& counters = v.counters[ThreadShard()];
-  if (tally.hits != 0) counters.tensor_map_hits.fetch_add(tally.hits, std::memory_order_relaxed);
-  if (tally.encodes != 0) {
-    counters.tensor_map_encodes.fetch_add(tally.encodes, std::memory_order_relaxed);
-  }
 }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Select(

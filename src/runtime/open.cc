@@ -250,11 +250,6 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
         v->arg_slots[vs.descs[d].arg].desc = static_cast<uint8_t>(d);
         v->desc_slots.push_back(MakeDescSlot(vs, vs.descs[d]));
       }
-      const bool has_tma = std::any_of(v->desc_slots.begin(), v->desc_slots.end(),
-                                       [](const DescSlot& d) { return d.tma; });
-      if (has_tma && options.cache_tensor_maps) {
-        v->tensor_map_caches = std::make_unique<TensorMapCache[]>(v->desc_slots.size());
-      }
       v->param_bytes = vs.param_bytes;
       v->buffer_shift = (64 - vs.tma_offset_mod64) % 64;
       v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);

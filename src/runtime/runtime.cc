@@ -108,12 +108,10 @@ std::vector<Kernel::VariantStats> Kernel::variant_stats() const {
   std::vector<VariantStats> stats;
   if (data_ == nullptr) return stats;
   for (const auto& v : data_->variants) {
-    VariantStats s{v->spec->name};
+    VariantStats s{v->spec->name, 0, 0};
     for (const internal::CounterShard& c : v->counters) {
       s.launches += c.launches.load(std::memory_order_relaxed);
       s.fallback_launches += c.fallbacks.load(std::memory_order_relaxed);
-      s.tensor_map_hits += c.tensor_map_hits.load(std::memory_order_relaxed);
-      s.tensor_map_encodes += c.tensor_map_encodes.load(std::memory_order_relaxed);
     }
     stats.push_back(s);
   }
@@ -174,13 +172,14 @@ namespace {
 // the BoundLaunch keeps a copy. A refused descriptor leaves the bound one in place.
 absl::Status SetDesc(internal::BoundState& st, size_t index, const Arg& value) {
   const internal::VariantData& v = *st.variant;
-  const internal::RuntimeImpl& rt = *st.kernel->runtime;
+  const internal::Driver& driver = st.kernel->runtime->driver();
   const internal::ArgSlot& slot = v.arg_slots[index];
-  internal::DescResult r = rt.PackDescriptor(v, slot.desc, value, st.buf);
+  const internal::DescSlot& desc = v.desc_slots[slot.desc];
+  internal::DescResult r = internal::PackDesc(driver, desc, value, st.buf);
   if (ABSL_PREDICT_FALSE(r.problem != internal::DescProblem::kOk)) {
     // The slots may be half written: the bound descriptor, which packed before, again.
-    rt.PackDescriptor(v, slot.desc, st.args[index], st.buf);
-    return internal::BadDesc(rt.driver(), v, index, value, r);
+    internal::PackDesc(driver, desc, st.args[index], st.buf);
+    return internal::BadDesc(driver, v, index, value, r);
   }
   st.descs[slot.desc] = value.tensor_desc();
   return absl::OkStatus();
@@ -362,14 +361,6 @@ Runtime::Stats Runtime::stats() const {
   s.scratch_in_graphs = scratch.in_graphs;
   s.scratch_idle = scratch.idle;
   s.scratch_bytes = scratch.bytes;
-  for (const auto& k : impl_->kernels()) {
-    for (const auto& v : k->owned) {
-      for (const internal::CounterShard& c : v->counters) {
-        s.tensor_map_hits += c.tensor_map_hits.load(std::memory_order_relaxed);
-        s.tensor_map_encodes += c.tensor_map_encodes.load(std::memory_order_relaxed);
-      }
-    }
-  }
   return s;
 }
 

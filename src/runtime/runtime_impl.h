@@ -1,7 +1,7 @@
-// The state behind kpack::Runtime, Kernel and BoundLaunch. Built at Open and immutable
-// afterwards, except each variant's load state (its library, and its CUfunction per
-// context, each published once through an atomic), counters and tensor map caches
-// (lock-free: launch/tensor_map_cache.h), and the scratch arenas (launch/scratch.h).
+// The state behind kpack::Runtime, Kernel and BoundLaunch. Everything here is built at
+// Open and immutable afterwards, except each variant's load state (its library, and its
+// CUfunction per context, each published once through an atomic) and the scratch arenas
+// (see launch/scratch.h).
 
 #ifndef KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
 #define KPACK_SRC_RUNTIME_RUNTIME_IMPL_H_
@@ -77,10 +77,6 @@ struct ParamStorage {
 struct alignas(64) CounterShard {
   std::atomic<uint64_t> launches{0};
   std::atomic<uint64_t> fallbacks{0};
-  // TMA descriptors packed (launch, Bind, Set): maps copied from the variant's
-  // TensorMapCache, and cuTensorMapEncodeTiled calls (failed ones included).
-  std::atomic<uint64_t> tensor_map_hits{0};
-  std::atomic<uint64_t> tensor_map_encodes{0};
 };
 inline constexpr size_t kCounterShards = 16;
 
@@ -90,13 +86,6 @@ inline size_t ThreadShard() {
   thread_local const size_t shard = next.fetch_add(1, std::memory_order_relaxed) % kCounterShards;
   return shard;
 }
-
-// TMA maps a call packed, added to the variant's counters once per call (PackArgs) rather
-// than with one atomic add per descriptor.
-struct MapTally {
-  uint32_t hits = 0;
-  uint32_t encodes = 0;
-};
 
 // A variant's CUfunction in one CUDA context (cuKernelGetFunction there), in a list that
 // only grows, newest first; nodes are immutable and live as long as their variant.
@@ -159,10 +148,6 @@ struct alignas(64) VariantData {
   // ---- read by launches with tensor descriptors or packed through PackArg, and by Set
   std::vector<ArgSlot> arg_slots;    // indexed by call-argument index
   std::vector<DescSlot> desc_slots;  // indexed by ArgSlot::desc
-  // Indexed by ArgSlot::desc: each TMA descriptor's encoded maps (tensor_map_cache.h),
-  // shared by every thread and view launching the variant. Null when the variant has no
-  // TMA descriptor or Options::cache_tensor_maps is off.
-  std::unique_ptr<TensorMapCache[]> tensor_map_caches;
   std::vector<PackOp> plan_ops;
   std::vector<uint32_t> plan_more;
 
@@ -258,18 +243,9 @@ class RuntimeImpl {
   // through PackOne. PackArgs takes it when a check of its plan fails, so that the
   // conversions PackArg makes and the first error are exactly this loop's.
   absl::Status PackEach(const VariantData& v, std::span<const Arg> args, std::byte* buf) const;
-  // Argument `i` through PackArg (or PackDescriptor for a tensor descriptor), or nothing
-  // for a dropped (eq1) one; the error names it.
-  // A TMA map's source is added to `tally`, or with `tally` null to v's counters.
-  absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf,
-                       MapTally* tally = nullptr) const;
-  // PackDesc of `v`'s descriptor number `desc` (ArgSlot::desc) through its TensorMapCache,
-  // counting a TMA map's source (cache or encode) in `tally`, or with `tally` null in v's
-  // counters.
-  DescResult PackDescriptor(const VariantData& v, uint8_t desc, const Arg& a, std::byte* buf,
-                            MapTally* tally = nullptr) const;
-  // Adds `tally` to v's counters (nothing for an empty one).
-  static void CountMaps(const VariantData& v, const MapTally& tally);
+  // Argument `i` through PackArg (or PackDesc for a tensor descriptor), or nothing for a
+  // dropped (eq1) one; the error names it.
+  absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
   // The grid from the variant's grid expressions.
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
   // Everything a launch of `v` needs but the driver call: the CUfunction for the current

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "conformance.h"
@@ -109,53 +108,6 @@ TEST_P(TensorDescTest, ABoundLaunchSetsANewDescriptor) {
     return bound->Launch();
   }));
   EXPECT_EQ(Download<uint16_t>(second, M * N), host) << "the refused Set kept the last good one";
-}
-
-// The tensor map cache on this driver: a second Bind of the same descriptors copies the
-// maps the first one encoded (the counters say so) into parameter bytes identical to the
-// fresh encode's; then launches cycling through two copies (every map cached after its
-// first use) each copy their own source to their own destination.
-TEST_P(TensorDescTest, CachedTensorMapsAreTheEncodedOnes) {
-  auto rt = Open(KPACK_DESC_PACK_DIR);
-  const int64_t M = 64, N = 136;
-  const std::vector<uint16_t> host[2] = {RandomHalfInts(M * N, 7, -100, 100),
-                                         RandomHalfInts(M * N, 8, -100, 100)};
-  const CUdeviceptr in[2] = {Upload(host[0]), Upload(host[1])};
-  const CUdeviceptr out[2] = {Alloc(M * N * 2), Alloc(M * N * 2)};
-  Kernel copy = *rt->Find("copy_tma");
-  auto maps = [&] {
-    std::pair<uint64_t, uint64_t> n{0, 0};  // hits, encodes
-    for (const Kernel::VariantStats& v : copy.variant_stats()) {
-      n.first += v.tensor_map_hits;
-      n.second += v.tensor_map_encodes;
-    }
-    return n;
-  };
-  const TensorDesc src = TensorDesc::RowMajor(in[0], {M, N});
-  const TensorDesc dst = TensorDesc::RowMajor(out[0], {M, N});
-  const auto before = maps();
-  auto encoded = copy.BindArgs(main_.stream, src, dst, int32_t{M}, int32_t{N});
-  auto cached = copy.BindArgs(main_.stream, src, dst, int32_t{M}, int32_t{N});
-  ASSERT_TRUE(encoded.ok()) << encoded.status();
-  ASSERT_TRUE(cached.ok()) << cached.status();
-  EXPECT_EQ(maps().second - before.second, 2u) << "the first Bind encodes both maps";
-  EXPECT_EQ(maps().first - before.first, 2u) << "the second copies both";
-  absl::StatusOr<PreparedLaunch> p1 = encoded->Prepare(), p2 = cached->Prepare();
-  ASSERT_TRUE(p1.ok()) << p1.status();
-  ASSERT_TRUE(p2.ok()) << p2.status();
-  ASSERT_EQ(p1->param_bytes, p2->param_bytes);
-  EXPECT_EQ(std::memcmp(p1->params, p2->params, p1->param_bytes), 0)
-      << "a cached map is byte for byte the driver's encode";
-  for (int i = 0; i < 6; ++i) {
-    const TensorDesc from = TensorDesc::RowMajor(in[i % 2], {M, N});
-    const TensorDesc to = TensorDesc::RowMajor(out[i % 2], {M, N});
-    KP_ASSERT_OK(Run(*rt, [&](CUstream s) {
-      return copy.Launch(s, from, to, int32_t{M}, int32_t{N});
-    }));
-  }
-  EXPECT_EQ(Download<uint16_t>(out[0], M * N), host[0]);
-  EXPECT_EQ(Download<uint16_t>(out[1], M * N), host[1]);
-  EXPECT_GE(maps().first - before.first, 2u + 8u) << "launches 3 to 6 copy both maps";
 }
 
 // The example pack's persistent TMA matmul at shapes that are not multiples of its tiles,

@@ -123,8 +123,7 @@ def test_dir_lists_only_kpacks_api():
 def test_stats_give_every_counter(fake, driver):
     pack = kpack.open(KERNELS / "testpack", driver=driver)
     assert set(pack.stats()) == {"libraries_loaded", "scratch_arenas", "scratch_reserved",
-                                 "scratch_in_graphs", "scratch_idle", "scratch_bytes",
-                                 "tensor_map_hits", "tensor_map_encodes"}
+                                 "scratch_in_graphs", "scratch_idle", "scratch_bytes"}
     s = fake.stream_create()
     pack.reserve_scratch(4096, s)
     stats = pack.stats()

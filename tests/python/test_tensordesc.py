@@ -102,30 +102,6 @@ def test_bind_keeps_descriptors_and_set_re_encodes_one(fake, open_pack):
     assert fake.last_launch(mark).i32(176) == 64
 
 
-def test_unchanged_descriptors_are_copied_from_the_cache(fake, open_pack):
-    """A call whose descriptors encode the maps of a recent call copies them from kpack's
-    tensor map cache: no cuTensorMapEncodeTiled, the same parameter bytes; stats() counts
-    the hits and the encodes."""
-    k = open_pack("descpack").copy_tma
-    args = (Desc(half(7), [64, 128], [128, 1]), Desc(half(8), [64, 128], [128, 1]), 64, 128)
-    pack = open_pack("descpack")
-    before, runtime_before = k.stats()["default"], pack.stats()
-    encodes, mark = fake.tensor_map_encode_count(), fake.launch_count()
-    k(*args)
-    first = fake.last_launch(mark)
-    assert len(fake.tensor_map_encodes_since(encodes)) == 2
-    mark = fake.launch_count()
-    k(*args)
-    assert len(fake.tensor_map_encodes_since(encodes)) == 2
-    assert fake.last_launch(mark).params == first.params
-    after = k.stats()["default"]
-    assert after.tensor_map_encodes - before.tensor_map_encodes == 2
-    assert after.tensor_map_hits - before.tensor_map_hits == 2
-    runtime_after = pack.stats()
-    assert runtime_after["tensor_map_hits"] - runtime_before["tensor_map_hits"] == 2
-    assert runtime_after["tensor_map_encodes"] - runtime_before["tensor_map_encodes"] == 2
-
-
 def test_tuple_parameters_take_their_elements_flattened(fake, open_pack, layouts):
     k = open_pack("descpack").axpy_pair
     assert [p.name for p in k.params] == ["ptrs.0", "ptrs.1", "n", "coefs.0", "coefs.1", "BLOCK"]

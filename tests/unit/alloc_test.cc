@@ -220,11 +220,9 @@ TEST_F(LaunchPathTest, DispatchAndGridExpressionsAllocateNothing) {
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
 }
 
-// Tensor descriptors: encoding (in place, by the fake's cuTensorMapEncodeTiled) or
-// copying a cached map, a BoundLaunch's Set of a descriptor and of the bucket parameter
-// (re-packing from its copies) take nothing either: first with every map cached (no
-// encode at all), then with A's base cycling through more maps than the cache holds
-// (every launch encodes A, and inserts it into the cache).
+// Tensor descriptors: encoding (in place, by the fake's cuTensorMapEncodeTiled), a
+// BoundLaunch's Set of a descriptor and of the bucket parameter (re-encoding from its
+// copies) take nothing either.
 TEST_F(LaunchPathTest, TensorDescriptorsAllocateNothing) {
   auto rt = kpack::testing::OpenFake(KPACK_EXAMPLES_PACK_DIR);
   ASSERT_TRUE(rt.ok()) << rt.status();
@@ -238,39 +236,21 @@ TEST_F(LaunchPathTest, TensorDescriptorsAllocateNothing) {
   auto bound = mm.BindArgs(nullptr, a, b, c, 256, 512, 512, 132);
   ASSERT_TRUE(bound.ok());
   fake::SetLaunchNoop(true);
-  auto hits = [&](int i) {
-    return mm.Launch(nullptr, a, b, c, 64 + i % 300, 512, 512, 132).ok() &&
-           bound->Set(2, i % 2 ? c : c2).ok() &&
-           bound->Set(3, 64 + i % 300).ok() &&  // crosses the bucket edge: a repack
-           bound->Launch().ok();
-  };
-  bool ok = true;
-  for (int i = 0; i < 600; ++i) ok &= hits(i);  // both variants' caches filled
-  int64_t encodes_before = fake::TensorMapEncodeCount();
+  const int64_t encodes_before = fake::TensorMapEncodeCount();
   Counts before = Snapshot();
-  for (int i = 0; i < 1000; ++i) ok &= hits(i);
-  Counts after = Snapshot();
-  EXPECT_TRUE(ok);
-  EXPECT_EQ(fake::TensorMapEncodeCount() - encodes_before, 0) << "every map a cache hit";
-  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations (cache hits)";
-  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks (cache hits)";
-  EXPECT_EQ(after.logs - before.logs, 0) << "log messages (cache hits)";
-
-  encodes_before = fake::TensorMapEncodeCount();
-  before = Snapshot();
+  bool ok = true;
   for (int i = 0; i < 1000; ++i) {
-    // 5 bases, one more than the cache keeps, none of them A's.
-    const TensorDesc moving = TensorDesc::RowMajor(kX + 4096 * (1 + i % 5), {256, 512});
-    ok &= mm.Launch(nullptr, moving, b, c, 64, 512, 512, 132).ok();
-    ok &= bound->Set(0, moving).ok();
+    ok &= mm.Launch(nullptr, a, b, c, 64 + i % 300, 512, 512, 132).ok();
+    ok &= bound->Set(2, i % 2 ? c : c2).ok();
+    ok &= bound->Set(3, 64 + i % 300).ok();  // crosses the bucket edge: a repack
     ok &= bound->Launch().ok();
   }
-  after = Snapshot();
+  Counts after = Snapshot();
   EXPECT_TRUE(ok);
-  EXPECT_EQ(fake::TensorMapEncodeCount() - encodes_before, 2000) << "A misses every time";
-  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations (cache misses)";
-  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks (cache misses)";
-  EXPECT_EQ(after.logs - before.logs, 0) << "log messages (cache misses)";
+  EXPECT_GE(fake::TensorMapEncodeCount() - encodes_before, 4000);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations on the launch path";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks on the launch path";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages on the launch path";
 }
 
 // A StepGraph replay (kpack/graph.h): resolving the grids, finding the signature's graph

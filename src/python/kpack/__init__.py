@@ -196,9 +196,7 @@ class Pack:
         """Runtime counters, every field of ``kpack::Runtime::Stats``: libraries_loaded,
         scratch_arenas (streams with an arena), scratch_reserved (arenas set aside for a
         capture), scratch_in_graphs (arenas owned by captured graphs), scratch_idle
-        (arenas graphs gave back), scratch_bytes (device bytes of all of them), and
-        tensor_map_hits / tensor_map_encodes (TMA descriptors whose CUtensorMap was copied
-        from kpack's cache / encoded, summed over every kernel's ``stats()``)."""
+        (arenas graphs gave back) and scratch_bytes (device bytes of all of them)."""
         return self._runtime.stats()
 
 
