@@ -10,8 +10,8 @@
   reference.py, bf16, static KV cache) under ``torch.compile(mode="reduce-overhead")``
   and eager. Like Hugging Face's StaticCache, its decode step attends over the whole
   cache with a mask (fixed shapes: one CUDA graph), so its attention reads the capacity,
-  not the context; the grid gives it capacity = context + steps + 1. Its attention runs
-  SDPA's math backend unless ``--torch-sdpa auto`` (see TorchArm for why).
+  not the context; the grid gives it capacity = context + steps + 1. ``--torch-sdpa math``
+  forces SDPA's math backend (slower on the H200; see TorchArm).
 
 Protocol row: batch 1, a 32-token prompt, 127 decode steps, KV capacity 16,384; µs/step is
 the mean over 10 timed sequences (after 5 warm-ups) of each sequence's decode time (CUDA
@@ -148,10 +148,9 @@ class TorchArm:
         import reference  # noqa: PLC0415
         from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
         self.torch, self.batch = torch, batch
-        # SDPA's fused kernels (cuDNN's flash kernel is what torch picks here) give a decode
-        # step's few query rows one CTA per KV head, so over a 16,384-slot cache they took
-        # 4.9 ms of the 10.5 ms compiled step on the H200 (2026-12-01); the math backend is
-        # two batched matmuls over the cache that Inductor fuses with the mask and softmax.
+        # sdpa="math" forces SDPA's math backend. Measured on the H200 (2026-12-01, protocol
+        # row): torch's own choice (cuDNN's flash kernel, one CTA per KV head for a decode
+        # step's few query rows) 5.1 ms/step compiled, the math backend 10.7 ms/step.
         self.sdpa = ((lambda: sdpa_kernel([SDPBackend.MATH])) if sdpa == "math"
                      else contextlib.nullcontext)
         self.model = reference.ReferenceLlama(cfg, weights, torch.bfloat16, "cuda", batch,
@@ -336,9 +335,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-grid", action="store_true")
     ap.add_argument("--cells", default="", help="grid cells B:context,... (default: all 16)")
     ap.add_argument("--torch-cells", default="", help="grid cells for the torch arms")
-    ap.add_argument("--torch-sdpa", choices=("math", "auto"), default="math",
-                    help="the torch arms' SDPA backend: math (default; see TorchArm) or "
-                    "torch's own choice")
+    ap.add_argument("--torch-sdpa", choices=("math", "auto"), default="auto",
+                    help="the torch arms' SDPA backend: torch's own choice (default) or the "
+                    "math backend (see TorchArm)")
     ap.add_argument("--grid-steps", type=int, default=64)
     ap.add_argument("--grid-warmup", type=int, default=2)
     ap.add_argument("--grid-timed", type=int, default=5)
