@@ -160,10 +160,10 @@ class TorchArm:
         self.step = self.model.decode_step
         if compiled:
             # The compiled function mutates no input but the static KV cache (the next
-            # tokens are returned and copied eagerly), so that input mutation cannot be why
-            # reduce-overhead skips its CUDA graphs; perf_hints logs Inductor's reasons.
-            # (Measured 2026-12-01 either way: 8.7 ms/step, 6.9 ms of it host time; see
-            # bench/RESULTS.md.)
+            # tokens are returned and copied eagerly), so that reduce-overhead has no input
+            # mutation to skip its CUDA graphs for; perf_hints logs Inductor's reasons if
+            # it does. (On the H200 the graphs replay, one graph launch per step: the
+            # arm's time is the model's GPU time; bench/RESULTS.md.)
             self.model.mark_static()
             torch._logging.set_logs(perf_hints=True)
             model = self.model

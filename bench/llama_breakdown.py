@@ -41,15 +41,16 @@ GATE_CYCLES = 10_000_000
 
 
 def kernel_bytes(cfg, call, B: int, context: int) -> int:
-    """Bytes a launch must read from memory: its weights, or the KV cache up to the context
-    for attention (activations are a few KB and ignored)."""
-    w = {"llama_qkv_rope": cfg.qkv_rows * cfg.H, "llama_o_proj": cfg.H * cfg.NH * cfg.D,
-         "llama_gate_up": 2 * cfg.I * cfg.H, "llama_down_proj": cfg.H * cfg.I,
-         "llama_lm_head": cfg.V * cfg.H, "llama_embed": B * cfg.H}.get(call.kernel)
-    if w is not None:
-        return 2 * w
+    """Bytes a launch must read from memory: its weight matrix (the call's own `w`), the
+    embedding rows of the batch, or the KV cache up to the context for attention (one
+    layer's share of config.kv_bytes_read); activations are a few KB and ignored."""
+    args = call.named()
+    if "w" in args:
+        return args["w"].numel() * args["w"].element_size()
+    if call.kernel == "llama_embed":
+        return B * cfg.H * args["table"].element_size()
     if call.kernel == "llama_attn_decode":
-        return 2 * 2 * B * cfg.NKV * (context + 1) * cfg.D
+        return cfg.kv_bytes_read([context] * B) // cfg.L
     return 0
 
 
