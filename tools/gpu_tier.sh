@@ -13,7 +13,8 @@
 #             (kpack_examples_gpu); the tuned pack is kept in $LOGS/examplepack-tuned
 #   python    the Python package, its torch ops and drop-in, the torch extension, graphs
 #             (kpack_python_gpu, kpack_torch_ops_gpu, kpack_torch_extension_gpu,
-#             kpack_python_graph_gpu)
+#             kpack_python_graph_gpu), and `import kpack` before torch
+#             (kpack_import_order_gpu)
 #   bench     kpack_launch_bench (paired rows), the Python and Triton launch benchmarks,
 #             kpack_open_bench, kpack_graph_bench (CUDA graphs; $LOGS/graph_bench.json)
 #   run       tools/run.sh, the README's main job, with a GPU
@@ -47,7 +48,7 @@ build=build-gpu
 stages=("$@")
 ((${#stages[@]})) || stages=(build ctest memcheck examples python bench run)
 # Tests that other stages run (they are slow, or want the GPU to themselves).
-separate='kpack_llama_|LlamaGpuTest|kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|_bench_gpu$'
+separate='kpack_llama_|LlamaGpuTest|kpack_examples_gpu|kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|kpack_import_order_gpu|_bench_gpu$'
 
 stage_build() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -75,7 +76,7 @@ stage_examples() {
 }
 stage_python() {
   KPACK_REQUIRE_GPU=1 ctest --test-dir "$build" \
-    -R 'kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu' \
+    -R 'kpack_python_gpu|kpack_torch_ops_gpu|kpack_torch_extension_gpu|kpack_python_graph_gpu|kpack_import_order_gpu' \
     -j2 --output-on-failure -V --timeout 1200
 }
 stage_bench() {
