@@ -124,11 +124,12 @@ def cpp_has_context_option(binary) -> bool:
 
 
 def py_sequences(eng, backend, batch, prompt, steps, warmup, timed, context=None):
-    """(µs/step list, host µs/step list, graphs built) of ``timed`` sequences."""
+    """(µs/step list, host µs/step list, graphs built, host µs/step spent issuing the step's
+    launches, the rest being the token read-back's) of ``timed`` sequences."""
     from config import prompt_tokens  # noqa: PLC0415
     eng.use(backend)
     prompts = prompt_tokens(batch, [prompt] * batch, 0, eng.cfg.V) if context is None else None
-    us, host = [], []
+    us, host, issue = [], [], []
     for i in range(warmup + timed):
         if context is not None:
             eng.fill_synthetic(batch, context, seed=i, fill_cache=i == 0)
@@ -136,7 +137,8 @@ def py_sequences(eng, backend, batch, prompt, steps, warmup, timed, context=None
         if i >= warmup:
             us.append(r.us_per_step)
             host.append(r.host_us_per_step)
-    return us, host, eng.backend.stats().get("graphs_built")
+            issue.append(r.host_issue_us_per_step)
+    return us, host, eng.backend.stats().get("graphs_built"), statistics.fmean(issue)
 
 
 class TorchArm:
@@ -420,9 +422,10 @@ def main(argv=None) -> int:
                                              capacity, weights=weights)
 
                 def py_arm(arm=arm):
-                    us, host, built = py_sequences(eng, py_arms[arm], 1, prompt, steps,
-                                                   args.warmup, args.timed)
-                    return dict(summarize(us, host, 1, fl), graphs_built=built)
+                    us, host, built, issue = py_sequences(eng, py_arms[arm], 1, prompt, steps,
+                                                          args.warmup, args.timed)
+                    return dict(summarize(us, host, 1, fl), graphs_built=built,
+                                host_issue_us_per_step=issue)
                 proto["arms"][arm] = attempt(py_arm)
             else:
                 def torch_arm(arm=arm):
@@ -439,9 +442,11 @@ def main(argv=None) -> int:
             r = proto["arms"][arm]
             save()
             if "error" not in r:
+                issue = r.get("host_issue_us_per_step")
+                issue = "" if issue is None else f" ({issue:.1f} issuing the launches)"
                 print(f"protocol {arm}: {r['us_per_step']:.1f} µs/step, host "
-                      f"{r['host_us_per_step'] or 0:.1f} µs, {100 * r['frac_floor']:.1f}% of "
-                      f"floor ({time.perf_counter() - t0:.0f} s)")
+                      f"{r['host_us_per_step'] or 0:.1f} µs{issue}, "
+                      f"{100 * r['frac_floor']:.1f}% of floor ({time.perf_counter() - t0:.0f} s)")
         del eng
         gc.collect()
         torch.cuda.empty_cache()
@@ -480,10 +485,11 @@ def main(argv=None) -> int:
                     cell["arms"][arm] = attempt(cpp_arm)
                 elif arm in py_arms:
                     def py_arm(arm=arm):
-                        us, host, built = py_sequences(eng, py_arms[arm], batch, None, steps,
-                                                       args.grid_warmup, args.grid_timed,
-                                                       context=context)
-                        return dict(summarize(us, host, batch, fl), graphs_built=built)
+                        us, host, built, issue = py_sequences(
+                            eng, py_arms[arm], batch, None, steps, args.grid_warmup,
+                            args.grid_timed, context=context)
+                        return dict(summarize(us, host, batch, fl), graphs_built=built,
+                                    host_issue_us_per_step=issue)
                     cell["arms"][arm] = attempt(py_arm)
                 elif (batch, context) in torch_cells:
                     def torch_arm(arm=arm):

@@ -271,8 +271,9 @@ KPACK_FAKE_EXPORT std::vector<std::string> Faults();
 // memory freed and allocated again at the same address apart.
 KPACK_FAKE_EXPORT uint64_t AllocationId(CUdeviceptr pointer);
 
-// On: cuLaunchKernelEx returns CUDA_SUCCESS right after the init check and records
-// nothing; only CallCount("LaunchKernelEx") sees it. For benchmarks. The environment
+// On: cuLaunchKernelEx and cuGraphLaunch return CUDA_SUCCESS right after the init check
+// (and, for cuGraphLaunch, the null check) and record nothing; only CallCount
+// ("LaunchKernelEx", "GraphLaunch") sees them. For benchmarks. The environment
 // variable KPACK_FAKE_LAUNCH_NOOP=1 turns it on when the fake is first used (Reset turns
 // it off again).
 KPACK_FAKE_EXPORT void SetLaunchNoop(bool on);

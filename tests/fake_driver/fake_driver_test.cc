@@ -206,6 +206,16 @@ class FakeDriverTest : public ::testing::Test {
     return cu.LaunchKernelEx(&config, function_, nullptr, extra);
   }
 
+  // A graph of one add_kernel launch captured on `stream` (grid x `grid_x`), and its
+  // executable. After LoadAdd.
+  void CaptureAdd(CUstream stream, unsigned grid_x, CUgraph* graph, CUgraphExec* exec) {
+    ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    auto params = AddParams(1, 2, 3, 100);
+    ASSERT_EQ(LaunchExtra(Config(stream, grid_x), params), CUDA_SUCCESS);
+    ASSERT_EQ(cu.StreamEndCapture(stream, graph), CUDA_SUCCESS);
+    ASSERT_EQ(cu.GraphInstantiateWithFlags(exec, *graph, 0), CUDA_SUCCESS);
+  }
+
   Api cu;
   void* handle_ = nullptr;
   GetProcAddressFn get_proc_ = nullptr;
@@ -1299,13 +1309,9 @@ TEST_F(FakeDriverTest, LoadingInstantiatingAndGraphLaunchesInACapture) {
   LoadAdd();
   CUstream stream;
   ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
-  ASSERT_EQ(cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  auto params = AddParams(1, 2, 3, 100);
-  ASSERT_EQ(LaunchExtra(Config(stream, 1), params), CUDA_SUCCESS);
   CUgraph graph = nullptr;
-  ASSERT_EQ(cu.StreamEndCapture(stream, &graph), CUDA_SUCCESS);
   CUgraphExec exec = nullptr;
-  ASSERT_EQ(cu.GraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_NO_FATAL_FAILURE(CaptureAdd(stream, 1, &graph, &exec));
 
   struct Case {
     const char* what;
@@ -1409,6 +1415,25 @@ TEST_F(FakeDriverTest, LaunchNoopOnlyCounts) {
   EXPECT_EQ(LaunchExtra(Config(nullptr), params), CUDA_SUCCESS);
   EXPECT_EQ(LaunchCount(), 0);
   EXPECT_EQ(CallCount("LaunchKernelEx"), 1);
+}
+
+TEST_F(FakeDriverTest, LaunchNoopOnlyCountsGraphLaunches) {
+  LoadAdd();
+  CUstream stream;
+  ASSERT_EQ(cu.StreamCreate(&stream, 0), CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ASSERT_NO_FATAL_FAILURE(CaptureAdd(stream, 7, &graph, &exec));
+  ASSERT_EQ(LaunchCount(), 1);  // the captured launch
+  SetLaunchNoop(true);
+  EXPECT_EQ(cu.GraphLaunch(exec, stream), CUDA_SUCCESS);
+  EXPECT_EQ(LaunchCount(), 1) << "a no-op graph launch records no replayed launch";
+  EXPECT_EQ(CallCount("GraphLaunch"), 1);
+  SetLaunchNoop(false);
+  ASSERT_EQ(cu.GraphLaunch(exec, stream), CUDA_SUCCESS);
+  EXPECT_EQ(LaunchCount(), 2);
+  ASSERT_EQ(cu.GraphExecDestroy(exec), CUDA_SUCCESS);
+  ASSERT_EQ(cu.GraphDestroy(graph), CUDA_SUCCESS);
 }
 
 TEST_F(FakeDriverTest, LaunchPathDoesNotAllocate) {

@@ -269,9 +269,12 @@ class KpackBackend:
                 b.set_grid(self._grid(c))
         self._bound_args = [list(c.args) for c in calls]
 
-    def decode(self) -> None:
+    def decode(self, stream=None) -> None:
+        """One decode step. ``stream`` (a CUstream as an int) is the graph replay's; None:
+        the current stream (torch's, for torch tensors; the legacy one for host pointers).
+        Bound and plain launches follow the current stream."""
         if self.mode == "graph":
-            self.graph.replay(**self.kw)
+            self.graph.replay(self.kw.get("stream") if stream is None else stream)
         elif self.mode == "eager":
             for b in self.bound:
                 b()
@@ -357,7 +360,8 @@ class TritonBackend:
     def prepare_decode(self, calls: List[Call]) -> None:
         self.plan = [self._prepare(c) for c in calls]
 
-    def decode(self) -> None:
+    def decode(self, stream=None) -> None:
+        """One decode step on torch's current stream (``stream`` is ignored)."""
         for fn, args, kw in self.plan:
             fn(*args, **kw)
 
@@ -375,14 +379,19 @@ class SequenceResult:
     step_logits: Optional[Any] = None     # torch fp32 [steps, B, V] on the CPU, if kept
     prefill_logits: Optional[Any] = None  # torch fp32 [B, V], if kept
     us_per_step: Optional[float] = None   # device time (CUDA events) / steps
-    host_us_per_step: Optional[float] = None
+    host_us_per_step: Optional[float] = None        # issue + token read-back, per step
+    host_issue_us_per_step: Optional[float] = None  # the step's launches alone
 
 
 class LlamaEngine:
     """Load a checkpoint and a pack; prefill a batch of prompts and decode it.
 
     One device state serves several backends (``use(name)`` switches; each keeps its own
-    bound launches and graphs), so the benchmark's arms share weights and KV cache."""
+    bound launches and graphs), so the benchmark's arms share weights and KV cache.
+
+    On a CUDA device, ``run_sequence`` runs on the engine's own stream (``self.stream``, as
+    the C++ engine does), ordered after the caller's current stream at its start and
+    before it at its end; the other methods run on the caller's current stream."""
 
     def __init__(self, checkpoint_dir: str, pack_dir: Optional[str] = None,
                  backend: str = "graph", max_batch: int = 1, max_prompt: int = 64,
@@ -399,6 +408,8 @@ class LlamaEngine:
         if weights is None:
             weights = checkpoint.torch_weights(checkpoint_dir, self.cfg)
         self.state = DeviceState(self.cfg, weights, max_batch, max_prompt, capacity, device)
+        self.stream = (torch.cuda.Stream(device=device)
+                       if device != "cpu" and torch.device(device).type == "cuda" else None)
         self.backends: Dict[str, Any] = {}
         self.use(backend)
 
@@ -480,52 +491,77 @@ class LlamaEngine:
         """Prefill ``prompts`` (None: rows already set up, e.g. fill_synthetic, ``batch``
         rows), then ``steps`` decode steps. ``teacher`` [steps][B]: the host writes these
         tokens before each step instead of feeding the greedy ones. Times the decode
-        steps with CUDA events (device runs) and the host's issue time per step."""
+        steps with CUDA events (device runs) and the host's issue time per step. On a CUDA
+        device everything runs on ``self.stream``."""
+        if self.stream is None:
+            return self._run_sequence(prompts, steps, digests, keep_logits, teacher, batch)
+        torch = self.torch
+        caller = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(caller)  # e.g. fill_synthetic's writes
+        try:
+            with torch.cuda.stream(self.stream):
+                return self._run_sequence(prompts, steps, digests, keep_logits, teacher, batch)
+        finally:
+            caller.wait_stream(self.stream)
+
+    def _run_sequence(self, prompts, steps, digests, keep_logits, teacher, batch):
         torch, s = self.torch, self.state
-        cuda = s.device != "cpu" and torch.device(s.device).type == "cuda"
+        cuda = self.stream is not None
         B = len(prompts) if prompts is not None else batch
         self.set_batch(B)
         prefill_logits = None
         if prompts is not None:
             prefill_logits = self.prefill(prompts, keep_logits=digests or keep_logits)
+        # Everything a step touches is made here, so that the timed loop makes no tensor
+        # views, looks up no stream and converts nothing.
+        tokens = s.tokens[:B]
         forced = None
         if teacher is not None:
-            forced = torch.tensor(teacher, dtype=torch.int32, device=s.device)
+            forced = torch.tensor(teacher, dtype=torch.int32, device=s.device).unbind(0)
         hist = torch.empty((steps + 1, B), dtype=torch.int32, pin_memory=cuda)
-        hist[0].copy_(s.tokens[:B])
+        hist[0].copy_(tokens)
+        rows = hist.unbind(0)
         per_step = digests or keep_logits
+        stream = self.stream
+        handle = stream.cuda_stream if cuda else None
+        decode = self.backend.decode
         events = [torch.cuda.Event() for _ in range(steps)] if cuda and not per_step else None
         start = end = None
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        logits_out, step_digests, host = [], [], 0.0
+            start.record(stream)
+        logits_out, step_digests, host, issue = [], [], 0.0, 0.0
+        clock = time.perf_counter
         for t in range(steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             if forced is not None:
-                s.tokens[:B].copy_(forced[t], non_blocking=True)
-            self.backend.decode()
+                tokens.copy_(forced[t], non_blocking=True)
+            decode(handle)
+            t1 = clock()
             if per_step:
-                rows = s.logits[:B].to("cpu", torch.float32, copy=True)
-                hist[t + 1].copy_(s.tokens[:B])
+                logits = s.logits[:B].to("cpu", torch.float32, copy=True)
+                rows[t + 1].copy_(tokens)
                 if digests:
-                    step_digests.append(logits_digest(rows))
+                    step_digests.append(logits_digest(logits))
                 if keep_logits:
-                    logits_out.append(rows)
-                host += time.perf_counter() - t0
+                    logits_out.append(logits)
+                host += clock() - t0
+                issue += t1 - t0
                 continue
-            hist[t + 1].copy_(s.tokens[:B], non_blocking=cuda)
+            rows[t + 1].copy_(tokens, non_blocking=cuda)
             if events is not None:
-                events[t].record()
-            host += time.perf_counter() - t0
+                events[t].record(stream)
+            host += clock() - t0
+            issue += t1 - t0
             # The previous step's tokens, read one step late: step t is already queued.
             if events is not None and t > 0:
                 events[t - 1].synchronize()
         if cuda:
-            end.record()
+            end.record(stream)
             end.synchronize()
         r = SequenceResult(generated=hist.t().tolist(), step_digests=step_digests,
-                           host_us_per_step=1e6 * host / max(steps, 1))
+                           host_us_per_step=1e6 * host / max(steps, 1),
+                           host_issue_us_per_step=1e6 * issue / max(steps, 1))
         if cuda and steps:
             r.us_per_step = 1e3 * start.elapsed_time(end) / steps
         if prefill_logits is not None:
