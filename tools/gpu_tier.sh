@@ -25,7 +25,10 @@
 #             grid-tolerance proof calls kpack's padding rule through the extension.
 #             LLAMA_TUNE_GROUPS="a,b c,d" names the groups (default: all eight kernels
 #             in three); a kernel no group names keeps the committed pack's tuning.
-#             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only
+#             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only;
+#             LLAMA_TUNE_BUCKETS="1" (kpack-build's --retune-buckets) tunes only those M
+#             buckets of the named kernels, their other buckets kept from the committed
+#             pack's tuning.json
 #   llama     the Llama engine's GPU tier: the kernels against their torch math
 #             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size
 #             (LlamaGpuTest.*), Python vs C++ and the reference's KL check
@@ -100,10 +103,13 @@ stage_llama-tune() {
   "$python" -c 'import kpack._kpack' 2> /dev/null ||
     { echo "llama-tune: install the kpack package first (the build stage does)"; return 1; }
   rm -rf "$out" && mkdir -p "$out" || return 1
+  local only=()
+  [[ -n ${LLAMA_TUNE_BUCKETS:-} ]] && only=(--reuse-tuning kernels/llamapack/tuning.json
+                                            --retune-buckets "$LLAMA_TUNE_BUCKETS")
   for group in "${groups[@]}"; do
     i=$((i + 1)) start=$SECONDS
     LLAMA_SPEC_KERNELS=$group PYTHONPATH=tools "$python" -m kpack_tools.build \
-      kernels/llama/llama_spec.py --out "$out/group$i" --jobs "$(nproc)" \
+      kernels/llama/llama_spec.py --out "$out/group$i" --jobs "$(nproc)" "${only[@]}" \
       > "$out/tune$i.log" 2>&1 || { tail -n 20 "$out/tune$i.log"; return 1; }
     echo "llama-tune: group $i ($group) in $((SECONDS - start)) s"
   done

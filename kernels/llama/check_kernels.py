@@ -16,14 +16,15 @@ Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unles
 
 ``--device cpu`` runs Triton's interpreter (``TRITON_INTERPRET=1``, torch CPU tensors,
 ``USE_PDL`` off) at the tiny model's shapes and odd sizes, with one config per code path
-(the GEMV with K in one tile and with a K loop, the GEMV per row over a few rows,
-``tl.dot``). ``--device cuda`` compiles them (``USE_PDL`` on, launched with PDL): the same
-cases with every bucket's default config (every config for attention), the Llama-3.2-1B
-shapes of every bucket, then the timing tables issue 22 asks for: each projection at
-M = 1 with every candidate of the bucket (µs, GB/s, % of a measured 1 GiB device-to-device
-copy, µs of a copy moving the same bytes in the same kind of graph and the kernel's speed
-relative to it, µs with the weights in L2) and decode attention at contexts
-128/512/1K/4K/8K the same way.
+(the GEMV with K in one tile and with a K loop, the products of a few rows kept per k
+with K in one tile and with a K loop, ``tl.dot``). ``--device cuda`` compiles them
+(``USE_PDL`` on, launched with PDL): the same cases with every bucket's default config
+(every config for attention), the Llama-3.2-1B shapes of every bucket, then the timing
+tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
+(µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
+bytes in the same kind of graph and the kernel's speed relative to it, µs with the
+weights in L2) and decode attention at contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
+candidate of the projection kernels' M = 2-4 bucket at the tiny shapes.
 """
 
 import argparse
@@ -45,6 +46,10 @@ def _parse():
     parser.add_argument("--no-pdl", action="store_true",
                         help="cuda: compile and launch without PDL")
     parser.add_argument("--only", default="", help="comma-separated kernel names")
+    parser.add_argument("--spec-buckets", default="",
+                        help="also check every spec candidate of these M buckets of the "
+                             "projection kernels (comma-separated numbers, 0 for M = 1) at "
+                             "the tiny shapes, M at the bucket's lowest and highest")
     parser.add_argument("--json", help="write the timing tables here")
     return parser.parse_args()
 
@@ -252,7 +257,7 @@ def _cfg(name, warps, stages, **blocks):
 
 
 # Compact configs for the interpreter, one per code path (the spec's, larger, run on the
-# GPU): the GEMV (BLOCK_M 1), the GEMV per row over a few rows, tl.dot.
+# GPU): the GEMV (BLOCK_M 1), the products of a few rows kept per k (BLOCK_M 2-15), tl.dot.
 CPU_PROJ = {
     "gemv": dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
     "gemv_k64": dict(BLOCK_M=1, BLOCK_N=8, BLOCK_K=64),
@@ -261,6 +266,8 @@ CPU_PROJ = {
     "stream": dict(BLOCK_M=1, BLOCK_N=64, BLOCK_K=256),
     "stream_k128": dict(BLOCK_M=1, BLOCK_N=128, BLOCK_K=128),
     "rows4": dict(BLOCK_M=4, BLOCK_N=16, BLOCK_K=128),
+    "rows2_whole": dict(BLOCK_M=2, BLOCK_N=16, BLOCK_K=512),  # K in the first tile
+    "rows8": dict(BLOCK_M=8, BLOCK_N=16, BLOCK_K=64),
     "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
     "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
 }
@@ -304,8 +311,8 @@ def cases(device):
     if cpu:
         # The GEMV with its whole K in the first tile (loaded before gdc_wait) and with
         # more tiles after it (the K loop and, under RMSNorm, the rest of the row).
-        plan = {1: ("gemv", "gemv_k64", "rows4"), 3: ("rows4", "dot16"),
-                17: ("gemv", "dot16"), 70: ("dot64",)}
+        plan = {1: ("gemv", "gemv_k64", "rows4"), 3: ("rows4", "rows2_whole", "dot16"),
+                17: ("gemv", "rows8", "dot16"), 70: ("dot64",)}
         for kernel in proj_kernels:
             for m, paths in plan.items():
                 for path in paths:
@@ -314,6 +321,8 @@ def cases(device):
                                 m in (3, 17) and path != "gemv" or m == 1, None))
             # Sizes that are no multiples of 16 (rows that start off 16-byte boundaries).
             out.append((kernel, dict(odd, M=1, CAP=128), _proj_cfg(kernel, "gemv_k64"), True,
+                        None))
+            out.append((kernel, dict(odd, M=3, CAP=128), _proj_cfg(kernel, "rows4"), True,
                         None))
         for path in ("stream", "stream_k128"):
             for shape in (dict(tiny, M=1, CAP=128), dict(odd, M=1, CAP=128)):
@@ -378,6 +387,23 @@ def cases(device):
                       dict(gqa4, M=3, CAP=128, ctx=3), dict(gqa4, M=70, CAP=128, ctx=100)):
             out.append(("llama_attn_prefill", shape, config, shape["M"] != 70 or cpu is False,
                         None))
+    return out
+
+
+def spec_cases(buckets):
+    """Every spec candidate of the projection kernels' M buckets `buckets`, at the tiny
+    shapes with M at each bucket's lowest and highest value (the open last: its lowest)."""
+    edges = llama_spec.M_EDGES
+    out = []
+    for name in ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
+                 "llama_lm_head"):
+        spec = SPECS[name]
+        for b in buckets:
+            lo = edges[b - 1] + 1 if b > 0 else 1
+            ms = sorted({lo, edges[b] if b < len(edges) else lo})
+            for config in spec.configs:
+                if spec.allowed(spec.representatives[b], config):
+                    out += [(name, dict(lt.TINY, M=m, CAP=128), config, True, None) for m in ms]
     return out
 
 
@@ -586,7 +612,9 @@ def main():
     only = set(filter(None, args.only.split(",")))
     t0 = time.time()
     if not args.bench_only:
-        todo = cases(args.device) + (big_cases() if args.device == "cuda" else [])
+        buckets = [int(b) for b in args.spec_buckets.split(",") if b]
+        todo = (cases(args.device) + (big_cases() if args.device == "cuda" else [])
+                + spec_cases(buckets))
         todo = [c for c in todo if not only or c[0] in only]
         print(f"{len(todo)} cases on {args.device}" + (" (interpreter)" if args.device == "cpu" else ""))
         for name, shape, config, padded, tweak in todo:

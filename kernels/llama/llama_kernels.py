@@ -13,12 +13,14 @@ How they are written:
 - Every count comes from the size arguments, never from ``tl.num_programs``; a program
   past them touches no memory (a padded grid gives the same bits). Offsets into tensors
   are int64.
-- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M < 16`` (batch 1 and
-  small batches) is a GEMV per row: each ``[BLOCK_N, BLOCK_K]`` weight tile, read once, is
-  multiplied with each of the program's rows in turn and the fp32 products reduced over
-  the tile; ``BLOCK_M >= 16`` uses ``tl.dot``. The first K tile of a program's weights is
-  loaded before ``gdc_wait()``; the K loop after it is software-pipelined
-  (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a dot only when asked).
+- Projections accumulate in fp32 over bf16 operands. ``BLOCK_M == 1`` (batch 1) is a
+  GEMV: each ``[BLOCK_N, BLOCK_K]`` weight tile times the row's tile, the fp32 products
+  reduced over the tile. ``1 < BLOCK_M < 16`` (small batches) multiplies and adds
+  elementwise on ``[BLOCK_M, BLOCK_N, BLOCK_K]`` (each x tile read and normalized once per
+  K tile) and reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The
+  first K tile of a program's weights is loaded before ``gdc_wait()``; the K loop after it
+  is software-pipelined (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a
+  dot only when asked).
   The LM head at one row streams a wide program's vocabulary rows tile by tile.
 - No float atomics: the two cross-program reductions (decode-attention splits, the LM
   head's argmax) write partials and the program that brings an int32 counter to its
@@ -197,20 +199,6 @@ def _row_tile(xsrc, row, M, r, g, k0, K, NORM: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
-def _prefetch_rows_l1(x, row0, M, k0, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Columns [k0, k0 + BLOCK_K) of the BLOCK_M rows of bf16 x from row0 into L1, one
-    128-byte line per element: the rows are then read one at a time (_project_rows), each
-    after the previous row's reduction, from L1 instead of one L2 round trip each."""
-    LINES: tl.constexpr = BLOCK_K // 64 if BLOCK_K >= 64 else 1
-    rows = row0 + tl.arange(0, BLOCK_M)
-    cols = k0 + tl.arange(0, LINES) * 64
-    ok = (rows < M)[:, None] & (cols < K)[None, :]
-    ptrs = x + tl.where(ok, rows.to(tl.int64)[:, None] * K + cols[None, :], 0)
-    tl.inline_asm_elementwise("prefetch.global.L1 [$1]; // $0", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _row_mac(acc, ridx, mi, xv, wt):
     """Row mi of acc ([BLOCK_M, BLOCK_N]) += xv · wtᵀ (xv [BLOCK_K], wt [BLOCK_N, BLOCK_K]
     bf16; the fp32 products reduced over the tile)."""
@@ -219,42 +207,25 @@ def _row_mac(acc, ridx, mi, xv, wt):
 
 
 @triton.jit
-def _project_rows(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0,
-                  wb0, NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                  USE_ASM: tl.constexpr):
-    """_project below 16 rows, without tl.dot: each K tile of the weights (the first one
-    given) is read once and multiplied with each of the BLOCK_M rows of x in turn (an
-    unrolled loop: a GEMV per row sharing the tile), the fp32 products reduced over the
-    tile. One row: its rstd from the first tile it loads anyway; more: the rows' rstd
-    first, then each row's tiles (read again, from L1)."""
-    ridx = tl.arange(0, BLOCK_M)
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    r_all = tl.zeros([BLOCK_M], tl.float32)
-    if BLOCK_M == 1:
-        cols = tl.arange(0, BLOCK_K)
-        xv = tl.load(xsrc + row0.to(tl.int64) * K + cols, mask=(row0 < M) & (cols < K),
-                     other=0.0)
-        if NORM:
-            r_all += _rstd_row(xv, xsrc, row0, row0 < M, K, eps, BLOCK_K)
-            xv = _normed_row(xv, tl.sum(r_all, 0), g0)
-        acc_a = _row_mac(acc_a, ridx, 0, xv, wa0)
-        if TWO:
-            acc_b = _row_mac(acc_b, ridx, 0, xv, wb0)
-    else:
-        rows = row0 + ridx
-        if NORM:  # (reads the rows whole: L1 holds them for the tiles below)
-            r_all = _rstd(tl.zeros([BLOCK_M, 1], tl.float32), xsrc, rows, rows < M, K, eps, 0,
-                          BLOCK_M, 2)
-        elif USE_ASM:
-            _prefetch_rows_l1(xsrc, row0, M, 0, K, BLOCK_M, BLOCK_K)
-        for mi in tl.static_range(BLOCK_M):
-            r = tl.sum(tl.where(ridx == mi, r_all, 0.0), 0)
-            xv = _row_tile(xsrc, row0 + mi, M, r, g0, 0, K, NORM, BLOCK_K)
-            acc_a = _row_mac(acc_a, ridx, mi, xv, wa0)
-            if TWO:
-                acc_b = _row_mac(acc_b, ridx, mi, xv, wb0)
+def _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0,
+                 wb0, NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """_project at one row (BLOCK_M == 1, a GEMV): each K tile of the weights (the first
+    one given) times the row's tile, the fp32 products reduced over the tile; the row's
+    rstd from the first tile it loads anyway."""
+    ridx = tl.arange(0, 1)
+    acc_a = tl.zeros([1, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([1, BLOCK_N], tl.float32)
+    r_all = tl.zeros([1], tl.float32)
+    cols = tl.arange(0, BLOCK_K)
+    xv = tl.load(xsrc + row0.to(tl.int64) * K + cols, mask=(row0 < M) & (cols < K),
+                 other=0.0)
+    if NORM:
+        r_all += _rstd_row(xv, xsrc, row0, row0 < M, K, eps, BLOCK_K)
+        xv = _normed_row(xv, tl.sum(r_all, 0), g0)
+    acc_a = _row_mac(acc_a, ridx, 0, xv, wa0)
+    if TWO:
+        acc_b = _row_mac(acc_b, ridx, 0, xv, wb0)
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         wa = _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
         if TWO:
@@ -264,35 +235,66 @@ def _project_rows(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok,
             g = tl.load(norm_w + cols, mask=cols < K, other=0.0)
         else:
             g = g0
-            if BLOCK_M > 1 and USE_ASM:
-                _prefetch_rows_l1(xsrc, row0, M, k0, K, BLOCK_M, BLOCK_K)
-        for mi in tl.static_range(BLOCK_M):
-            r = tl.sum(tl.where(ridx == mi, r_all, 0.0), 0)
-            xv = _row_tile(xsrc, row0 + mi, M, r, g, k0, K, NORM, BLOCK_K)
-            acc_a = _row_mac(acc_a, ridx, mi, xv, wa)
-            if TWO:
-                acc_b = _row_mac(acc_b, ridx, mi, xv, wb)
+        r = tl.sum(tl.where(ridx == 0, r_all, 0.0), 0)
+        xv = _row_tile(xsrc, row0, M, r, g, k0, K, NORM, BLOCK_K)
+        acc_a = _row_mac(acc_a, ridx, 0, xv, wa)
+        if TWO:
+            acc_b = _row_mac(acc_b, ridx, 0, xv, wb)
     if not TWO:
         acc_b = acc_a
     return acc_a, acc_b
 
 
 @triton.jit
+def _acc_first(x, w, BLOCK_M: tl.constexpr):
+    """The accumulator of x · wᵀ over one K tile (x [BLOCK_M, BLOCK_K], w [BLOCK_N,
+    BLOCK_K], bf16): tl.dot's [BLOCK_M, BLOCK_N] from 16 rows; below, the fp32 products
+    [BLOCK_M, BLOCK_N, BLOCK_K], kept per k until _acc_sum."""
+    if BLOCK_M >= 16:
+        acc = tl.dot(x, tl.trans(w))
+    else:
+        acc = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def _acc_mac(acc, x, w, BLOCK_M: tl.constexpr):
+    """acc (_acc_first's) += x · wᵀ of the next K tile."""
+    if BLOCK_M >= 16:
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
+def _acc_sum(acc, BLOCK_M: tl.constexpr):
+    """The [BLOCK_M, BLOCK_N] fp32 result of an accumulator: below 16 rows, the products
+    reduced over K once."""
+    if BLOCK_M >= 16:
+        out = acc
+    else:
+        out = tl.sum(acc, 2)
+    return out
+
+
+@triton.jit
 def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
              NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-             USE_ASM: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for rows row0 ..
     row0 + BLOCK_M of x (those below M): x = rmsnorm(xsrc, norm_w) when NORM (xsrc the
     fp32 residual stream), else xsrc itself (bf16). Given, as loaded before gdc_wait
     (_w_first): wa0, wb0, the first K tiles of the weight rows, and g0, the norm weight's
     first BLOCK_K columns; the K loop covers the rest. Without TWO only the first is
-    computed (returned twice). tl.dot from 16 rows, _project_rows below. USE_ASM: inline
-    PTX (L1 prefetches) allowed (the kernels' USE_PDL: off in the interpreter)."""
-    if BLOCK_M < 16:
-        out_a, out_b = _project_rows(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
-                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_M, BLOCK_N,
-                                     BLOCK_K, STAGES, USE_ASM)
+    computed (returned twice). One row: _project_row. More: each K tile of x loaded (and
+    normalized) once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot
+    from 16 rows, elementwise below), the rows' rstd from their first tile and the rest of
+    the rows read before."""
+    if BLOCK_M == 1:
+        out_a, out_b = _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
+                                    wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_N, BLOCK_K,
+                                    STAGES)
     else:
         rows = row0 + tl.arange(0, BLOCK_M)
         rows_ok = rows < M
@@ -306,11 +308,11 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
         else:
             r = 0.0
             x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-        out_a = tl.dot(x, tl.trans(wa0))
+        acc_a = _acc_first(x, wa0, BLOCK_M)
         if TWO:
-            out_b = tl.dot(x, tl.trans(wb0))
+            acc_b = _acc_first(x, wb0, BLOCK_M)
         else:
-            out_b = out_a
+            acc_b = acc_a
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
             x_ok = rows_ok[:, None] & (cols < K)[None, :]
@@ -319,11 +321,14 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
                 x = _normed(xf, r, tl.load(norm_w + cols, mask=cols < K, other=0.0))
             else:
                 x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-            out_a = tl.dot(x, tl.trans(_w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)), out_a)
+            acc_a = _acc_mac(acc_a, x, _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M)
             if TWO:
-                out_b = tl.dot(x, tl.trans(_w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)),
-                               out_b)
-        if not TWO:
+                acc_b = _acc_mac(acc_b, x, _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K),
+                                 BLOCK_M)
+        out_a = _acc_sum(acc_a, BLOCK_M)
+        if TWO:
+            out_b = _acc_sum(acc_b, BLOCK_M)
+        else:
             out_b = out_a
     return out_a, out_b
 
@@ -379,7 +384,7 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
         s = tl.load(seq + rows, mask=rows_ok, other=0)
         _pdl_launch(USE_PDL)
         a, b = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a, row_b, pairs_ok, H,
-                        wa0, wb0, True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES, USE_PDL)
+                        wa0, wb0, True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES)
         angle = p.to(tl.float32)[:, None] * freq[None, :]
         c = tl.cos(angle)
         sn = tl.sin(angle)
@@ -584,7 +589,7 @@ def llama_proj_residual(x, w, h, M, N, K,
             h_old = tl.load(h_ptrs, mask=ok, other=0.0)
         _pdl_launch(USE_PDL)
         acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K, wa0,
-                          wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
+                          wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         if BLOCK_M >= 16:
             h_old = tl.load(h_ptrs, mask=ok, other=0.0)
         tl.store(h_ptrs, h_old + acc, mask=ok)
@@ -612,7 +617,7 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
     if live:
         _pdl_launch(USE_PDL)
         gate, up = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols + I, cols_ok,
-                            H, wa0, wb0, True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
+                            H, wa0, wb0, True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out + rows.to(tl.int64)[:, None] * I + cols[None, :], act.to(tl.bfloat16),
                  mask=rows_ok[:, None] & cols_ok[None, :])
@@ -664,7 +669,7 @@ def _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, p
     if live:
         _pdl_launch(USE_PDL)
         y, _ = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
-                        wa0, True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, USE_PDL)
+                        wa0, True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])

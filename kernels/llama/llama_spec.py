@@ -61,7 +61,8 @@ def _proj_configs(n_name):
         (1, 16, 512, 4, 3),
         # the LM head streaming 4-row tiles of 2048 through a pipelined loop
         (1, 32, 2048, 4, 4), (1, 64, 2048, 4, 4), (1, 128, 2048, 4, 4),
-        # 2-16 rows: a GEMV per row sharing each weight tile, whole rows or a K loop
+        # 2-15 rows: the products kept per k ([BLOCK_M, BLOCK_N, BLOCK_K]), whole rows or
+        # a K loop
         (4, 2, 2048, 4, 1), (4, 4, 2048, 4, 1), (4, 4, 2048, 8, 1), (4, 8, 2048, 8, 1),
         (4, 1, 8192, 4, 1), (4, 2, 4096, 4, 2),
         (4, 4, 256, 4, 3), (4, 8, 128, 4, 3), (4, 4, 512, 8, 2), (8, 4, 256, 8, 3),
@@ -120,20 +121,26 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
     "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_16_k512_w4_s3", "p1_32_k2048_w4_s4",
                       "p1_128_k2048_w4_s4", "p1_8_k2048_w4_s1"],
 }
-# M = 2-4: the GEMV per row over 4 rows sharing each weight tile (whole rows, as at M = 1,
-# or the K loop's tiles of the first tuning, whose winners they are) or tl.dot over 16;
-# ordered as _M1 (so LLAMA_SPEC_CANDIDATES=2 keeps the new default and the old winner).
+# M = 2-4: BLOCK_M 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (x's
+# tile loaded and normalized once per K tile, one reduction over K at the end), BLOCK_M 16
+# is tl.dot with 12 of its rows masked. Each list, for LLAMA_SPEC_CANDIDATES=3: the first
+# H200 tuning's winner of this bucket (this structure then: LM head 337 us, gate/up 36),
+# the kernel's tl.dot tile that won the 5-16 bucket (its time at M = 16 bounds the one at
+# M = 4: the same weights; LM head 179-184 us, gate/up 25), the fastest whole-row tile of
+# the second tuning (a GEMV per row then: LM head 460 us, gate/up 63; with this structure
+# ptxas spills 0.9-6 KB per thread for whole rows, so expect it to lose); fourth, the
+# first tuning's runner-up (no spills); then the others.
 _M4 = {
-    "llama_qkv_rope": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
-                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_o_proj": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_2_k2048_w4_s1",
-                     "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_gate_up": ["p4_2_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_4_k2048_w8_s1",
-                      "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_down_proj": ["p4_1_k8192_w4_s1", "p4_4_k256_w4_s3", "p4_2_k4096_w4_s2",
-                        "p4_8_k128_w4_s3", "p16_16_k128_w4_s4"],
-    "llama_lm_head": ["p4_4_k2048_w4_s1", "p4_8_k128_w4_s3", "p4_8_k2048_w8_s1",
-                      "p4_4_k256_w4_s3", "p16_16_k128_w4_s4"],
+    "llama_qkv_rope": ["p4_8_k128_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1",
+                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w8_s1"],
+    "llama_o_proj": ["p4_8_k128_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w4_s1",
+                     "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1"],
+    "llama_gate_up": ["p4_8_k128_w4_s3", "p16_64_k64_w4_s4", "p4_2_k2048_w4_s1",
+                      "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_4_k2048_w8_s1"],
+    "llama_down_proj": ["p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_1_k8192_w4_s1",
+                        "p4_4_k512_w8_s2", "p4_8_k128_w4_s3", "p16_32_k128_w4_s4"],
+    "llama_lm_head": ["p4_8_k128_w4_s3", "p16_64_k64_w4_s4", "p4_8_k2048_w8_s1",
+                      "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_4_k2048_w4_s1"],
 }
 # M > 4: tl.dot tiles growing with M, with narrow ones among them so that the 2048-row
 # projections (o, down, QKV's 1536 pairs) still spread over all 132 SMs.

@@ -31,7 +31,7 @@ so the selection logic can be exercised without a GPU.
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
 from kpack_tools.param_types import parse_tensordesc
 from kpack_tools.spec import Config, KernelSpec, describe_bucket
@@ -282,9 +282,11 @@ def _first_line(err: Exception) -> str:
 
 
 def tune_kernel(spec: KernelSpec, backend, reps: int = 25, warmup: int = 3,
-                log: Callable[[str], None] = print) -> List[BucketResult]:
-    """Check, then time, every candidate config on every bucket's representative shape.
-    Raises ``TuningError`` for a bucket where no candidate passes."""
+                log: Callable[[str], None] = print,
+                only: Optional[Collection[Tuple[int, ...]]] = None) -> List[BucketResult]:
+    """Check, then time, every candidate config on every bucket's representative shape
+    (on the buckets ``only`` lists, in bucket order, when given). Raises ``TuningError``
+    for a bucket where no candidate passes."""
     if not spec.grid:
         raise TuningError(f"kernel '{spec.name}': the spec has no grid, so the builder cannot "
                           f"launch it to tune; give `grid` (it may use `launch_values`)")
@@ -294,6 +296,8 @@ def tune_kernel(spec: KernelSpec, backend, reps: int = 25, warmup: int = 3,
                           f"parameters the kernel writes")
     results = []
     for number, (index, shape) in enumerate(zip(spec.bucket_indices(), spec.representatives)):
+        if only is not None and index not in only:
+            continue
         where = f"kernel '{spec.name}': bucket {list(index)} ({describe_bucket(spec, index)})"
         pristine = backend.inputs(spec, shape)
         missing = [name for name in list(spec.call_params) + list(spec.launch_values)

@@ -3,20 +3,22 @@
 ::
 
     python -m kpack_tools.build SPEC.py [SPEC.py ...] --out PACK
-        [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json] [--jobs N]
+        [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json
+        [--retune-buckets B,...]] [--jobs N]
 
 Each spec file defines ``KPACK_KERNELS`` (``docs/build-spec.md``).  For every
 kernel and bucket the builder picks a config -- when torch sees a CUDA GPU, the
 fastest of the candidates whose outputs pass the check against the spec's
 reference (``kpack_tools.autotune``); else (or with ``--no-tune``) the spec's
 declared default, recorded as untuned; or, with ``--reuse-tuning``, what an
-earlier ``tuning.json`` chose -- then compiles one variant per (bucket,
-specialization) with ``triton.compile`` for ``sm_<target>`` and writes the
-pack: manifest (layouts read back from the cubins, each kernel's ``source``),
-cubins with sha256, and ``tuning.json`` (every candidate's check and time per
-bucket, or why no tuning happened).  Compiling needs no GPU.  Only Triton
-3.6.0 is supported: its JIT's specialization and ABI are what the variants
-reproduce (``docs/pack-format.md``, ``include/kpack/arg.h``).
+earlier ``tuning.json`` chose (except in the ``--retune-buckets`` buckets) --
+then compiles one variant per (bucket, specialization) with ``triton.compile``
+for ``sm_<target>`` and writes the pack: manifest (layouts read back from the
+cubins, each kernel's ``source``), cubins with sha256, and ``tuning.json``
+(every candidate's check and time per bucket, or why no tuning happened).
+Compiling needs no GPU.  Only Triton 3.6.0 is supported: its JIT's
+specialization and ABI are what the variants reproduce
+(``docs/pack-format.md``, ``include/kpack/arg.h``).
 
 A spec's ``grid_tolerant`` flag is proven on the GPU (``kpack_tools.grid_proof``)
 before the manifest says ``grid_tolerance``; without a GPU it is written as
@@ -27,7 +29,7 @@ import argparse
 import json
 import re
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools import SUPPORTED_TRITON_VERSIONS, grid_proof
 from kpack_tools.pack import Kernel, Variant, pack_bytes, source_identity, write_pack
@@ -164,20 +166,37 @@ def _warm_in_worker(spec_paths, name, bucket, config_names) -> float:
     return time.perf_counter() - start
 
 
-def prewarm_tuning(spec_paths: Sequence, specs: Sequence[KernelSpec], jobs: int,
-                   log: Callable[[str], None]) -> None:
-    """JIT-compile every candidate the tuner will run, in ``jobs`` spawned processes (one
-    task per kernel and bucket), so that the tuner's own compiles, serial in its process,
-    find them in Triton's on-disk cache: the same compiled kernels (the cache key covers
-    source, specialization, constexprs and options), tuned ``jobs`` times sooner. A
-    failure here only costs the time saved: the tuner compiles and checks every candidate
-    itself."""
+def jit_tasks(specs: Sequence[KernelSpec], reused: Mapping[str, List[Dict[str, Any]]],
+              retune: Collection[Tuple[int, ...]]) -> List[Tuple[str, int, List[str]]]:
+    """(kernel, bucket number, config names) that a tuning build JIT-compiles: every
+    candidate of the buckets it tunes (all buckets of a kernel not in ``reused``, a
+    reused kernel's ``retune`` buckets) and, for the grid proof, the reused config of
+    each other bucket of a grid-tolerant reused kernel. ``reused``: per kernel name, its
+    bucket results from ``--reuse-tuning``."""
+    tasks = []
+    for spec in specs:
+        for number, (index, shape) in enumerate(zip(spec.bucket_indices(),
+                                                    spec.representatives)):
+            if spec.name not in reused or index in retune:
+                names = [c.name for c in spec.configs if spec.allowed(shape, c)]
+            else:
+                names = [reused[spec.name][number]["chosen"]] if spec.grid_tolerant else []
+            if names:
+                tasks.append((spec.name, number, names))
+    return tasks
+
+
+def prewarm_tuning(spec_paths: Sequence, tasks: Sequence[Tuple[str, int, List[str]]],
+                   jobs: int, log: Callable[[str], None]) -> None:
+    """JIT-compile ``tasks`` (``jit_tasks``: every candidate the tuner will run and every
+    config the grid proof will run), in ``jobs`` spawned processes (one task per kernel
+    and bucket), so that the tuner's own compiles, serial in its process, find them in
+    Triton's on-disk cache: the same compiled kernels (the cache key covers source,
+    specialization, constexprs and options), tuned ``jobs`` times sooner. A failure here
+    only costs the time saved: the tuner compiles and checks every candidate itself."""
     import concurrent.futures
     import multiprocessing
     import time
-    tasks = [(spec.name, number, [c.name for c in spec.configs if spec.allowed(shape, c)])
-             for spec in specs for number, shape in enumerate(spec.representatives)]
-    tasks = [t for t in tasks if t[2]]
     if not tasks:
         return
     start = time.perf_counter()
@@ -192,8 +211,8 @@ def prewarm_tuning(spec_paths: Sequence, specs: Sequence[KernelSpec], jobs: int,
                 future.result()
             except Exception as err:  # noqa: BLE001 - the tuner reports it properly
                 log(f"prewarm of {futures[future][:2]} failed ({type(err).__name__}: {err})")
-    log(f"JIT-compiled {compiles} tuning candidates in {time.perf_counter() - start:.1f} s "
-        f"with {workers} processes")
+    log(f"JIT-compiled {compiles} tuning candidates and proof configs in "
+        f"{time.perf_counter() - start:.1f} s with {workers} processes")
 
 
 def _untuned_results(spec: KernelSpec) -> List[Dict[str, Any]]:
@@ -204,10 +223,11 @@ def _untuned_results(spec: KernelSpec) -> List[Dict[str, Any]]:
             for i, (index, shape) in enumerate(zip(spec.bucket_indices(), spec.representatives))]
 
 
-def _tuned_results(spec: KernelSpec, backend, reps: int, log) -> List[Dict[str, Any]]:
+def _tuned_results(spec: KernelSpec, backend, reps: int, log,
+                   only: Optional[Collection[Tuple[int, ...]]] = None) -> List[Dict[str, Any]]:
     from kpack_tools import autotune
     try:
-        results = autotune.tune_kernel(spec, backend, reps=reps, log=log)
+        results = autotune.tune_kernel(spec, backend, reps=reps, log=log, only=only)
     except autotune.TuningError as err:
         raise BuildError(str(err)) from None
     return [{"bucket": list(r.index), "range": describe_bucket(spec, r.index),
@@ -270,13 +290,15 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path) -> List[Dict
 
 def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
           reps: int = 25, log: Optional[Callable[[str], None]] = print, backend=None,
-          reuse_tuning=None, jobs: int = 1):
+          reuse_tuning=None, jobs: int = 1, retune_buckets: Sequence[Sequence[int]] = ()):
     """Build a pack from spec files; return ``(manifest, tuning)``.
 
     ``tune`` asks for tuning; it happens only with a backend (default: torch
     and a CUDA GPU), otherwise the defaults are used and ``tuning.json`` says
     why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
-    from there instead.  Raises ``BuildError`` for a bucket where no candidate
+    from there instead; ``retune_buckets`` (bucket indices) excepts those buckets
+    of every kernel it lists, which are tuned (or given the spec's defaults) as
+    if unlisted.  Raises ``BuildError`` for a bucket where no candidate
     passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
     (``precompile``).
     """
@@ -299,6 +321,20 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         reused = {k["name"]: (k, k.get("tuned", previous.get("tuned")),
                               k.get("device", previous.get("device")))
                   for k in previous.get("kernels", [])}
+    retune = {tuple(int(i) for i in index) for index in retune_buckets}
+    if retune and reuse_tuning is None:
+        raise BuildError("retuning buckets (--retune-buckets) needs --reuse-tuning: the "
+                         "tuning.json the other buckets' configs come from")
+    reused_results = {}
+    for spec in specs:
+        if spec.name in reused:
+            unknown = sorted(retune - set(spec.bucket_indices()))
+            if unknown:
+                raise BuildError(f"--retune-buckets: kernel '{spec.name}' has no bucket "
+                                 f"{list(unknown[0])}; its buckets are "
+                                 f"{[list(i) for i in spec.bucket_indices()]}")
+            reused_results[spec.name] = _reused_results(spec, reused[spec.name][0],
+                                                        reuse_tuning)
 
     why_not = "--no-tune was given"
     if tune and backend is None:
@@ -307,21 +343,35 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     device = backend.device if tune and backend is not None else None
     tuning = {"format": TUNING_FORMAT, "tuned": device is not None, "device": device,
               "reason": None if device else
-              f"not tuned: {why_not}; {_configs_from(specs, reused, reuse_tuning)}",
+              f"not tuned: {why_not}; {_configs_from(specs, reused, reuse_tuning, retune)}",
               "reps": reps if device else None, "target": target,
               "triton_version": triton.__version__, "kernels": []}
     if device is None:
-        log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning)}")
+        log(f"not tuning ({why_not}): {_configs_from(specs, reused, reuse_tuning, retune)}")
 
     from kpack_tools import autotune
     if device is not None and jobs > 1 and isinstance(backend, autotune.CudaBackend):
-        prewarm_tuning(spec_paths, [s for s in specs if s.name not in reused], jobs, log)
+        prewarm_tuning(spec_paths, jit_tasks(specs, reused_results, retune), jobs, log)
     chosen = []  # per spec: (bucket results, grid tolerance entry)
     for spec in specs:
         entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
-        if spec.name in reused:
+        if spec.name in reused and retune:
+            old, was_tuned, _ = reused[spec.name]
+            fresh = (_tuned_results(spec, backend, reps, log, only=retune) if device is not None
+                     else _untuned_results(spec))
+            fresh = {tuple(r["bucket"]): r for r in fresh}
+            results = [fresh[tuple(r["bucket"])] if tuple(r["bucket"]) in retune else r
+                       for r in reused_results[spec.name]]
+            tuned = bool(was_tuned) and device is not None
+            entry.update(tuned=tuned, device=device if tuned else None,
+                         reused_from=str(reuse_tuning),
+                         retuned_buckets=[list(i) for i in sorted(retune)])
+            log(f"kernel '{spec.name}': buckets {[list(i) for i in sorted(retune)]} "
+                f"{'tuned' if device is not None else 'at the spec defaults'}, the others' "
+                f"configs from {reuse_tuning}")
+        elif spec.name in reused:
             old, was_tuned, was_device = reused[spec.name]
-            results = _reused_results(spec, old, reuse_tuning)
+            results = reused_results[spec.name]
             entry.update(tuned=bool(was_tuned), device=was_device,
                          reused_from=str(reuse_tuning))
             log(f"kernel '{spec.name}': configs from {reuse_tuning} "
@@ -384,14 +434,17 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     return manifest, tuning
 
 
-def _configs_from(specs, reused, reuse_tuning) -> str:
+def _configs_from(specs, reused, reuse_tuning, retune) -> str:
     """Where an untuned build's configs come from: ``--reuse-tuning``'s file for the
-    kernels it lists, the spec's default configs for the others."""
+    kernels it lists (but their ``retune`` buckets), the spec's default configs for the
+    others."""
     taken = [spec.name for spec in specs if spec.name in reused]
     default = [spec.name for spec in specs if spec.name not in reused]
     parts = []
     if taken:
-        parts.append(f"configs of {', '.join(taken)} from {reuse_tuning}")
+        parts.append(f"configs of {', '.join(taken)} from {reuse_tuning}"
+                     + (f" but buckets {[list(i) for i in sorted(retune)]}: the spec's default "
+                        f"configs" if retune else ""))
     if default:
         parts.append(("each bucket uses the spec's default config" if not taken else
                       f"the spec's default configs for {', '.join(default)}"))
@@ -416,6 +469,18 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
         f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")
 
 
+def _bucket_list(text: str) -> List[Tuple[int, ...]]:
+    """``1,3`` or ``0_2,1_0``: bucket indices as variant names write them."""
+    try:
+        indices = [tuple(int(i) for i in item.split("_")) for item in text.split(",")]
+    except ValueError:
+        indices = None
+    if not indices or any(i < 0 for index in indices for i in index):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of bucket indices (1 or 0_2)")
+    return indices
+
+
 def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
     """The command line; ``prog`` is how it was started (``kpack-build`` from the console
     script)."""
@@ -437,14 +502,23 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
     parser.add_argument("--reuse-tuning", metavar="TUNING_JSON",
                         help="take the configs of every kernel this tuning.json lists from it "
                              "(e.g. the pack's own, to add a kernel without retuning the rest)")
+    parser.add_argument("--retune-buckets", metavar="B[,B...]", type=_bucket_list, default=[],
+                        help="with --reuse-tuning: tune these buckets (indices as in variant "
+                             "names: 1, or 0_2 with two bucket parameters) of the kernels it "
+                             "lists, or give them the spec's defaults without a GPU, and take "
+                             "only their other buckets from it")
     args = parser.parse_args(argv)
+    if args.retune_buckets and not args.reuse_tuning:
+        parser.error("--retune-buckets needs --reuse-tuning (where the other buckets' configs "
+                     "come from)")
     if args.tune_reps < 1:
         parser.error("--tune-reps must be at least 1")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     try:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
-              reps=args.tune_reps, reuse_tuning=args.reuse_tuning, jobs=args.jobs)
+              reps=args.tune_reps, reuse_tuning=args.reuse_tuning, jobs=args.jobs,
+              retune_buckets=args.retune_buckets)
     except (SpecError, BuildError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 1

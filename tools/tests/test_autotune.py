@@ -252,6 +252,71 @@ def test_reuse_tuning_keeps_the_chosen_configs(tmp_path):
                       reuse_tuning=tmp_path / "tuned" / "tuning.json")
 
 
+def test_retune_buckets_tunes_only_those_and_reuses_the_others(tmp_path):
+    spec = write_spec(tmp_path, default='"b512"')
+    tuned_path = tmp_path / "tuned" / "tuning.json"
+    _, tuned = builder.build([spec], tmp_path / "tuned", backend=ModelBackend(FAST_SMALL),
+                             log=None)
+    old = tuned["kernels"][0]["buckets"]
+    assert [b["chosen"] for b in old] == ["b128", "b256", "b512"]
+    # Now b512 is fastest everywhere: a full tuning would take it in every bucket.
+    backend = ModelBackend({"b128": 3.0, "b256": 2.0, "b512": 1.0})
+    lines = []
+    _, again = builder.build([spec], tmp_path / "again", backend=backend, log=lines.append,
+                             reuse_tuning=tuned_path, retune_buckets=[(1,)])
+    kernel = again["kernels"][0]
+    assert [b["chosen"] for b in kernel["buckets"]] == ["b128", "b512", "b512"]
+    assert kernel["buckets"][0] == old[0] and kernel["buckets"][2] == old[2]
+    assert kernel["buckets"][1]["times_us"] == {"b128": None, "b256": 2.0, "b512": 1.0}
+    assert backend.runs == ["b128", "b256", "b512"]  # bucket 1's candidates, nothing else
+    assert kernel["tuned"] is True and kernel["device"] == "model GPU"
+    assert kernel["reused_from"] == str(tuned_path) and kernel["retuned_buckets"] == [[1]]
+    assert f"kernel 'rms_norm': buckets [[1]] tuned, the others' configs from {tuned_path}" \
+        in lines
+    # Without a GPU the bucket takes the spec's default, the others stay as tuned.
+    _, untuned = builder.build([spec], tmp_path / "cpu", tune=False, log=None,
+                               reuse_tuning=tuned_path, retune_buckets=[(1,)])
+    kernel = untuned["kernels"][0]
+    assert [b["chosen"] for b in kernel["buckets"]] == ["b128", "b512", "b512"]
+    assert kernel["buckets"][1]["times_us"] is None and kernel["buckets"][0] == old[0]
+    assert kernel["tuned"] is False and kernel["device"] is None
+    assert untuned["reason"] == (f"not tuned: --no-tune was given; configs of rms_norm from "
+                                 f"{tuned_path} but buckets [[1]]: the spec's default configs")
+
+
+def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
+    spec = write_spec(tmp_path)
+    with pytest.raises(builder.BuildError, match="needs --reuse-tuning"):
+        builder.build([spec], tmp_path / "p1", tune=False, log=None, retune_buckets=[(1,)])
+    builder.build([spec], tmp_path / "tuned", backend=ModelBackend(FAST_SMALL), log=None)
+    with pytest.raises(builder.BuildError, match=r"--retune-buckets: kernel 'rms_norm' has no "
+                                                 r"bucket \[5\]; its buckets are \[\[0\], "
+                                                 r"\[1\], \[2\]\]"):
+        builder.build([spec], tmp_path / "p2", tune=False, log=None, retune_buckets=[(5,)],
+                      reuse_tuning=tmp_path / "tuned" / "tuning.json")
+    assert not (tmp_path / "p2").exists()
+    # The command line: bucket indices as variant names write them, and only with a file.
+    assert builder._bucket_list("1,0_2") == [(1,), (0, 2)]
+    for bad in ("", "a", "1,", "-1"):
+        with pytest.raises(Exception, match="not a comma-separated list of bucket indices"):
+            builder._bucket_list(bad)
+    with pytest.raises(SystemExit) as exit_:
+        builder.main([str(spec), "--out", str(tmp_path / "p3"), "--retune-buckets", "1"])
+    assert exit_.value.code == 2
+
+
+def test_jit_tasks_cover_the_tuned_buckets_and_the_proof_configs(tmp_path):
+    spec = load_specs(write_spec(tmp_path))[0]
+    reused = {"rms_norm": [{"chosen": "b128"}, {"chosen": "b256"}, {"chosen": "b512"}]}
+    every = ["b128", "b256", "b512"]
+    assert builder.jit_tasks([spec], {}, set()) == [("rms_norm", i, every) for i in range(3)]
+    assert builder.jit_tasks([spec], reused, set()) == []  # no grid proof to run
+    assert builder.jit_tasks([spec], reused, {(1,)}) == [("rms_norm", 1, every)]
+    tolerant = load_specs(write_spec(tmp_path, name="tolerant", extra="grid_tolerant=True,"))[0]
+    assert builder.jit_tasks([tolerant], reused, {(1,)}) == [
+        ("rms_norm", 0, ["b128"]), ("rms_norm", 1, every), ("rms_norm", 2, ["b512"])]
+
+
 # ---------------------------------------------------------------------------
 # Grids the caller can express
 # ---------------------------------------------------------------------------
