@@ -30,6 +30,16 @@
 // graph last launched, and launches it on `stream`. The outputs are those of the same
 // launches sent eagerly, in order, on `stream` (one node after another, like a stream).
 //
+// Replays. A replay costs per launch only what changed since the StepGraph last saw it:
+// every BoundLaunch carries a version that Set (whatever its outcome) and set_grid move
+// on, and a launch whose version did not move is neither resolved again (variant, grid)
+// nor compared (bytes) -- a step whose inputs live on the device, replayed with nothing
+// Set, costs a few instructions per launch. A launch that changed has its grid evaluated
+// again only if an argument the grid depends on changed (one its kernel's grid
+// expressions read, or a bucket parameter of a grid-tolerant kernel): a pointer or a
+// size the grid does not read costs a compare of its bytes, and a patch if they differ.
+// stats().last_launches_resolved and last_nodes_patched count what the last replay did.
+//
 // Inside the caller's stream capture. A graph launch cannot be captured (the driver
 // refuses it and invalidates the capture), and building a graph there would allocate. So
 // Replay on a stream being captured sends the step's launches into the capture instead,
@@ -236,6 +246,9 @@ class StepGraph {
     uint64_t replays = 0;             // graph launches
     uint64_t nodes_patched = 0;       // cuGraphExecKernelNodeSetParams calls, all replays
     uint64_t last_nodes_patched = 0;  // in the last replay
+    // Launches resolved again by the last Replay or Build: those whose BoundLaunch changed
+    // since the StepGraph last resolved them (see "Replays" above).
+    uint64_t last_launches_resolved = 0;
     uint64_t eager_steps = 0;         // replays sent eagerly (Unseen::kLaunchEagerly)
     uint64_t captured_steps = 0;      // replays on a stream being captured (see above)
     uint64_t scratch_bytes = 0;       // device bytes of all graphs' scratch

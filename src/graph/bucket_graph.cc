@@ -83,6 +83,7 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     node.launch = i;
     node.param_bytes = st.variant->param_bytes;
     node.bytes.assign(st.buf, st.buf + node.param_bytes);
+    node.version = st.version;
     layout.offset = 0;
     absl::Status s = rt.Prepare(*st.variant, signature[i].grid, stream, &measure,
                                 node.bytes.data(), &prepared[i]);
@@ -184,6 +185,7 @@ absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t*
   *patched = 0;
   for (Node& node : nodes_) {
     const BoundState& st = *launches[node.launch];
+    if (st.version == node.version) continue;
     const std::byte* current = st.buf;
     if (node.num_scratch != 0) {  // the node's own scratch pointers, not the launch's
       std::memcpy(staging_, st.buf, node.param_bytes);
@@ -192,7 +194,10 @@ absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t*
       }
       current = staging_;
     }
-    if (std::memcmp(current, node.bytes.data(), node.param_bytes) == 0) continue;
+    if (std::memcmp(current, node.bytes.data(), node.param_bytes) == 0) {
+      node.version = st.version;
+      continue;
+    }
     size_t size = node.param_bytes;
     void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<std::byte*>(current),
                      CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
@@ -204,6 +209,7 @@ absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t*
                                            LaunchName(node.launch, *st.variant)));
     }
     std::memcpy(node.bytes.data(), current, node.param_bytes);
+    node.version = st.version;
     ++*patched;
   }
   return absl::OkStatus();

@@ -52,8 +52,11 @@ class BucketGraph {
   const Signature& signature() const { return signature_; }
 
   // cuGraphExecKernelNodeSetParams for each node whose launch's current bytes differ from
-  // what the node launches now; `patched` counts the calls. Allocates nothing. A failed
-  // call is an error naming the launch; the nodes patched before it stay patched.
+  // what the node launches now; `patched` counts the calls. A node whose launch's
+  // BoundState::version is the one the node's bytes were last compared at is skipped
+  // without comparing: nothing that writes the launch's bytes leaves the version alone.
+  // Allocates nothing. A failed call is an error naming the launch; the nodes patched
+  // before it stay patched.
   absl::Status Patch(std::span<BoundState* const> launches, uint64_t* patched);
   // cuGraphLaunch on `stream`.
   absl::Status Launch(CUstream stream);
@@ -78,6 +81,8 @@ class BucketGraph {
     std::array<std::pair<uint32_t, CUdeviceptr>, 2> scratch{};
     int num_scratch = 0;
     std::vector<std::byte> bytes;  // the parameter buffer the executable launches now
+    // The launch's BoundState::version when `bytes` were last found equal to its bytes.
+    uint64_t version = 0;
   };
 
   explicit BucketGraph(const Driver& driver) : driver_(driver) {}

@@ -4,6 +4,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "dispatch/grid_expr.h"
 #include "kpack/graph.h"
 #include "launch/args.h"
 #include "util/status_macros.h"
@@ -69,7 +70,77 @@ std::string GridRuleText(GridRule rule, const KernelSpec& kernel) {
   return "?";
 }
 
-absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
+GridPlan::GridPlan(const KernelData& kernel) : kernel_(&kernel) {
+  const KernelSpec& k = *kernel.spec;
+  std::vector<bool> in_key(k.args.size(), false);
+  // The names every variant's grid expressions resolve to call arguments, by Open's own
+  // rule (VariantGridResolver): compiled again here with a resolver that notes them.
+  for (const VariantSpec& v : k.variants) {
+    const GridExpr::Resolver resolve = VariantGridResolver(k, v);
+    const GridExpr::Resolver note = [&](absl::string_view name) -> absl::StatusOr<GridExpr::Name> {
+      absl::StatusOr<GridExpr::Name> n = resolve(name);
+      if (n.ok() && n->kind == GridExpr::Name::kArg && n->value >= 0 &&
+          static_cast<size_t>(n->value) < in_key.size()) {
+        in_key[static_cast<size_t>(n->value)] = true;
+      }
+      return n;
+    };
+    for (const std::string& text : k.grid) {
+      // Open compiled these already; should one fail now, every argument is in the key.
+      if (!GridExpr::Compile(text, note).ok()) in_key.assign(in_key.size(), true);
+    }
+  }
+  if (k.grid_tolerant) {
+    for (const BucketSpec& dim : k.buckets) {
+      if (dim.arg >= 0 && static_cast<size_t>(dim.arg) < in_key.size()) in_key[dim.arg] = true;
+    }
+  }
+  for (size_t i = 0; i < in_key.size(); ++i) {
+    if (in_key[i]) key_args_.push_back(static_cast<uint16_t>(i));
+  }
+  exact_key_.values.resize(key_args_.size());
+  padded_key_.values.resize(key_args_.size());
+}
+
+bool GridPlan::Matches(const Key& key, const VariantData* variant, bool from_expressions,
+                       const Grid& grid, std::span<const Arg> args) const {
+  if (key.variant != variant || key.from_expressions != from_expressions) return false;
+  if (!from_expressions) {
+    return key.grid.x == grid.x && key.grid.y == grid.y && key.grid.z == grid.z;
+  }
+  for (size_t i = 0; i < key_args_.size(); ++i) {
+    const Arg& a = args[key_args_[i]];
+    if (a.bits() != key.values[i].first || a.kind() != key.values[i].second) return false;
+  }
+  return true;
+}
+
+void GridPlan::Remember(Key* key, const VariantData* variant, bool from_expressions,
+                        const Grid& grid, std::span<const Arg> args) const {
+  key->variant = variant;
+  key->from_expressions = from_expressions;
+  key->grid = grid;
+  if (!from_expressions) return;
+  for (size_t i = 0; i < key_args_.size(); ++i) {
+    const Arg& a = args[key_args_[i]];
+    key->values[i] = {a.bits(), a.kind()};
+  }
+}
+
+absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) {
+  if (Matches(exact_key_, st.variant, st.grid_from_expressions, st.grid, st.args)) {
+    *out = exact_;
+    return absl::OkStatus();
+  }
+  exact_key_.variant = nullptr;
+  KPACK_RETURN_IF_ERROR(Run(st, out, &padded_key_, &padded_grid_));
+  exact_ = *out;
+  Remember(&exact_key_, st.variant, st.grid_from_expressions, st.grid, st.args);
+  return absl::OkStatus();
+}
+
+absl::Status GridPlan::Run(const BoundState& st, Resolved* out, Key* padded_key,
+                           Grid* padded_grid) const {
   const RuntimeImpl& rt = *kernel_->runtime;
   const KernelSpec& k = *kernel_->spec;
   if (st.grid_from_expressions) {
@@ -134,7 +205,17 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) const {
   // A dim left exact (open-ended) keeps its rule as the explanation; the others are
   // still padded.
   if (!any) return absl::OkStatus();
-  KPACK_ASSIGN_OR_RETURN(out->graph, rt.EvalGrid(*st.variant, padded));
+  if (padded_key != nullptr &&
+      Matches(*padded_key, st.variant, /*from_expressions=*/true, Grid{}, padded)) {
+    out->graph = *padded_grid;
+  } else {
+    if (padded_key != nullptr) padded_key->variant = nullptr;
+    KPACK_ASSIGN_OR_RETURN(out->graph, rt.EvalGrid(*st.variant, padded));
+    if (padded_key != nullptr) {
+      Remember(padded_key, st.variant, /*from_expressions=*/true, Grid{}, padded);
+      *padded_grid = out->graph;
+    }
+  }
   if (!Covers(out->graph, out->exact)) {
     return absl::InvalidArgumentError(absl::StrCat(
         Describe(*st.variant), ": the grid at the buckets' upper edges ", GridText(out->graph),

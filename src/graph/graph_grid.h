@@ -49,27 +49,64 @@ enum class GridRule : uint8_t {
 // pack"), for errors explaining why a grid is part of the signature.
 std::string GridRuleText(GridRule rule, const KernelSpec& kernel);
 
+// One launch's graph grid. Its grids are functions of the launch's variant, its explicit
+// grid or the values of the call arguments the kernel's grid expressions read, and (for a
+// tolerant kernel) the values of its bucket parameters -- its *key* -- so Resolve keeps
+// the key and result of its last success and evaluates nothing while the key stays. Not
+// thread-safe (one StepGraph's, used as it is: by one thread at a time).
 class GridPlan {
  public:
-  explicit GridPlan(const KernelData& kernel) : kernel_(&kernel) {}
+  // Finds the arguments the key holds (allocates; Resolve then allocates nothing).
+  explicit GridPlan(const KernelData& kernel);
 
   // Pins the graph grid (the caller checked the kernel is tolerant).
-  void Pin(const Grid& grid) { pinned_ = grid; }
+  void Pin(const Grid& grid) {
+    pinned_ = grid;
+    exact_key_.variant = nullptr;
+  }
 
   struct Resolved {
     Grid exact;  // what an eager launch would use
     Grid graph;  // what the graph launches
     GridRule rule;
   };
-  // For the launch `st` as it is now. An empty exact grid stays empty (whatever the pin).
-  // Errors: the grid expressions' (naming the kernel and variant), a pinned grid smaller
-  // than the exact one, a padded grid smaller than the exact one on some axis (grid
-  // expressions that do not grow with the sizes).
-  absl::Status Resolve(const BoundState& st, Resolved* out) const;
+  // For the launch `st` as it is now: the last result again if its key did not change,
+  // else Compute's (and the key remembered when it succeeds).
+  absl::Status Resolve(const BoundState& st, Resolved* out);
+  // For the launch `st` as it is now, remembering nothing. An empty exact grid stays empty
+  // (whatever the pin). Errors: the grid expressions' (naming the kernel and variant), a
+  // pinned grid smaller than the exact one, a padded grid smaller than the exact one on
+  // some axis (grid expressions that do not grow with the sizes).
+  absl::Status Compute(const BoundState& st, Resolved* out) const {
+    return Run(st, out, nullptr, nullptr);
+  }
 
  private:
+  // A key: `variant` null when none is remembered; `grid` the explicit grid (when not
+  // from_expressions); `values` those of key_args_, in order (sized at construction).
+  struct Key {
+    const VariantData* variant = nullptr;
+    bool from_expressions = false;
+    Grid grid;
+    std::vector<std::pair<uint64_t, Arg::Kind>> values;
+  };
+  bool Matches(const Key& key, const VariantData* variant, bool from_expressions,
+               const Grid& grid, std::span<const Arg> args) const;
+  void Remember(Key* key, const VariantData* variant, bool from_expressions, const Grid& grid,
+                std::span<const Arg> args) const;
+  // Compute's body. `padded_key`, `padded_grid`: non-null from Resolve, whose last padded
+  // grid (keyed by the padded arguments) it reuses rather than evaluate it again.
+  absl::Status Run(const BoundState& st, Resolved* out, Key* padded_key, Grid* padded_grid) const;
+
   const KernelData* kernel_;
   std::optional<Grid> pinned_;
+  // The call arguments the key holds: those any variant's grid expressions read, and a
+  // tolerant kernel's bucket parameters (they decide the padding and its rule).
+  std::vector<uint16_t> key_args_;
+  Key exact_key_;       // the last successful Resolve's
+  Resolved exact_{};    // its result
+  Key padded_key_;      // the padded arguments of the last padded grid evaluated
+  Grid padded_grid_{};  // that grid
 };
 
 }  // namespace kpack::internal

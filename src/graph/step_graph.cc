@@ -84,6 +84,7 @@ absl::StatusOr<std::unique_ptr<StepGraphImpl>> StepGraphImpl::Create(
   g->context_ = context;
   g->shapes_.resize(launches.size());
   g->grids_.resize(launches.size());
+  g->resolved_.assign(launches.size(), 0);
   g->prepared_.resize(launches.size());
   return g;
 }
@@ -102,13 +103,26 @@ absl::Status StepGraphImpl::CheckContext(const char* doing) const {
   return absl::OkStatus();
 }
 
-absl::Status StepGraphImpl::Resolve(internal::Signature* shapes,
-                                    std::vector<GridPlan::Resolved>* grids) const {
-  for (size_t i = 0; i < launches_.size(); ++i) {
-    const BoundState& st = *launches_[i];
-    absl::Status s = plans_[i].Resolve(st, &(*grids)[i]);
+absl::Status StepGraphImpl::ResolveChanged() {
+  stats_.last_launches_resolved = 0;
+  // Locals, so that the loop over unchanged launches reloads nothing the calls below
+  // might have changed.
+  const size_t n = launches_.size();
+  BoundState* const* const launches = launches_.data();
+  uint64_t* const resolved = resolved_.data();
+  for (size_t i = 0; i < n; ++i) {
+    const BoundState& st = *launches[i];
+    if (st.version == resolved[i]) continue;
+    resolved[i] = 0;
+    ++stats_.last_launches_resolved;
+    absl::Status s = plans_[i].Resolve(st, &grids_[i]);
     if (ABSL_PREDICT_FALSE(!s.ok())) return AtLaunch(i, s);
-    (*shapes)[i] = LaunchShape{st.variant, (*grids)[i].graph};
+    const LaunchShape shape{st.variant, grids_[i].graph};
+    if (!(shape == shapes_[i])) {
+      shapes_[i] = shape;
+      signature_moved_ = true;
+    }
+    resolved[i] = st.version;
   }
   return absl::OkStatus();
 }
@@ -182,14 +196,14 @@ void StepGraphImpl::FellBack(BucketGraph& graph, const absl::Status& refused,
 
 absl::Status StepGraphImpl::Build() {
   KPACK_RETURN_IF_ERROR(CheckContext("building a step graph"));
-  KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
+  KPACK_RETURN_IF_ERROR(ResolveChanged());
   if (graphs_.contains(shapes_)) return absl::OkStatus();
   return BuildGraph(shapes_, nullptr).status();
 }
 
 absl::Status StepGraphImpl::Replay(CUstream stream) {
   KPACK_RETURN_IF_ERROR(CheckContext("replaying a step graph"));
-  KPACK_RETURN_IF_ERROR(Resolve(&shapes_, &grids_));
+  KPACK_RETURN_IF_ERROR(ResolveChanged());
   // An executable graph cannot be launched into a capture (the driver refuses, and the
   // capture is invalidated), and a graph must not be built during one: a replay on a
   // stream being captured sends the step's launches into the capture instead.
@@ -204,7 +218,7 @@ absl::Status StepGraphImpl::Replay(CUstream stream) {
     ++stats_.captured_steps;
     return absl::OkStatus();
   }
-  if (current_ == nullptr || current_->signature() != shapes_) {
+  if (current_ == nullptr || (signature_moved_ && current_->signature() != shapes_)) {
     auto it = graphs_.find(shapes_);
     if (it != graphs_.end()) {
       current_ = it->second.get();
@@ -222,6 +236,7 @@ absl::Status StepGraphImpl::Replay(CUstream stream) {
       KPACK_ASSIGN_OR_RETURN(current_, BuildGraph(shapes_, stream));
     }
   }
+  signature_moved_ = false;  // current_'s signature is shapes_
   uint64_t patched = 0;
   absl::Status s = current_->Patch(launches_, &patched);
   stats_.nodes_patched += patched;
@@ -321,13 +336,19 @@ absl::Status StepGraphImpl::PinGrid(size_t launch, const Grid& grid) {
                                                    ": the grid ", GridText(grid), " is empty"));
   }
   plans_[launch].Pin(grid);
+  resolved_[launch] = 0;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> StepGraphImpl::Signature() const {
   internal::Signature shapes(launches_.size());
-  std::vector<GridPlan::Resolved> grids(launches_.size());
-  KPACK_RETURN_IF_ERROR(Resolve(&shapes, &grids));
+  for (size_t i = 0; i < launches_.size(); ++i) {
+    const BoundState& st = *launches_[i];
+    GridPlan::Resolved grid;
+    absl::Status s = plans_[i].Compute(st, &grid);
+    if (!s.ok()) return AtLaunch(i, s);
+    shapes[i] = LaunchShape{st.variant, grid.graph};
+  }
   return SignatureText(shapes);
 }
 

@@ -42,8 +42,11 @@ class StepGraphImpl {
   StepGraphImpl() = default;
   // FAILED_PRECONDITION unless the StepGraph's context is current (`doing`: for messages).
   absl::Status CheckContext(const char* doing) const;
-  // Every launch's shape and grids now, into `shapes` and `grids` (sized already).
-  absl::Status Resolve(internal::Signature* shapes, std::vector<GridPlan::Resolved>* grids) const;
+  // shapes_ and grids_ brought up to date: each launch whose BoundState::version moved
+  // since it was last resolved is resolved again (its GridPlan evaluates grids only if
+  // their key changed), and signature_moved_ is set when a launch's shape changed. After
+  // an error the failing launch is resolved again next time.
+  absl::Status ResolveChanged();
   // The graph of `shapes`, built now (RESOURCE_EXHAUSTED past Options::max_graphs), its
   // launches prepared for `stream` (null for Build()), which is not being captured.
   absl::StatusOr<BucketGraph*> BuildGraph(const internal::Signature& shapes, CUstream stream);
@@ -68,13 +71,18 @@ class StepGraphImpl {
   uint64_t context_ = 0;  // cuCtxGetId at Create
   StepGraph::Options options_;
   std::vector<BoundState*> launches_;  // BoundLaunch states: they stay put when it moves
-  std::vector<GridPlan> plans_;
+  std::vector<GridPlan> plans_;  // Resolve remembers its last key and result
   absl::flat_hash_map<internal::Signature, std::unique_ptr<BucketGraph>> graphs_;
   std::vector<const BucketGraph*> built_;  // graphs_ in the order they were built
   BucketGraph* current_ = nullptr;         // the last replayed
-  // Per replay, sized once at Create so that a replay allocates nothing.
+  // Per replay, sized once at Create so that a replay allocates nothing. shapes_[i] and
+  // grids_[i] are launch i's at its BoundState::version resolved_[i] (0: never resolved).
   internal::Signature shapes_;
   std::vector<GridPlan::Resolved> grids_;
+  std::vector<uint64_t> resolved_;
+  // Whether shapes_ may differ from current_'s signature (a launch's shape changed since
+  // current_ was last found for shapes_).
+  bool signature_moved_ = true;
   std::vector<RuntimeImpl::DriverLaunch> prepared_;  // LaunchEagerly's
   StepGraph::Stats stats_;
 };

@@ -145,7 +145,7 @@ void Replay(PyStepGraph& g, nb::handle stream) {
 }
 
 // StepGraph::Stats and GraphInfo, every field: a new field must be added here.
-static_assert(sizeof(StepGraph::Stats) == 8 * sizeof(uint64_t),
+static_assert(sizeof(StepGraph::Stats) == 9 * sizeof(uint64_t),
               "StepGraph::Stats changed: expose every field in StepGraph.stats()");
 static_assert(sizeof(StepGraph::GraphInfo) == 2 * sizeof(std::string) + 5 * sizeof(uint64_t),
               "StepGraph::GraphInfo changed: expose every field in StepGraph.graphs()");
@@ -157,6 +157,7 @@ nb::dict Stats(const PyStepGraph& g) {
   d["replays"] = s.replays;
   d["nodes_patched"] = s.nodes_patched;
   d["last_nodes_patched"] = s.last_nodes_patched;
+  d["last_launches_resolved"] = s.last_launches_resolved;
   d["eager_steps"] = s.eager_steps;
   d["captured_steps"] = s.captured_steps;
   d["scratch_bytes"] = s.scratch_bytes;
@@ -225,7 +226,7 @@ void InitGraph(nb::module_& m) {
           "The bound launches of the step, in order.")
       .def("stats", &Stats,
            "stats() -> dict of StepGraph::Stats: graphs_built, replays, nodes_patched (all "
-           "replays), last_nodes_patched, eager_steps, captured_steps, scratch_bytes, "
+           "replays), last_nodes_patched, last_launches_resolved, eager_steps, captured_steps, scratch_bytes, "
            "pdl_fallbacks.")
       .def("graphs", &Graphs,
            "graphs() -> one dict per graph built, in build order (StepGraph::GraphInfo): "

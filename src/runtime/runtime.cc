@@ -194,6 +194,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
     return absl::OutOfRangeError(absl::StrCat("kernel '", k.spec->name, "' has ", st.args.size(),
                                               " arguments; no index ", index));
   }
+  ++st.version;  // even if refused: a refused value may leave bytes rewritten
   if (k.dispatch.DependsOn(static_cast<int>(index))) {
     // The value may change the bucket or an assumption: select again, and repack the
     // whole buffer if that picks another variant.
@@ -238,6 +239,7 @@ absl::Status BoundLaunch::Set(size_t index, Arg value) {
 void BoundLaunch::set_grid(const Grid& grid) {
   state_->grid = grid;
   state_->grid_from_expressions = false;
+  ++state_->version;
 }
 void BoundLaunch::set_stream(CUstream stream) { state_->stream = stream; }
 void BoundLaunch::set_scratch_allocator(const ScratchAllocator& allocator) {

@@ -323,6 +323,14 @@ inline absl::string_view AbslView(std::string_view s) {
 struct BoundState {
   const KernelData* kernel = nullptr;
   const VariantData* variant = nullptr;
+  // Moves on at every change of what a graph node of this launch launches -- its variant,
+  // its grid or arguments, its packed bytes -- so that a StepGraph skips, at a replay,
+  // every launch whose version is the one it last resolved and patched (kpack/graph.h).
+  // Every writer of those fields bumps it: BoundLaunch::Set (whatever its outcome) and
+  // set_grid. Not bumped: set_stream and set_scratch_allocator (a graph uses neither), and
+  // the scratch pointers Prepare writes into `buf` at Launch and BoundLaunch::Prepare
+  // (each graph node has its own, written over the launch's). Starts at 1; 0 is "never".
+  uint64_t version = 1;
   bool fallback = false;
   bool grid_from_expressions = false;
   Grid grid;

@@ -142,7 +142,7 @@ def test_stats_and_graphs_give_every_field(fake, va):
     g = kpack.graph([va.bind(tensor(0), tensor(1), tensor(2), 100)])
     g.replay(stream=fake.stream_create())
     assert set(g.stats()) == {"graphs_built", "replays", "nodes_patched", "last_nodes_patched",
-                              "eager_steps", "captured_steps", "scratch_bytes",
+                              "last_launches_resolved", "eager_steps", "captured_steps", "scratch_bytes",
                               "pdl_fallbacks"}
     assert set(g.graphs()[0]) == {"signature", "nodes", "scratch_bytes", "build_us", "replays",
                                   "programmatic_edges", "pdl_fallback"}

@@ -84,13 +84,16 @@ class StepGraphTest : public ::testing::Test {
     fake::Reset();
   }
 
-  // The dispatch pack with axpy made grid-tolerant (`max`: the open-ended bucket's).
-  void OpenTolerant(std::optional<int64_t> max = std::nullopt) {
+  // The dispatch pack with axpy made grid-tolerant (`max`: the open-ended bucket's;
+  // `grid`: other grid expressions than its own, cdiv(n, BLOCK)).
+  void OpenTolerant(std::optional<int64_t> max = std::nullopt,
+                    std::vector<std::string> grid = {}) {
     pack_ = std::make_unique<TempPack>(KPACK_DISPATCH_PACK_DIR);
     pack_->manifest()["format"] = "kpack/2";
     nlohmann::json tolerance = {{"proof", "gpu"}};
     if (max.has_value()) tolerance["max"] = {{"n", *max}};
     pack_->kernel("axpy")["grid_tolerance"] = tolerance;
+    if (!grid.empty()) pack_->kernel("axpy")["grid"] = grid;
     pack_->Save();
     Open(pack_->dir());
     axpy_ = *rt_->Find("axpy");
@@ -141,6 +144,41 @@ class StepGraphTest : public ::testing::Test {
     EXPECT_EQ(testing::FakeDriver().StreamEndCapture(stream, &graph), CUDA_SUCCESS)
         << "the caller's capture was invalidated";
     return graph;
+  }
+
+  // What the last replay's `nodes` nodes launched, in node order (the fake records every
+  // node a cuGraphLaunch runs).
+  std::vector<fake::LaunchRecord> LastReplay(size_t nodes) {
+    std::vector<fake::LaunchRecord> out;
+    for (int64_t i = fake::LaunchCount() - static_cast<int64_t>(nodes); i < fake::LaunchCount();
+         ++i) {
+      out.push_back(fake::GetLaunch(i));
+      EXPECT_TRUE(out.back().graph_replay);
+    }
+    return out;
+  }
+  // Replays the graph on stream_ and expects every node to launch the bytes its BoundLaunch
+  // sends eagerly (each then launched eagerly), with the x grids `grids`, in node order.
+  // Returns what the replay launched.
+  std::vector<fake::LaunchRecord> ReplayAndExpectEagerBytes(StepGraph& g,
+                                                            const std::vector<unsigned>& grids) {
+    const absl::Status s = g.Replay(stream_);
+    EXPECT_TRUE(s.ok()) << s;
+    const std::vector<fake::LaunchRecord> replayed = LastReplay(binds_.size());
+    EXPECT_EQ(replayed.size(), grids.size());
+    for (size_t i = 0; i < binds_.size() && i < grids.size(); ++i) {
+      EXPECT_TRUE(binds_[i]->Launch().ok());
+      const fake::LaunchRecord eager = fake::GetLaunch(fake::LaunchCount() - 1);
+      EXPECT_FALSE(eager.graph_replay);
+      EXPECT_EQ(eager.param_size, replayed[i].param_size) << "launch " << i;
+      EXPECT_THAT(Differences(eager.params.data(), replayed[i].params.data(),
+                              std::min(eager.param_size, replayed[i].param_size)),
+                  IsEmpty())
+          << "launch " << i;
+      EXPECT_EQ(replayed[i].grid[0], grids[i]) << "launch " << i;
+      EXPECT_EQ(std::string(replayed[i].entry.data()), std::string(eager.entry.data()));
+    }
+    return replayed;
   }
 
   CUstream stream_ = nullptr, other_ = nullptr;
@@ -829,6 +867,141 @@ TEST_F(StepGraphTest, BuildingWhileAnotherThreadCapturesInGlobalModeLeavesItsCap
   EXPECT_EQ(ended, CUDA_SUCCESS) << "the other thread's capture was invalidated";
   EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL) << "the thread's own mode is restored";
   EXPECT_EQ(fake::LiveGraphs(), 0);
+}
+
+// Replays skip launches whose BoundLaunch did not change (BoundState::version): nothing is
+// resolved or compared, and the graph launched is the same, with the same bytes.
+TEST_F(StepGraphTest, AReplayAfterNoChangeResolvesAndPatchesNothingAndLaunchesTheSameGraph) {
+  OpenTolerant();
+  BindAxpy(100);
+  BindAxpy(200, kOut2);
+  BindAxpy(5000);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_launches_resolved, 3u) << "the first replay resolves every launch";
+  const std::vector<fake::LaunchRecord> first = LastReplay(3);
+  for (int r = 0; r < 3; ++r) {
+    KP_ASSERT_OK(g.Replay(stream_));
+    EXPECT_EQ(g.stats().last_launches_resolved, 0u);
+    EXPECT_EQ(g.stats().last_nodes_patched, 0u);
+    const std::vector<fake::LaunchRecord> again = LastReplay(3);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_THAT(Differences(first[i].params.data(), again[i].params.data(),
+                              first[i].param_size),
+                  IsEmpty());
+      EXPECT_EQ(again[i].grid, first[i].grid);
+    }
+  }
+  EXPECT_THAT(fake::NodeUpdates(), IsEmpty());
+  EXPECT_EQ(fake::GraphLaunches(), 4);
+  EXPECT_EQ(fake::LiveExecs().size(), 1u);
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  KP_ASSERT_OK(g.Build());
+  EXPECT_EQ(g.stats().last_launches_resolved, 0u);
+}
+
+TEST_F(StepGraphTest, ASetOnOneLaunchResolvesAndPatchesExactlyThatNode) {
+  OpenTolerant();
+  BindAxpy(100);
+  BoundLaunch& b = BindAxpy(200, kOut2);
+  BindAxpy(300);
+  StepGraph& g = MakeGraph();
+  KP_ASSERT_OK(g.Replay(stream_));
+  KP_ASSERT_OK(b.Set(3, 250));
+  ReplayAndExpectEagerBytes(g, {16, 16, 16});
+  EXPECT_EQ(g.stats().last_launches_resolved, 1u);
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  ASSERT_EQ(fake::NodeUpdates().size(), 1u);
+  EXPECT_EQ(fake::NodeUpdates()[0].node, 1u);
+  // The value already bound: resolved again, the bytes compared, nothing patched.
+  KP_ASSERT_OK(b.Set(3, 250));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_launches_resolved, 1u);
+  EXPECT_EQ(g.stats().last_nodes_patched, 0u);
+  // A refused Set leaves the bound value, so the same.
+  EXPECT_FALSE(b.Set(3, 2.5f).ok());
+  ReplayAndExpectEagerBytes(g, {16, 16, 16});
+  EXPECT_EQ(g.stats().last_launches_resolved, 1u);
+  EXPECT_EQ(g.stats().last_nodes_patched, 0u);
+  EXPECT_EQ(fake::NodeUpdates().size(), 1u);
+}
+
+// Each kind of change reaches the graph: a pointer (bytes only), a size inside its bucket,
+// a size in another bucket (another graph), back to a graph whose node launched other
+// bytes, and a grid expression reading an argument that is no bucket parameter.
+TEST_F(StepGraphTest, EveryChangeReachesItsNodeAsTheEagerLaunchSendsIt) {
+  // The y grid reads stride_x, which no bucket pads.
+  OpenTolerant(std::nullopt, {"cdiv(n, BLOCK)", "stride_x"});
+  BoundLaunch& a = BindAxpy(100);
+  BindAxpy(200, kOut2);
+  StepGraph& g = MakeGraph();
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,3,1]; axpy/b0_generic[16,3,1]");
+  ReplayAndExpectEagerBytes(g, {16, 16});
+  KP_ASSERT_OK(a.Set(2, kOut2));
+  ReplayAndExpectEagerBytes(g, {16, 16});
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  KP_ASSERT_OK(a.Set(3, 5000));  // bucket 1: another variant and grid
+  ReplayAndExpectEagerBytes(g, {256, 16});
+  EXPECT_EQ(g.stats().graphs_built, 2u);
+  KP_ASSERT_OK(a.Set(3, 300));  // bucket 0 again, a size its graph never launched
+  ReplayAndExpectEagerBytes(g, {16, 16});
+  EXPECT_EQ(g.stats().graphs_built, 2u);
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  KP_ASSERT_OK(a.Set(4, 5));  // the y grid: another signature
+  EXPECT_EQ(*g.Signature(), "axpy/b0_generic[16,5,1]; axpy/b0_generic[16,3,1]");
+  EXPECT_EQ(ReplayAndExpectEagerBytes(g, {16, 16})[0].grid[1], 5u);
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+  KP_ASSERT_OK(a.Set(3, 17));  // inside the bucket: the padded grid stays
+  EXPECT_EQ(ReplayAndExpectEagerBytes(g, {16, 16})[0].grid[1], 5u);
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+  KP_ASSERT_OK(a.Set(4, 3));
+  EXPECT_EQ(ReplayAndExpectEagerBytes(g, {16, 16})[0].grid[1], 3u);
+  EXPECT_EQ(g.stats().graphs_built, 3u);
+}
+
+TEST_F(StepGraphTest, AGridOnlyChangeAndAPinAfterReplaysReachTheGraph) {
+  Open(KPACK_TEST_PACK_DIR);
+  BoundLaunch& add = Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  StepGraph& g = MakeGraph();
+  ReplayAndExpectEagerBytes(g, {1});
+  add.set_grid(Grid{3});
+  ReplayAndExpectEagerBytes(g, {3});
+  EXPECT_EQ(g.stats().last_launches_resolved, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 2u);
+  add.set_grid(Grid{1});
+  ReplayAndExpectEagerBytes(g, {1});
+  EXPECT_EQ(g.stats().graphs_built, 2u);
+
+  graph_.reset();
+  binds_.clear();
+  OpenTolerant();
+  BindAxpy(100);
+  StepGraph& t = MakeGraph();
+  ReplayAndExpectEagerBytes(t, {16});
+  KP_ASSERT_OK(t.PinGrid(0, Grid{32}));  // the launch did not change; its plan did
+  ReplayAndExpectEagerBytes(t, {32});
+  EXPECT_EQ(t.stats().last_launches_resolved, 1u);
+}
+
+// Each StepGraph (and each of its graphs) keeps its own record of what its nodes launch.
+TEST_F(StepGraphTest, TwoStepGraphsOverOneLaunchEachPatchTheirOwnNode) {
+  OpenTolerant();
+  BoundLaunch& a = BindAxpy(100);
+  StepGraph& g1 = MakeGraph();
+  BoundLaunch* step[] = {&a};
+  absl::StatusOr<StepGraph> g2 = StepGraph::Create(step);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  KP_ASSERT_OK(g1.Replay(stream_));
+  KP_ASSERT_OK(g2->Replay(stream_));
+  KP_ASSERT_OK(a.Set(3, 200));
+  KP_ASSERT_OK(g1.Replay(stream_));
+  EXPECT_EQ(g1.stats().last_nodes_patched, 1u);
+  KP_ASSERT_OK(g1.Replay(stream_));
+  EXPECT_EQ(g1.stats().last_nodes_patched, 0u);
+  ReplayAndExpectEagerBytes(*g2, {16});
+  EXPECT_EQ(g2->stats().last_nodes_patched, 1u);
+  EXPECT_EQ(g2->stats().last_launches_resolved, 1u);
 }
 
 }  // namespace
