@@ -92,11 +92,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   }
   unsigned char bad_kind = pointer_kinds & ~1u;  // a byte: the kind tests are byte operations
   uint64_t bad_value = 0;
-#pragma GCC unroll 2
-  for (const PackOp* const end = op + v.num_copy8; op != end; ++op) {
+  // The other 8-byte slots: each op's kind test follows the zero stores in pack_more.
+  const uint32_t* test = more + v.num_generic + v.num_zero_stores;
+  for (const PackOp* const end = op + v.num_copy8; op != end; ++op, ++test) {
     uint64_t bits;
     std::memcpy(&bits, a + op->arg_byte, 8);
-    bad_kind |= (a[op->arg_byte + 8] & op->kind_mask) ^ op->kind_want;
+    bad_kind |= (a[op->arg_byte + 8] & *test) ^ (*test >> 8);
     std::memcpy(buf + op->offset, &bits, 8);
   }
   // i32 slots: every kind is kSigned exactly when their OR and their AND both are.

@@ -93,7 +93,7 @@ constexpr KindTest kU64Kinds = Either(Arg::Kind::kDevicePtr, Arg::Kind::kUnsigne
 // the kernel and the driver never see what the buffer held before.
 void BuildPackPlan(VariantData& v) {
   std::vector<PackOp> pointer, copy8, i32, fp32;
-  std::vector<uint32_t> generic;
+  std::vector<uint32_t> generic, copy8_tests;
   for (size_t a = 0; a < v.arg_slots.size(); ++a) {
     const ArgSlot& slot = v.arg_slots[a];
     if (slot.offset == ArgSlot::kDropped) continue;  // eq1: nothing to pack
@@ -129,7 +129,8 @@ void BuildPackPlan(VariantData& v) {
     if (group == nullptr || a * sizeof(Arg) > UINT16_MAX) {
       generic.push_back(static_cast<uint32_t>(a));
     } else {
-      group->push_back({slot.offset, static_cast<uint16_t>(a * sizeof(Arg)), test.mask, test.want});
+      group->push_back({slot.offset, static_cast<uint16_t>(a * sizeof(Arg))});
+      if (group == &copy8) copy8_tests.push_back(test.mask | uint32_t{test.want} << 8);
     }
   }
   // The bytes no argument slot covers (alignment gaps, the scratch pointers, which
@@ -170,6 +171,7 @@ void BuildPackPlan(VariantData& v) {
   }
   v.plan_more = std::move(generic);
   v.plan_more.insert(v.plan_more.end(), zeros.begin(), zeros.end());
+  v.plan_more.insert(v.plan_more.end(), copy8_tests.begin(), copy8_tests.end());
   v.pack_ops = v.plan_ops.data();
   v.pack_more = v.plan_more.data();
 }

@@ -50,22 +50,20 @@ static_assert(sizeof(ArgSlot) == 4);
 // The op's group, fixed by the parameter's type, says how. The pointer group stores the
 // Arg's 8 bytes when its kind is a pointer kind (T* or CUdeviceptr), the i32 group the low
 // 4 bytes of a kSigned Arg whose value fits: both tests are constants of PackArgs (kind
-// bytes folded with OR and AND across the group), so those ops read no kind_mask or
-// kind_want. The other 8-byte slots (i64, u64, fp64) store the 8 bytes when the kind
-// passes (kind & kind_mask) == kind_want (one kind, or two that differ in one bit: a u64
-// takes CUdeviceptr and the other unsigned integers); fp32 takes a float's bits or a
-// double rounded to float. A launch runs one loop per group with no branch on types:
-// every op stores, and the checks of all the ops fold into one word tested once
-// (PackArgs). Anything else -- another kind, an i32 that does not fit, another parameter
-// type -- is PackArg's, which decides.
+// bytes folded with OR and AND across the group). The other 8-byte slots (i64, u64, fp64)
+// store the 8 bytes when the kind passes (kind & mask) == want, with mask and want from
+// the op's entry in pack_more (one kind, or two that differ in one bit: a u64 takes
+// CUdeviceptr and the other unsigned integers); fp32 takes a float's bits or a double
+// rounded to float. A launch runs one loop per group with no branch on types: every op
+// stores, and the checks of all the ops fold into one word tested once (PackArgs).
+// Anything else -- another kind, an i32 that does not fit, another parameter type -- is
+// PackArg's, which decides. Four bytes: a 32-argument plan is two cache lines, which a
+// launch after a real driver's (it evicts them) reads again.
 struct PackOp {
   uint16_t offset;
   uint16_t arg_byte;
-  uint8_t kind_mask;  // read by the 8-byte group only
-  uint8_t kind_want;
-  uint16_t unused = 0;  // 8 bytes: a launch scales op counts by a shift
 };
-static_assert(sizeof(PackOp) == 8);
+static_assert(sizeof(PackOp) == 4);
 
 // The width of one of a packing plan's zero stores (VariantData::pack_more).
 inline constexpr uint32_t kZeroStoreBytes = 16;
@@ -119,8 +117,9 @@ struct alignas(64) VariantData {
   // fp32 slots (a float or a double). `pack_more` lists the num_generic call arguments
   // packed through PackArg or PackDesc at every launch (the other types, tensor
   // descriptors), then the offsets of num_zero_stores zero stores (kZeroStoreBytes each)
-  // covering the bytes no argument writes (alignment gaps, scratch slots); zero_all: too
-  // many of those, the buffer is cleared whole. Both point into plan_ops and plan_more.
+  // covering the bytes no argument writes (alignment gaps, scratch slots), then the kind
+  // test of each of the num_copy8 ops (mask | want << 8); zero_all: too many zero stores,
+  // the buffer is cleared whole. Both point into plan_ops and plan_more.
   const PackOp* pack_ops = nullptr;
   const uint32_t* pack_more = nullptr;
   uint32_t num_args = 0;
