@@ -37,6 +37,18 @@ std::string ArgValue(const Arg& a) {
 
 }  // namespace
 
+DispatchTable::FitRange DispatchTable::FitRangeOf(const Property& p) {
+  const int bits = p.fit_bits;
+  if (p.fit_signed) {
+    if (bits == 64) return {uint64_t{1} << 63, UINT64_MAX, uint64_t{INT64_MAX}};
+    const uint64_t half = uint64_t{1} << (bits - 1);  // [-half, half)
+    return {-half, 2 * half - 1, half - 1};
+  }
+  if (bits == 64) return {0, uint64_t{INT64_MAX}, UINT64_MAX};
+  const uint64_t max = (uint64_t{1} << bits) - 1;
+  return {0, max, max};
+}
+
 std::string DispatchTable::Describe(const Property& p, const KernelSpec& kernel) {
   const std::string& name = kernel.arg(p.arg).name;
   switch (p.kind) {
@@ -119,7 +131,17 @@ absl::StatusOr<DispatchTable> DispatchTable::Build(const KernelSpec& kernel) {
         absl::StrJoin(names, ", "), "), more than the ", kMaxProperties, " supported"));
   }
   t.words_ = std::max<uint32_t>(1, static_cast<uint32_t>((t.properties_.size() + 63) / 64));
-  t.first_word_properties_ = static_cast<uint32_t>(std::min<size_t>(t.properties_.size(), 64));
+  const auto first_word = static_cast<uint32_t>(std::min<size_t>(t.properties_.size(), 64));
+  for (Property::Kind kind : {Property::kDiv16, Property::kEq1, Property::kFits}) {
+    for (uint32_t p = 0; p < first_word; ++p) {
+      if (t.properties_[p].kind != kind) continue;
+      t.tests_.push_back({static_cast<uint32_t>(t.properties_[p].arg * sizeof(Arg)), p});
+      if (kind == Property::kFits) t.fit_ranges_.push_back(FitRangeOf(t.properties_[p]));
+    }
+    const auto tests = static_cast<uint32_t>(t.tests_.size());
+    if (kind == Property::kDiv16) t.num_div16_tests_ = tests;
+    if (kind == Property::kEq1) t.num_eq1_tests_ = tests - t.num_div16_tests_;
+  }
   t.required_.assign(nv * t.words_, 0);
   for (size_t v = 0; v < nv; ++v) {
     for (size_t p : needs[v]) t.required_[v * t.words_ + p / 64] |= uint64_t{1} << (p % 64);
@@ -195,6 +217,13 @@ DispatchTable::Choice DispatchTable::SelectWide(std::span<const Arg> args,
     }
     if (missing == 0) return {c->variant, c->fallback};
   }
+}
+
+DispatchTable::Choice DispatchTable::SelectReference(std::span<const Arg> args) const {
+  uint32_t bucket;
+  if (!BucketOf(args, &bucket)) return {kBadBucketArg, false};
+  // SelectWide tests every property through Holds and every word of each candidate.
+  return SelectWide(args, candidates_.data() + bucket_begin_[bucket]);
 }
 
 bool DispatchTable::DependsOn(int arg) const {

@@ -220,6 +220,15 @@ absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolve
   GridExpr expr;
   GridExprParser parser(text, resolve, expr);
   KPACK_RETURN_IF_ERROR(parser.Parse());
+  const Instr* code = expr.code_.data();
+  if (expr.size_ == 1 && code[0].op == Op::kConst) {
+    expr.form_ = Form::kConstant;
+  } else if (expr.size_ == 3 && code[0].op == Op::kArg && code[1].op == Op::kConst &&
+             code[1].operand > 0 && code[2].op == Op::kCdiv) {
+    expr.form_ = Form::kCdivArg;
+  } else {
+    expr.form_ = Form::kProgram;
+  }
   // Evaluate's stack is fixed; refuse here what would overflow it at every launch.
   int depth = 0;
   for (int i = 0; i < expr.size_; ++i) {

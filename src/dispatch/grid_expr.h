@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kpack/arg.h"
+#include "launch/args.h"
 
 namespace kpack::internal {
 
@@ -47,31 +48,56 @@ class GridExpr {
 
   // Evaluates with the call arguments `args` (integer kinds where the expression reads
   // them, which the launch has already checked). False on overflow, division by zero, a
-  // non-integer or out-of-range argument: the caller reports it.
+  // non-integer or out-of-range argument: the caller reports it. The shapes nearly every
+  // axis has -- a constant, `cdiv(arg, C)` with C > 0 -- are computed here, inline;
+  // anything else goes through the interpreter (Run), which they match exactly.
   bool Evaluate(std::span<const Arg> args, int64_t* result) const {
-    if (std::optional<int64_t> c = constant()) {  // most y and z axes: no interpreter
-      *result = *c;
-      return true;
+    switch (form_) {
+      case Form::kConstant:  // most y and z axes
+        *result = code_[0].operand;
+        return true;
+      case Form::kCdivArg: {  // most x axes: (a + C - 1) / C, as Run's kCdiv computes it
+        int64_t a;
+        if (!args_detail::ToInt64(args[code_[0].operand], &a)) return false;
+        const int64_t c = code_[1].operand;
+        int64_t t;
+        if (__builtin_add_overflow(a, c - 1, &t)) return false;
+        *result = t / c;
+        return true;
+      }
+      case Form::kProgram:
+        break;
     }
+    return Run(args, result);
+  }
+
+  // The interpreter alone, whatever the form: the reference that Evaluate's inline forms
+  // must match (tests compare the two).
+  bool EvaluateProgram(std::span<const Arg> args, int64_t* result) const {
     return Run(args, result);
   }
 
   // The folded constant, if the expression does not read any argument.
   std::optional<int64_t> constant() const {
-    if (size_ == 1 && code_[0].op == Op::kConst) return code_[0].operand;
+    if (form_ == Form::kConstant) return code_[0].operand;
     return std::nullopt;
   }
 
  private:
   enum class Op : uint8_t { kConst, kArg, kAdd, kSub, kMul, kDiv, kNeg, kCdiv, kMin, kMax };
+  // What Evaluate does: return the constant code_[0]; cdiv(argument code_[0], constant
+  // code_[1] > 0); or run the program. Set by Compile from the folded program.
+  enum class Form : uint8_t { kConstant, kCdivArg, kProgram };
   struct Instr {
     Op op;
     int64_t operand;
   };
   friend class GridExprParser;
   bool Run(std::span<const Arg> args, int64_t* result) const;
-  std::array<Instr, kMaxOps> code_{};
+  // form_ and size_ first: Evaluate's inline forms then read one cache line.
+  Form form_ = Form::kConstant;
   int size_ = 0;
+  std::array<Instr, kMaxOps> code_{};
 };
 
 // The names a kernel's grid expressions may use for one of its variants, as Open resolves

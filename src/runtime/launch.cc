@@ -211,8 +211,13 @@ absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUst
   ParamStorage storage;
   std::byte* const buf = storage.bytes + v.buffer_shift;
   KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
-  if (grid != nullptr) return LaunchPacked(v, *grid, stream, scratch, buf, choice.fallback);
-  KPACK_ASSIGN_OR_RETURN(Grid computed, EvalGrid(v, args));
-  return LaunchPacked(v, computed, stream, scratch, buf, choice.fallback);
+  Grid computed;
+  if (grid == nullptr) {
+    if (ABSL_PREDICT_FALSE(!GridOf(v, args, &computed))) return EvalGrid(v, args).status();
+    grid = &computed;
+  }
+  DriverLaunch p;
+  KPACK_RETURN_IF_ERROR(Prepare(v, *grid, stream, scratch, buf, &p));
+  return SendInline(v, p, choice.fallback);
 }
 }  // namespace kpack::internal

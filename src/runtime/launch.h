@@ -1,5 +1,7 @@
 // The launch path. Every launch, by name, by Kernel or by BoundLaunch, runs these three
-// steps and then one cuLaunchKernelEx (RuntimeImpl::LaunchPacked, launch.cc):
+// steps and then one cuLaunchKernelEx (RuntimeImpl::SendInline, launch.cc; a launch from
+// call arguments runs all of them in the one body of RuntimeImpl::LaunchArgs, a
+// BoundLaunch calls LaunchPacked, Prepare and the send):
 //
 //   Select    the variant: bucket from the bucket arguments, then the property mask
 //             (div16 / eq1 / integer fit) looked up in the kernel's DispatchTable;
@@ -49,7 +51,7 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantD
 ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
                                                     CUresult r);
 
-// PackArgs runs the variant's plan (PackOp, built at Open). Its three loops store every
+// PackArgs runs the variant's plan (PackOp, built at Open). Its four loops store every
 // argument of their group without a branch and fold their checks into `bad_kind` and
 // `bad_value`, which stay zero while every check passes. When some check fails, PackEach
 // packs the whole call again, argument by argument through PackArg's checks and
@@ -76,24 +78,42 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   // An Arg is its 8 payload bytes, then its kind byte (kpack/arg.h).
   const auto* const a = reinterpret_cast<const unsigned char*>(args.data());
   const PackOp* op = v.pack_ops;
-  unsigned char bad_kind = 0;  // a byte: the kind tests are byte operations
-  uint64_t bad_value = 0;
+  // Pointer slots: every kind byte ORed together. The pointer kinds are 0 and 1, so the
+  // OR stays within bit 0 exactly when every one of them is a pointer kind.
+  static_assert(static_cast<unsigned>(Arg::Kind::kHostTypedPointer) == 0 &&
+                static_cast<unsigned>(Arg::Kind::kDevicePtr) == 1);
+  unsigned char pointer_kinds = 0;
 #pragma GCC unroll 2
-  for (const PackOp* const end = op + v.num_copy8; op != end; ++op) {
+  for (const PackOp* const end = op + v.num_pointer; op != end; ++op) {
     uint64_t bits;
     std::memcpy(&bits, a + op->arg_byte, 8);
-    bad_kind |= (a[op->arg_byte + 8] & op->kind_mask) ^ op->kind_want;
+    pointer_kinds |= a[op->arg_byte + 8];
     std::memcpy(buf + op->offset, &bits, 8);
   }
+  unsigned char bad_kind = pointer_kinds & ~1u;  // a byte: the kind tests are byte operations
+  uint64_t bad_value = 0;
+  // The other 8-byte slots: each op's kind test follows the zero stores in pack_more.
+  const uint32_t* test = more + v.num_generic + v.num_zero_stores;
+  for (const PackOp* const end = op + v.num_copy8; op != end; ++op, ++test) {
+    uint64_t bits;
+    std::memcpy(&bits, a + op->arg_byte, 8);
+    bad_kind |= (a[op->arg_byte + 8] & *test) ^ (*test >> 8);
+    std::memcpy(buf + op->offset, &bits, 8);
+  }
+  // i32 slots: every kind is kSigned exactly when their OR and their AND both are.
+  constexpr auto kSigned = static_cast<unsigned char>(Arg::Kind::kSigned);
+  unsigned char i32_or = kSigned, i32_and = kSigned;
 #pragma GCC unroll 2
   for (const PackOp* const end = op + v.num_i32; op != end; ++op) {
     uint64_t bits;
     std::memcpy(&bits, a + op->arg_byte, 8);
     const auto low = static_cast<uint32_t>(bits);
-    bad_kind |= (a[op->arg_byte + 8] & op->kind_mask) ^ op->kind_want;
+    i32_or |= a[op->arg_byte + 8];
+    i32_and &= a[op->arg_byte + 8];
     bad_value |= bits ^ static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(low)));
     std::memcpy(buf + op->offset, &low, 4);
   }
+  bad_kind |= (i32_or ^ kSigned) | (i32_and ^ kSigned);
   // fp32: a float's bits, or a double rounded to float (what a Python float becomes).
   static_assert(static_cast<unsigned>(Arg::Kind::kFloat64) ==
                 static_cast<unsigned>(Arg::Kind::kFloat32) + 1);
@@ -128,6 +148,23 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Select(
   *choice = k.dispatch.Select(args);
   if (ABSL_PREDICT_FALSE(choice->variant < 0)) return k.dispatch.NoVariantError(*k.spec, args);
   return absl::OkStatus();
+}
+
+// The grid from the variant's grid expressions; false when the kernel has none or an
+// axis fails to evaluate or falls outside [0, 2^32) (RuntimeImpl::EvalGrid says which).
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool GridOf(const VariantData& v, std::span<const Arg> args,
+                                                Grid* grid) {
+  if (ABSL_PREDICT_FALSE(!v.has_grid)) return false;
+  int64_t dims[3];
+  for (int axis = 0; axis < 3; ++axis) {
+    if (ABSL_PREDICT_FALSE(!v.grid[axis].Evaluate(args, &dims[axis]) ||
+                           static_cast<uint64_t>(dims[axis]) > UINT32_MAX)) {
+      return false;
+    }
+  }
+  *grid = {static_cast<uint32_t>(dims[0]), static_cast<uint32_t>(dims[1]),
+           static_cast<uint32_t>(dims[2])};
+  return true;
 }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Prepare(

@@ -92,17 +92,17 @@ constexpr KindTest kU64Kinds = Either(Arg::Kind::kDevicePtr, Arg::Kind::kUnsigne
 // byte of the buffer that no argument slot covers is written at every launch, so that
 // the kernel and the driver never see what the buffer held before.
 void BuildPackPlan(VariantData& v) {
-  std::vector<PackOp> copy8, i32, fp32;
-  std::vector<uint32_t> generic;
+  std::vector<PackOp> pointer, copy8, i32, fp32;
+  std::vector<uint32_t> generic, copy8_tests;
   for (size_t a = 0; a < v.arg_slots.size(); ++a) {
     const ArgSlot& slot = v.arg_slots[a];
     if (slot.offset == ArgSlot::kDropped) continue;  // eq1: nothing to pack
     KindTest test{};
     std::vector<PackOp>* group = nullptr;
     switch (slot.type) {
-      case ParamType::kPointer:
+      case ParamType::kPointer:  // the kinds' test is PackArgs's own (kPointerKinds)
         test = kPointerKinds;
-        group = &copy8;
+        group = &pointer;
         break;
       case ParamType::kI64:
         test = Exactly(Arg::Kind::kSigned);
@@ -116,8 +116,8 @@ void BuildPackPlan(VariantData& v) {
         test = Exactly(Arg::Kind::kFloat64);
         group = &copy8;
         break;
-      case ParamType::kI32:
-        test = Exactly(Arg::Kind::kSigned);  // and the value fits (PackArgs checks)
+      case ParamType::kI32:  // kSigned and a value that fits: PackArgs's own test
+        test = Exactly(Arg::Kind::kSigned);
         group = &i32;
         break;
       case ParamType::kFp32:  // kFloat32 or kFloat64: PackArgs tests the kind itself
@@ -129,7 +129,8 @@ void BuildPackPlan(VariantData& v) {
     if (group == nullptr || a * sizeof(Arg) > UINT16_MAX) {
       generic.push_back(static_cast<uint32_t>(a));
     } else {
-      group->push_back({slot.offset, static_cast<uint16_t>(a * sizeof(Arg)), test.mask, test.want});
+      group->push_back({slot.offset, static_cast<uint16_t>(a * sizeof(Arg))});
+      if (group == &copy8) copy8_tests.push_back(test.mask | uint32_t{test.want} << 8);
     }
   }
   // The bytes no argument slot covers (alignment gaps, the scratch pointers, which
@@ -159,16 +160,18 @@ void BuildPackPlan(VariantData& v) {
   if (v.zero_all) zeros.clear();
 
   v.num_args = static_cast<uint32_t>(v.arg_slots.size());
+  v.num_pointer = static_cast<uint16_t>(pointer.size());
   v.num_copy8 = static_cast<uint16_t>(copy8.size());
   v.num_i32 = static_cast<uint16_t>(i32.size());
   v.num_fp32 = static_cast<uint16_t>(fp32.size());
   v.num_generic = static_cast<uint32_t>(generic.size());
   v.num_zero_stores = static_cast<uint16_t>(zeros.size());
-  for (const std::vector<PackOp>* group : {&copy8, &i32, &fp32}) {
+  for (const std::vector<PackOp>* group : {&pointer, &copy8, &i32, &fp32}) {
     v.plan_ops.insert(v.plan_ops.end(), group->begin(), group->end());
   }
   v.plan_more = std::move(generic);
   v.plan_more.insert(v.plan_more.end(), zeros.begin(), zeros.end());
+  v.plan_more.insert(v.plan_more.end(), copy8_tests.begin(), copy8_tests.end());
   v.pack_ops = v.plan_ops.data();
   v.pack_more = v.plan_more.data();
 }
@@ -227,6 +230,7 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
       v->kernel = k.get();
       v->arg_slots.assign(ks.args.size(), {ArgSlot::kDropped, ParamType::kConstexpr});
       v->grid = tables.variants[vi].grid;
+      v->has_grid = !ks.grid.empty();
       for (const SlotSpec& slot : vs.layout) {
         switch (slot.kind) {
           case SlotKind::kArg:

@@ -47,20 +47,23 @@ static_assert(sizeof(ArgSlot) == 4);
 
 // One step of a variant's packing plan (VariantData::pack_ops, built at Open): the Arg at
 // byte `arg_byte` of the call's Arg array (16 * its index) goes to the slot at `offset`.
-// The op's group, fixed by the parameter's type, says how: the 8-byte group and i32 store
-// the Arg's low bytes unchanged when its kind passes (kind & kind_mask) == kind_want (one
-// kind, or two that differ in one bit: a pointer parameter takes T* and CUdeviceptr), an
-// i32 only when the value fits; fp32 takes a float's bits or a double rounded to float. A
-// launch runs one loop per group with no branch on types: every op stores, and the checks
-// of all the ops fold into one word tested once (PackArgs). Anything else -- another kind,
-// an i32 that does not fit, another parameter type -- is PackArg's, which decides.
+// The op's group, fixed by the parameter's type, says how. The pointer group stores the
+// Arg's 8 bytes when its kind is a pointer kind (T* or CUdeviceptr), the i32 group the low
+// 4 bytes of a kSigned Arg whose value fits: both tests are constants of PackArgs (kind
+// bytes folded with OR and AND across the group). The other 8-byte slots (i64, u64, fp64)
+// store the 8 bytes when the kind passes (kind & mask) == want, with mask and want from
+// the op's entry in pack_more (one kind, or two that differ in one bit: a u64 takes
+// CUdeviceptr and the other unsigned integers); fp32 takes a float's bits or a double
+// rounded to float. A launch runs one loop per group with no branch on types: every op
+// stores, and the checks of all the ops fold into one word tested once (PackArgs).
+// Anything else -- another kind, an i32 that does not fit, another parameter type -- is
+// PackArg's, which decides. Four bytes: a 32-argument plan is two cache lines, which a
+// launch after a real driver's (it evicts them) reads again.
 struct PackOp {
   uint16_t offset;
   uint16_t arg_byte;
-  uint8_t kind_mask;  // unused by the fp32 group
-  uint8_t kind_want;
 };
-static_assert(sizeof(PackOp) == 6);
+static_assert(sizeof(PackOp) == 4);
 
 // The width of one of a packing plan's zero stores (VariantData::pack_more).
 inline constexpr uint32_t kZeroStoreBytes = 16;
@@ -109,22 +112,25 @@ struct alignas(64) VariantData {
   // which loads the kernel there, so that no launch loads anything (see Load).
   mutable std::atomic<CUfunction> home_function{nullptr};
   mutable uint64_t home_context = 0;
-  // The packing plan (PackOp): num_copy8 ops of 8-byte slots (pointers, i64, u64,
-  // fp64), then num_i32 ops of i32 slots (a kSigned Arg that fits), then num_fp32 ops of
+  // The packing plan (PackOp): num_pointer ops of pointer slots, num_copy8 ops of the
+  // other 8-byte slots (i64, u64, fp64), then num_i32 ops of i32 slots (a kSigned Arg that fits), then num_fp32 ops of
   // fp32 slots (a float or a double). `pack_more` lists the num_generic call arguments
   // packed through PackArg or PackDesc at every launch (the other types, tensor
   // descriptors), then the offsets of num_zero_stores zero stores (kZeroStoreBytes each)
-  // covering the bytes no argument writes (alignment gaps, scratch slots); zero_all: too
-  // many of those, the buffer is cleared whole. Both point into plan_ops and plan_more.
+  // covering the bytes no argument writes (alignment gaps, scratch slots), then the kind
+  // test of each of the num_copy8 ops (mask | want << 8); zero_all: too many zero stores,
+  // the buffer is cleared whole. Both point into plan_ops and plan_more.
   const PackOp* pack_ops = nullptr;
   const uint32_t* pack_more = nullptr;
   uint32_t num_args = 0;
   uint32_t num_generic = 0;
+  uint16_t num_pointer = 0;
   uint16_t num_copy8 = 0;
   uint16_t num_i32 = 0;
   uint16_t num_fp32 = 0;
   uint16_t num_zero_stores = 0;
   bool zero_all = false;
+  bool has_grid = false;  // the kernel has grid expressions (`grid` below)
   uint32_t param_bytes = 0;
   uint32_t buffer_shift = 0;  // where in a ParamStorage this variant's buffer starts
   uint32_t block_x = 0;
@@ -246,7 +252,8 @@ class RuntimeImpl {
   // Argument `i` through PackArg (or PackDesc for a tensor descriptor), or nothing for a
   // dropped (eq1) one; the error names it.
   absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
-  // The grid from the variant's grid expressions.
+  // The grid from the variant's grid expressions (the launch path computes it inline,
+  // GridOf in launch.h, and calls this for the error).
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
   // Everything a launch of `v` needs but the driver call: the CUfunction for the current
   // context (loading it there on first use), the scratch pointers in `buf` (from

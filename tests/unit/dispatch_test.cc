@@ -4,6 +4,7 @@
 #include "dispatch/dispatch.h"
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -343,6 +344,45 @@ TEST(DispatchTest, ExactlySixtyFourPropertiesFitOneWord) {
   EXPECT_EQ(PickWide(spec, *t, kPointers, {}), "all");
   EXPECT_EQ(PickWide(spec, *t, kPointers, {63}), "low");
   EXPECT_EQ(PickWide(spec, *t, kPointers, {31}), "generic");
+}
+
+// Select (properties tested by kind) against SelectReference (each through Holds) past
+// the first mask word and on integer-width variants, with random alignments and values.
+TEST(DispatchTest, SelectMatchesItsReferenceAcrossMaskWordsAndWidths) {
+  constexpr int kPointers = 70;
+  KernelSpec wide = WideKernel({WideVariant("generic", {}, kPointers),
+                                WideVariant("even", Names(0, kPointers, 2), kPointers),
+                                WideVariant("high", Names(60, kPointers), kPointers),
+                                WideVariant("all", Names(0, kPointers), kPointers)},
+                               kPointers);
+  auto table = DispatchTable::Build(wide);
+  ASSERT_TRUE(table.ok()) << table.status();
+  std::mt19937 random(7);
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<Arg> args;
+    for (int i = 0; i < kPointers; ++i) {
+      args.push_back(Arg(CUdeviceptr{0x10000u + (random() % 8 == 0 ? 4u : 0u)}));
+    }
+    args.push_back(Arg(static_cast<int32_t>(random() % 64)));
+    const DispatchTable::Choice got = table->Select(args), want = table->SelectReference(args);
+    ASSERT_EQ(got.variant, want.variant) << "round " << round;
+    ASSERT_EQ(got.fallback, want.fallback) << "round " << round;
+  }
+  Fixture widths = Make({MakeVariant("narrow", nullptr, {{"n", {"div16"}}}),
+                         MakeVariant("wide", nullptr, nullptr, {{"n", "i64"}}),
+                         MakeVariant("unsigned", nullptr, nullptr, {{"n", "u64"}})});
+  ASSERT_EQ(widths.table.num_properties(), 4u) << "div16, and n fitting i32, i64, u64";
+  for (int64_t n : {int64_t{0}, int64_t{16}, int64_t{255}, int64_t{256}, int64_t{-1},
+                    int64_t{INT32_MAX}, int64_t{INT32_MAX} + 1, int64_t{INT32_MIN},
+                    int64_t{INT32_MIN} - 1, INT64_MAX, INT64_MIN}) {
+    for (Arg a : {Arg(n), Arg(static_cast<uint64_t>(n)), Arg(CUdeviceptr(n)), Arg(1.0 * n)}) {
+      const Arg args[] = {Arg(kAligned), a, Arg(int32_t{1})};
+      const DispatchTable::Choice got = widths.table.Select(args);
+      const DispatchTable::Choice want = widths.table.SelectReference(args);
+      EXPECT_EQ(got.variant, want.variant) << n << " as " << ArgKindName(a.kind());
+      EXPECT_EQ(got.fallback, want.fallback) << n << " as " << ArgKindName(a.kind());
+    }
+  }
 }
 
 TEST(DispatchTest, NoValidVariantPastTheFirstWordNamesTheParameter) {

@@ -104,5 +104,32 @@ TEST(GridExprTest, RunTimeFailuresAreReported) {
   EXPECT_FALSE(expr->Evaluate(huge, &r)) << "an unsigned value past INT64_MAX";
 }
 
+// cdiv(argument, C > 0), which Evaluate computes inline, against the interpreter at the
+// edges: int64's ends, negatives, unsigned values past INT64_MAX, non-integers.
+TEST(GridExprTest, InlineCdivMatchesTheInterpreter) {
+  for (const char* text : {"cdiv(n, BLOCK)", "cdiv(n, 1)", "cdiv(m, 7)", "cdiv(n, BIG)"}) {
+    auto expr = GridExpr::Compile(text, Resolve);
+    ASSERT_TRUE(expr.ok()) << text;
+    for (Arg a : {Arg(int64_t{0}), Arg(int64_t{1}), Arg(int64_t{1023}), Arg(int64_t{1025}),
+                  Arg(int64_t{-1}), Arg(int64_t{-1025}), Arg(INT64_MAX), Arg(INT64_MAX - 1022),
+                  Arg(INT64_MAX - 1023), Arg(INT64_MIN), Arg(uint64_t{INT64_MAX}),
+                  Arg(uint64_t{INT64_MAX} + 1), Arg(CUdeviceptr{1} << 40), Arg(2.5),
+                  Arg(true)}) {
+      const Arg args[] = {a, a, Arg(1.5f)};
+      int64_t got = -7, want = -7;
+      const bool got_ok = expr->Evaluate(args, &got);
+      ASSERT_EQ(got_ok, expr->EvaluateProgram(args, &want)) << text << " " << a.bits();
+      if (got_ok) EXPECT_EQ(got, want) << text << " " << a.bits();
+    }
+  }
+  int64_t r;
+  const Arg max[] = {Arg(INT64_MAX), Arg(1), Arg(1)};
+  EXPECT_FALSE(GridExpr::Compile("cdiv(n, BLOCK)", Resolve)->Evaluate(max, &r))
+      << "n + 1023 overflows";
+  const Arg big[] = {Arg(INT64_MAX - 1023), Arg(1), Arg(1)};
+  ASSERT_TRUE(GridExpr::Compile("cdiv(n, BLOCK)", Resolve)->Evaluate(big, &r));
+  EXPECT_EQ(r, INT64_MAX / 1024);
+}
+
 }  // namespace
 }  // namespace kpack::internal
