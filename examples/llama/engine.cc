@@ -124,6 +124,8 @@ int DecodeSplits(int batch, int num_key_value_heads) {
   return std::max(1, std::min(kMaxDecodeSplits, 512 / (edge * num_key_value_heads)));
 }
 
+bool ProgrammaticEdges(int batch) { return BatchBucket(batch) <= 1; }
+
 // One batch bucket's decode step: its launches bound once, in step order, and their graph.
 struct Engine::Bucket {
   int batch = 0;  // the batch size the launches hold; 0: unknown (a Set failed)
@@ -412,7 +414,9 @@ absl::Status Engine::Decode(int batch, Mode mode) {
   }
   if (mode == Mode::kGraph) {
     if (!bk->graph.has_value()) {
-      KPACK_ASSIGN_OR_RETURN(bk->graph, StepGraph::Create(bk->order));
+      StepGraph::Options graph_options;
+      graph_options.programmatic_edges = ProgrammaticEdges(batch);
+      KPACK_ASSIGN_OR_RETURN(bk->graph, StepGraph::Create(bk->order, graph_options));
     }
     NvtxRange replay(nvtx_, Nvtx::kReplay, batch);
     KPACK_RETURN_IF_ERROR(bk->graph->Replay(stream_.get()));
@@ -495,6 +499,16 @@ uint64_t Engine::graphs_built(int bucket) const {
   if (bucket < 0 || bucket >= kBatchBuckets) return 0;
   const std::unique_ptr<Bucket>& b = buckets_[static_cast<size_t>(bucket)];
   return b != nullptr && b->graph.has_value() ? b->graph->stats().graphs_built : 0;
+}
+
+uint64_t Engine::programmatic_edges(int bucket) const {
+  if (bucket < 0 || bucket >= kBatchBuckets) return 0;
+  const std::unique_ptr<Bucket>& b = buckets_[static_cast<size_t>(bucket)];
+  uint64_t edges = 0;
+  if (b != nullptr && b->graph.has_value()) {
+    for (const StepGraph::GraphInfo& g : b->graph->graphs()) edges += g.programmatic_edges;
+  }
+  return edges;
 }
 
 }  // namespace kpack::llama

@@ -84,6 +84,12 @@ int BatchBucket(int batch);
 // itself uses fewer at short contexts (docs/llama.md), so the grid never changes as the
 // context grows.
 int DecodeSplits(int batch, int num_key_value_heads);
+// Whether a batch's step graph gives its PDL launches programmatic edges (the next
+// kernel launched early, its prologue overlapping this one's tail): for the buckets up to
+// 2-4 rows only. Measured on the H200 (2026-12-02, bench/llama_breakdown.py, context 128):
+// the edges save 70 µs per step at batch 1 and 39 at 4, and cost 222 at 16 and 497 at 64,
+// where the next kernel's early programs hold SM slots the current one's waves need.
+bool ProgrammaticEdges(int batch);
 
 class Engine {
  public:
@@ -137,6 +143,8 @@ class Engine {
   Stats stats() const;
   // Graphs built by batch bucket `bucket`'s step graph (0 if it has none).
   uint64_t graphs_built(int bucket) const;
+  // Programmatic (PDL) edges in the graphs of bucket `bucket`'s step graph.
+  uint64_t programmatic_edges(int bucket) const;
 
   const LlamaConfig& config() const { return model_.config(); }
   const Device& device() const { return device_; }

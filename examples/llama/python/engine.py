@@ -51,7 +51,8 @@ sys.path.insert(0, str(HERE))
 
 import checkpoint  # noqa: E402
 from config import (S_MAX, LlamaConfig, config_summary, decode_splits,  # noqa: E402
-                    load_config, parse_prompt_lens, prompt_token, prompt_tokens, rope_inv_freq)
+                    load_config, parse_prompt_lens, programmatic_edges, prompt_token,
+                    prompt_tokens, rope_inv_freq)
 
 # The pack kernels' call parameters (docs/llama.md), checked against the pack at open.
 PARAMS: Dict[str, tuple] = {
@@ -223,6 +224,9 @@ class KpackBackend:
         self.bound: Optional[list] = None
         self.calls: Optional[List[Call]] = None
         self.graph = None
+        # The step graphs, by whether their PDL launches get programmatic edges
+        # (config.programmatic_edges: per batch bucket); `graph` is the current batch's.
+        self.graphs: Dict[bool, Any] = {}
         self.batch: Optional[int] = None
 
     def _args(self, call: Call) -> list:
@@ -245,10 +249,18 @@ class KpackBackend:
             k = self.kernels[c.kernel]
             (k if grid is None else k[grid])(*self._args(c), **self.kw)
 
-    def prepare_decode(self, calls: List[Call]) -> None:
+    def prepare_decode(self, calls: List[Call], batch: int) -> None:
         self.calls = calls
         if self.mode == "call":
             return
+        self._prepare_bound(calls)
+        if self.mode == "graph":
+            pdl = programmatic_edges(batch)
+            if pdl not in self.graphs:
+                self.graphs[pdl] = self.kpack.graph(self.bound, programmatic_edges=pdl)
+            self.graph = self.graphs[pdl]
+
+    def _prepare_bound(self, calls: List[Call]) -> None:
         if self.bound is None:
             self.bound = []
             for c in calls:
@@ -257,8 +269,6 @@ class KpackBackend:
                 self.bound.append((k if grid is None else k[grid]).bind(*self._args(c),
                                                                         **self.kw))
             self._bound_args = [list(c.args) for c in calls]
-            if self.mode == "graph":
-                self.graph = self.kpack.graph(self.bound)
             return
         # A new batch: set only the arguments that changed (M, and S across buckets).
         for b, c, old in zip(self.bound, calls, self._bound_args):
@@ -282,7 +292,12 @@ class KpackBackend:
             self.run(self.calls)
 
     def stats(self) -> Dict[str, Any]:
-        return self.graph.stats() if self.graph is not None else {}
+        """The current step graph's stats; graphs_built over all of them."""
+        if self.graph is None:
+            return {}
+        out = dict(self.graph.stats())
+        out["graphs_built"] = sum(g.stats()["graphs_built"] for g in self.graphs.values())
+        return out
 
 
 class VariantChooser:
@@ -357,7 +372,7 @@ class TritonBackend:
             fn, args, kw = self._prepare(c)
             fn(*args, **kw)
 
-    def prepare_decode(self, calls: List[Call]) -> None:
+    def prepare_decode(self, calls: List[Call], batch: int) -> None:
         self.plan = [self._prepare(c) for c in calls]
 
     def decode(self, stream=None) -> None:
@@ -440,7 +455,7 @@ class LlamaEngine:
         if not 1 <= B <= self.state.max_batch:
             raise ValueError(f"batch {B} outside 1..{self.state.max_batch}")
         if B != self.backend.batch:
-            self.backend.prepare_decode(self.state.decode_calls(B))
+            self.backend.prepare_decode(self.state.decode_calls(B), B)
             self.backend.batch = B
 
     def prefill(self, prompts: Sequence[Sequence[int]], keep_logits: bool = False):

@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         capacity = max(lens) + steps + 1
         state = engine.DeviceState(cfg, weights, batch, max(lens), capacity, "cpu")
         eng = engine.LlamaEngine.__new__(engine.LlamaEngine)
-        eng.torch, eng.cfg, eng.state = torch, cfg, state
+        eng.torch, eng.cfg, eng.state, eng.stream = torch, cfg, state, None  # a CPU engine
         eng.backends = {"triton": engine.TritonBackend(chooser, llama_kernels)}
         eng.use("triton")
         prompts = prompt_tokens(batch, lens, seed, cfg.V)
