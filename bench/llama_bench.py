@@ -457,10 +457,9 @@ def main(argv=None) -> int:
                                            for c in (128, 1024, 4096, 8192)]
         torch_cells = set(parse_cells(args.torch_cells))
         steps = args.grid_steps
-        # Rounded up to a multiple of 16, as the protocol's 16,384: CAP is one of the sizes
-        # the pack's "aligned" variants need (llama_spec.py); the first grids ran at
-        # 8,257 and so timed the generic QKV and attention kernels.
-        capacity = -(-(max(c for _, c in cells) + steps + 1) // 16) * 16
+        # Aligned as the protocol's 16,384 (the first grids ran at 8,257, and so timed the
+        # generic QKV and attention kernels).
+        capacity = config.aligned_capacity(max(c for _, c in cells) + steps + 1)
         max_batch = max(b for b, _ in cells)
         grid = {"steps": steps, "warmup": args.grid_warmup, "timed": args.grid_timed,
                 "capacity": capacity, "synthetic_context": True, "cells": []}

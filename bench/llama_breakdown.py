@@ -180,10 +180,7 @@ def main(argv=None) -> int:
         checkpoint.write_checkpoint(args.checkpoint, config.preset_dict("llama-3.2-1b"), seed=1,
                                     backend="torch", device="cuda")
     batches = [int(b) for b in args.batches.split(",")]
-    # A capacity that is a multiple of 16, as the protocol's 16,384: CAP is one of the
-    # sizes the pack's "aligned" variants need (llama_spec.py), so an odd capacity would
-    # time the generic QKV and attention kernels instead.
-    capacity = -(-(args.context + 2) // 16) * 16
+    capacity = config.aligned_capacity(args.context + 2)  # as the protocol's 16,384
     eng = engine.LlamaEngine(str(args.checkpoint), str(args.pack), "eager", max(batches), 64,
                              capacity)
     copy_bps = copy_bandwidth(torch)

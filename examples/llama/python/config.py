@@ -400,6 +400,13 @@ def decode_splits(batch: int, nkv: int) -> int:
     return max(1, min(S_MAX, 512 // (bucket_edge(batch) * nkv)))
 
 
+def aligned_capacity(positions: int) -> int:
+    """The smallest KV capacity holding `positions` that is a multiple of 16: CAP is one of
+    the sizes the pack's "aligned" variants need (llama_spec.py), so an engine built with
+    any other capacity runs the generic QKV and attention kernels (correct, slower)."""
+    return -(-positions // 16) * 16
+
+
 def programmatic_edges(batch: int) -> bool:
     """Whether the decode step graph of a batch gives its PDL launches programmatic edges:
     up to the 2-4 bucket only, as the C++ engine's ProgrammaticEdges (measured on the
