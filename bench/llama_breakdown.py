@@ -6,7 +6,10 @@
   never waits for the host and only the kernels are timed): µs, bytes read (weights, KV at the context, activations ignored),
   GB/s and % of a measured device-to-device copy's bandwidth, per kernel and summed;
 * the same launches back to back as eager bound launches (``kernel.bind``), and as one
-  step graph (``kpack.graph``) with and without programmatic (PDL) edges.
+  step graph (``kpack.graph``) with and without programmatic (PDL) edges;
+* with ``--ablate``, the step graph (the engine's edge policy) once without each kernel's
+  launches: the step time it saves is what that kernel costs inside the graph, overlap
+  with its neighbours included (the outputs are wrong then; only the time is kept).
 
 The difference between the graph step and the sum of its kernels is what the kernel
 boundaries cost (tail of one kernel, ramp of the next), and the two graphs show what PDL's
@@ -15,7 +18,7 @@ synthetically to ``--context`` (as the benchmark grid does); the LM head advance
 positions, so they are reset after every step (each step runs at the same context).
 
     python3 bench/llama_breakdown.py --checkpoint DIR --out DIR [--pack DIR]
-        [--batches 1,4] [--context 128] [--reps 20]
+        [--batches 1,4] [--context 128] [--reps 20] [--ablate]
 
 Writes breakdown.json and breakdown.md into --out. Exits 77 without torch or a GPU,
 unless KPACK_REQUIRE_GPU=1.
@@ -54,7 +57,8 @@ def kernel_bytes(cfg, call, B: int, context: int) -> int:
     return 0
 
 
-def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float) -> dict:
+def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float,
+            ablate: bool = False) -> dict:
     s, cfg = eng.state, eng.cfg
     eng.fill_synthetic(B, context)
     eng.use("eager")
@@ -112,6 +116,20 @@ def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float)
         edges[arm] = g.graphs()[0]["programmatic_edges"]
         del g
 
+    in_graph = {}
+    if ablate:
+        import config  # noqa: PLC0415
+        programmatic = config.programmatic_edges(B)
+        g = kpack.graph(bound, programmatic_edges=programmatic)
+        full = step_us(g.replay)
+        del g
+        for name in dict.fromkeys(c.kernel for c in calls):
+            g = kpack.graph([b for b, c in zip(bound, calls) if c.kernel != name],
+                            programmatic_edges=programmatic)
+            in_graph[name] = full - step_us(g.replay)
+            del g
+        arms["graph, engine's edges (ablation baseline)"] = full
+
     kernels = {}
     for call, us in zip(calls, per_launch):
         k = kernels.setdefault(call.kernel, {"launches": 0, "us": [], "bytes": 0})
@@ -125,6 +143,8 @@ def measure(eng, kpack, torch, B: int, context: int, reps: int, copy_bps: float)
         rows.append({"kernel": name, "launches": k["launches"], "us_each": us,
                      "us_total": sum(k["us"]), "bytes_each": k["bytes"], "gbps": bps / 1e9,
                      "pct_copy": 100 * bps / copy_bps})
+        if name in in_graph:
+            rows[-1]["in_graph_us_total"] = in_graph[name]
     total = sum(per_launch)
     return {"batch": B, "context": context, "reps": reps, "launches": n, "kernels": rows,
             "sum_of_kernels_us": total, "arms": arms, "programmatic_edges": edges,
@@ -153,6 +173,17 @@ def render(results) -> str:
             lines.append(f"- {arm}: {v:.1f} µs/step ({v / r['sum_of_kernels_us']:.3f}x the "
                          f"sum{note})")
         lines += [f"- PDL edges save {r['pdl_gain_us']:.1f} µs/step", ""]
+        ablated = [k for k in r["kernels"] if "in_graph_us_total" in k]
+        if ablated:
+            lines += ["In the step graph (the step time saved without the kernel's launches; "
+                      "floor: its bytes at the copy bandwidth):", "",
+                      "| kernel | µs per step | µs per launch | floor µs per launch |",
+                      "|---|---:|---:|---:|"]
+            for k in ablated:
+                floor = k["bytes_each"] / results["copy_bps"] * 1e6
+                lines.append(f"| {k['kernel']} | {k['in_graph_us_total']:.1f} | "
+                             f"{k['in_graph_us_total'] / k['launches']:.2f} | {floor:.2f} |")
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -164,6 +195,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--ablate", action="store_true",
+                    help="also time the step graph without each kernel's launches")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: PLC0415
@@ -187,7 +220,8 @@ def main(argv=None) -> int:
     results = {"device": torch.cuda.get_device_name(), "copy_bps": copy_bps, "cells": []}
     args.out.mkdir(parents=True, exist_ok=True)
     for B in batches:
-        results["cells"].append(measure(eng, kpack, torch, B, args.context, args.reps, copy_bps))
+        results["cells"].append(measure(eng, kpack, torch, B, args.context, args.reps, copy_bps,
+                                        args.ablate))
         (args.out / "breakdown.json").write_text(json.dumps(results, indent=1) + "\n")
     text = render(results)
     (args.out / "breakdown.md").write_text(text)
