@@ -124,7 +124,7 @@ int DecodeSplits(int batch, int num_key_value_heads) {
   return std::max(1, std::min(kMaxDecodeSplits, 512 / (edge * num_key_value_heads)));
 }
 
-bool ProgrammaticEdges(int batch) { return BatchBucket(batch) <= 1; }
+bool ProgrammaticEdges(int batch) { return BatchBucket(batch) == 0; }
 
 // One batch bucket's decode step: its launches bound once, in step order, and their graph.
 struct Engine::Bucket {

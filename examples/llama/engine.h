@@ -85,10 +85,11 @@ int BatchBucket(int batch);
 // context grows.
 int DecodeSplits(int batch, int num_key_value_heads);
 // Whether a batch's step graph gives its PDL launches programmatic edges (the next
-// kernel launched early, its prologue overlapping this one's tail): for the buckets up to
-// 2-4 rows only. Measured on the H200 (2026-12-02, bench/llama_breakdown.py, context 128):
-// the edges save 70 µs per step at batch 1 and 39 at 4, and cost 222 at 16 and 497 at 64,
-// where the next kernel's early programs hold SM slots the current one's waves need.
+// kernel launched early, its prologue overlapping this one's tail): at batch 1 only.
+// Measured on the H200 (bench/llama_breakdown.py, context 128, graphs with and without the
+// edges in one process): they save 79 µs per step at batch 1 and cost 128 at 4 (the 2-4
+// kernels since 2026-12-02), 222 at 16 and 497 at 64, where the next kernel's early
+// programs hold SM slots the current one's waves need.
 bool ProgrammaticEdges(int batch);
 
 class Engine {

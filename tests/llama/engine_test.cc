@@ -362,9 +362,10 @@ TEST(LlamaDecodeSplitsTest, FollowTheBatchBucket) {
   EXPECT_EQ(DecodeSplits(600, 1), 1);
 }
 
-TEST(LlamaProgrammaticEdgesTest, UpToTheTwoToFourBucket) {
+TEST(LlamaProgrammaticEdgesTest, AtBatchOneOnly) {
   EXPECT_TRUE(ProgrammaticEdges(1));
-  EXPECT_TRUE(ProgrammaticEdges(4));
+  EXPECT_FALSE(ProgrammaticEdges(2));
+  EXPECT_FALSE(ProgrammaticEdges(4));
   EXPECT_FALSE(ProgrammaticEdges(5));
   EXPECT_FALSE(ProgrammaticEdges(64));
   EXPECT_FALSE(ProgrammaticEdges(300));
@@ -397,9 +398,9 @@ TEST_F(LlamaEngineTest, OneGraphPerBatchBucketNoneAsTheContextGrows) {
   LL_ASSERT_OK(e.Decode(5, Engine::Mode::kGraph));  // bucket 5-16
   EXPECT_EQ(e.graphs_built(2), 1u);
   EXPECT_EQ(e.stats().graphs_built, 3u);
-  // PDL edges up to the 2-4 bucket only (ProgrammaticEdges).
+  // PDL edges at batch 1 only (ProgrammaticEdges).
   EXPECT_GT(e.programmatic_edges(0), 0u);
-  EXPECT_GT(e.programmatic_edges(1), 0u);
+  EXPECT_EQ(e.programmatic_edges(1), 0u);
   EXPECT_EQ(e.programmatic_edges(2), 0u);
 
   // The context grows by 30 tokens in the warm buckets: nothing is built or patched.

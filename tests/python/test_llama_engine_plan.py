@@ -164,11 +164,14 @@ def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):
     eng.decode_step()
     st = graph_stats()
     assert st["graphs_built"] == 2 and st["last_nodes_patched"] == 0
-    # PDL edges up to the 2-4 bucket only (config.programmatic_edges): batch 8 replays a
-    # step graph of its own without them.
+    # PDL edges at batch 1 only (config.programmatic_edges): the 2-4 and 5-16 buckets'
+    # graphs have none; batch 1 replays a step graph of its own with them.
     edges = lambda: [g["programmatic_edges"] for g in eng.backend.graph.graphs()]  # noqa: E731
-    assert edges() == [0]
+    assert edges() == [0, 0]
+    eng.set_batch(1)
+    eng.decode_step()
+    assert graph_stats()["graphs_built"] == 3
+    assert len(edges()) == 1 and edges()[0] > 0
     eng.set_batch(4)
     eng.decode_step()
-    assert graph_stats()["graphs_built"] == 2
-    assert len(edges()) == 1 and edges()[0] > 0
+    assert graph_stats()["graphs_built"] == 3 and edges() == [0, 0]
