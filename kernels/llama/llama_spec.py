@@ -59,8 +59,16 @@ def _proj_configs(n_name):
         (1, 4, 2048, 4, 3),
         (1, 16, 1024, 4, 2), (1, 4, 512, 4, 3), (1, 8, 256, 4, 4), (1, 8, 512, 8, 3),
         (1, 16, 512, 4, 3),
+        # ... or fewer warps per program (more programs per SM)
+        (1, 1, 2048, 4, 1), (1, 1, 2048, 2, 1), (1, 2, 2048, 2, 1), (1, 4, 2048, 2, 1),
+        (1, 1, 8192, 8, 1), (1, 2, 8192, 8, 1), (1, 1, 8192, 16, 1), (1, 2, 8192, 16, 1),
+        (1, 1, 8192, 32, 1),
+        (1, 1, 2048, 8, 1), (1, 2, 2048, 8, 1),
         # the LM head streaming 4-row tiles of 2048 through a pipelined loop
         (1, 32, 2048, 4, 4), (1, 64, 2048, 4, 4), (1, 128, 2048, 4, 4),
+        (1, 256, 2048, 4, 4), (1, 128, 2048, 8, 4), (1, 256, 2048, 8, 4),
+        (1, 128, 2048, 8, 3), (1, 64, 2048, 8, 4), (1, 512, 2048, 8, 4),
+        (1, 256, 2048, 16, 4),
         # 2-15 rows: the products kept per k ([BLOCK_M, BLOCK_N, BLOCK_K]), whole rows or
         # a K loop
         (4, 2, 2048, 4, 1), (4, 4, 2048, 4, 1), (4, 4, 2048, 8, 1), (4, 8, 2048, 8, 1),
@@ -105,10 +113,19 @@ def _candidates(per_bucket):
 # at Llama-3.2-1B shapes (registers from the sm_90a SASS): QKV 4 pairs x 2 halves = 8 rows,
 # 384 programs, 182 registers: 2 per SM, 1.45 waves (so are the other QKV tiles); o 4
 # rows, 512 programs, 92 registers: 5 per SM, one wave; gate/up 4 + 4 rows, 2048 programs,
-# 168 registers: 3 per SM; down 4 rows in 4 tiles of 2048, 512 programs, 115 registers: 4
-# per SM, one wave (the first tile in registers and 32 KB more in L2 before gdc_wait);
-# the LM head streams 64 rows per program in 16 KB tiles, 3 in flight (2004 programs, 128
-# registers: 4 per SM; the row's norm and the argmax counter paid once per 256 KB).
+# 168 registers: 3 per SM.
+#
+# A list of one config is pinned: chosen by the step time of the whole decode step graph
+# (bench/llama_variant_sweep.py: the committed pack with that one kernel's variant
+# swapped, the Llama protocol timed on the H200, every variant twice against the
+# unswapped pack in one process), which the tuner's one-kernel timing cannot see (how a
+# kernel's programs overlap the one before it under PDL). 2026-12-02, µs per step against
+# the pack of the day: down at M = 1, one 8192-wide row per program over 16 warps (the
+# tuner's pick had 4), -7.2; the LM head at M = 1, 256 rows per program over 8 warps (the
+# tuner's: 128 over 4), -5.6; both -13.3; o at M = 2-4 (batch 4), the [4, 4, 256]
+# multiply-add tile (the tuner's: tl.dot over 16 rows), -11.9. The other variants timed
+# (every kernel at M = 1, the five projections at 2-4; bench/RESULTS.md lists them) were
+# slower than these, or within 1 µs (the LM head's 512 rows).
 _M1 = {  # each list: the default, the first H200 tuning's winner, then the others
     "llama_qkv_rope": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
                        "p1_4_k2048_w8_s1", "p1_4_k1024_w4_s2"],
@@ -116,10 +133,8 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
                      "p1_8_k2048_w8_s1", "p1_4_k512_w4_s3"],
     "llama_gate_up": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
                       "p1_4_k2048_w8_s1", "p1_8_k1024_w8_s2"],
-    "llama_down_proj": ["p1_4_k2048_w4_s3", "p1_4_k512_w4_s3", "p1_2_k4096_w4_s2",
-                        "p1_1_k8192_w4_s1", "p1_8_k512_w8_s3"],
-    "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_16_k512_w4_s3", "p1_32_k2048_w4_s4",
-                      "p1_128_k2048_w4_s4", "p1_8_k2048_w4_s1"],
+    "llama_down_proj": ["p1_1_k8192_w16_s1"],
+    "llama_lm_head": ["p1_256_k2048_w8_s4"],
 }
 # M = 2-4: BLOCK_M 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (x's
 # tile loaded and normalized once per K tile, one reduction over K at the end), BLOCK_M 16
@@ -133,8 +148,7 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
 _M4 = {
     "llama_qkv_rope": ["p4_8_k128_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1",
                        "p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w8_s1"],
-    "llama_o_proj": ["p4_8_k128_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w4_s1",
-                     "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1"],
+    "llama_o_proj": ["p4_4_k256_w4_s3"],
     "llama_gate_up": ["p4_8_k128_w4_s3", "p16_64_k64_w4_s4", "p4_2_k2048_w4_s1",
                       "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_4_k2048_w8_s1"],
     "llama_down_proj": ["p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_1_k8192_w4_s1",
