@@ -87,9 +87,9 @@ int DecodeSplits(int batch, int num_key_value_heads);
 // Whether a batch's step graph gives its PDL launches programmatic edges (the next
 // kernel launched early, its prologue overlapping this one's tail): at batch 1 only.
 // Measured on the H200 (bench/llama_breakdown.py, context 128, graphs with and without the
-// edges in one process): they save 79 µs per step at batch 1 and cost 128 at 4 (the 2-4
-// kernels since 2026-12-02), 222 at 16 and 497 at 64, where the next kernel's early
-// programs hold SM slots the current one's waves need.
+// edges in one process): they save 78-79 µs per step at batch 1 and cost 128-210 at 4
+// (the 2-4 kernels since 2026-12-02), 222 at 16 and 497 at 64, where the next kernel's
+// early programs hold SM slots the current one's waves need.
 bool ProgrammaticEdges(int batch);
 
 class Engine {

@@ -410,7 +410,7 @@ def aligned_capacity(positions: int) -> int:
 def programmatic_edges(batch: int) -> bool:
     """Whether the decode step graph of a batch gives its PDL launches programmatic edges:
     at batch 1 only, as the C++ engine's ProgrammaticEdges (measured on the H200: they
-    save 79 µs per step at batch 1 and cost 128 at 4, 222 at 16 and 497 at 64)."""
+    save 78-79 µs per step at batch 1 and cost 128-210 at 4, 222 at 16 and 497 at 64)."""
     return bucket_edge(batch) == 1
 
 
