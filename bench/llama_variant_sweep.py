@@ -47,6 +47,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DIR = REPO / "kernels" / "llama"
 PACK = REPO / "kernels" / "llamapack"
+# kpack_tools (the build's config JSON) and the spec, imported where used: `time` needs
+# neither (nor Triton).
+for _path in (REPO / "tools", SPEC_DIR):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 class SweepError(Exception):
@@ -95,7 +100,6 @@ def edited_source(text: str, edits: dict) -> str:
 
 def variant_tuning(base: dict, specs: dict, v: dict) -> dict:
     """The committed tuning.json with the variant's bucket choosing its config."""
-    sys.path.insert(0, str(REPO / "tools"))
     from kpack_tools.build import _config_json  # noqa: PLC0415
     if v["kernel"] not in specs:
         raise SweepError(f"variant {v['tag']}: no kernel {v['kernel']!r} in the spec "
@@ -137,8 +141,6 @@ def build_one(v: dict, tuning: dict, out: Path, python: str) -> tuple[str, int, 
 
 def cmd_build(args) -> int:
     variants = read_variants(args.variants)
-    sys.path.insert(0, str(SPEC_DIR))
-    sys.path.insert(0, str(REPO / "tools"))
     import llama_spec  # noqa: PLC0415
     specs = {k.name: k for k in llama_spec.ALL_KERNELS}
     base = json.loads((args.pack / "tuning.json").read_text())
