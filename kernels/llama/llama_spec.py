@@ -59,7 +59,8 @@ def _proj_configs(n_name):
         (1, 4, 2048, 4, 3),
         (1, 16, 1024, 4, 2), (1, 4, 512, 4, 3), (1, 8, 256, 4, 4), (1, 8, 512, 8, 3),
         (1, 16, 512, 4, 3),
-        # ... or fewer warps per program (more programs per SM)
+        # ... or other widths and warp counts per program (those timed inside the step
+        # graph: bench/llama_results/variant_sweeps_s5.md)
         (1, 1, 2048, 4, 1), (1, 1, 2048, 2, 1), (1, 2, 2048, 2, 1), (1, 4, 2048, 2, 1),
         (1, 1, 8192, 8, 1), (1, 2, 8192, 8, 1), (1, 1, 8192, 16, 1), (1, 2, 8192, 16, 1),
         (1, 1, 8192, 32, 1),
