@@ -28,7 +28,10 @@
 #             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only;
 #             LLAMA_TUNE_BUCKETS="1" (kpack-build's --retune-buckets) tunes only those M
 #             buckets of the named kernels, their other buckets kept from the committed
-#             pack's tuning.json
+#             pack's tuning.json; LLAMA_TUNE_BUCKETS=none tunes none: the named kernels
+#             recompiled from the current source with the committed configs, their grid
+#             tolerance proven again (after a change to a kernel's code, not its configs;
+#             their correctness is then the llama stage's kernel check)
 #   llama     the Llama engine's GPU tier: the kernels against their torch math
 #             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size
 #             (LlamaGpuTest.*), Python vs C++ and the reference's KL check
@@ -104,8 +107,11 @@ stage_llama-tune() {
     { echo "llama-tune: install the kpack package first (the build stage does)"; return 1; }
   rm -rf "$out" && mkdir -p "$out" || return 1
   local only=()
-  [[ -n ${LLAMA_TUNE_BUCKETS:-} ]] && only=(--reuse-tuning kernels/llamapack/tuning.json
-                                            --retune-buckets "$LLAMA_TUNE_BUCKETS")
+  if [[ ${LLAMA_TUNE_BUCKETS:-} == none ]]; then
+    only=(--reuse-tuning kernels/llamapack/tuning.json)
+  elif [[ -n ${LLAMA_TUNE_BUCKETS:-} ]]; then
+    only=(--reuse-tuning kernels/llamapack/tuning.json --retune-buckets "$LLAMA_TUNE_BUCKETS")
+  fi
   for group in "${groups[@]}"; do
     i=$((i + 1)) start=$SECONDS
     LLAMA_SPEC_KERNELS=$group PYTHONPATH=tools "$python" -m kpack_tools.build \
