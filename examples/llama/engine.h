@@ -86,10 +86,10 @@ int BatchBucket(int batch);
 int DecodeSplits(int batch, int num_key_value_heads);
 // Whether a batch's step graph gives its PDL launches programmatic edges (the next
 // kernel launched early, its prologue overlapping this one's tail): at batch 1 only.
-// Measured on the H200 (bench/llama_breakdown.py, context 128, graphs with and without the
-// edges in one process): they save 78-79 µs per step at batch 1 and cost 128-210 at 4
-// (the 2-4 kernels since 2026-12-02), 222 at 16 and 497 at 64, where the next kernel's
-// early programs hold SM slots the current one's waves need.
+// Measured on the H200 (docs/llama.md has the figures): at batch 1 they save 78-86 µs
+// per step. At 4-64, with the projections of more than one row triggering their
+// dependents at exit, they save 19-22 µs at context 128 but the grid with them was 0.3-12%
+// slower from context 1K (batch 16: 10-12%).
 bool ProgrammaticEdges(int batch);
 
 class Engine {

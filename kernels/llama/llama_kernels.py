@@ -32,10 +32,12 @@ How they are written:
   ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
   anything the kernel right before it may write, and ``gdc_launch_dependents()`` once its
   dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
-  the kernels are correct either way. Every program calls ``gdc_wait()`` (also the ones
-  that then return), so no kernel can complete before the one it follows; and every
-  kernel calls ``gdc_launch_dependents()`` only after its ``gdc_wait()``, so when a
-  kernel's programs start, every kernel before the one it follows has completed. What
+  the kernels are correct either way. Projection programs of more than one row do not
+  call ``gdc_launch_dependents()`` (their dependents launch as they exit:
+  ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones that then
+  return), so no kernel can complete before the one it follows; and every kernel
+  triggers its dependents only after its ``gdc_wait()``, so when a kernel's programs
+  start, every kernel before the one it follows has completed. What
   only those write may be read before ``gdc_wait()`` too: QKV and decode attention read
   ``pos`` and ``seq`` there (the LM head advances ``pos`` at a step's end, at least two
   launches before either; the host sets both).
@@ -105,6 +107,18 @@ def _pdl_wait(USE_PDL: tl.constexpr):
 def _pdl_launch(USE_PDL: tl.constexpr):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_launch_rows(USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """_pdl_launch for a projection program of BLOCK_M rows: at one row here; at more rows
+    not at all, so the kernel's dependents launch as its programs exit. On the H200
+    (2026-12-02, llama_breakdown, context 128) an early trigger at more rows made eager
+    steps 14-18% slower at batch 4-64, and the step graph with programmatic edges slower
+    than without them by 17% at 4 and 22% at 64; triggering at exit, the graph with the
+    edges is 19-22 µs per step faster than without (docs/llama.md)."""
+    if BLOCK_M == 1:
+        _pdl_launch(USE_PDL)
 
 
 @triton.jit
@@ -402,7 +416,7 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
         c, sn = _rope_cos_sin(p, freq)
     _pdl_wait(USE_PDL)
     if live:
-        _pdl_launch(USE_PDL)
+        _pdl_launch_rows(USE_PDL, BLOCK_M)
         a, b = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a, row_b, pairs_ok, H,
                         wa0, wb0, True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES)
         if BLOCK_M > 1:
@@ -609,7 +623,7 @@ def llama_proj_residual(x, w, h, M, N, K,
         h_ptrs = h + rows.to(tl.int64)[:, None] * N + cols[None, :]
         if BLOCK_M < 16:  # a few values: read with x, off the critical path's end
             h_old = tl.load(h_ptrs, mask=ok, other=0.0)
-        _pdl_launch(USE_PDL)
+        _pdl_launch_rows(USE_PDL, BLOCK_M)
         acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K, wa0,
                           wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         if BLOCK_M >= 16:
@@ -637,7 +651,7 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
     _prefetch_rows(w, first + I, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        _pdl_launch(USE_PDL)
+        _pdl_launch_rows(USE_PDL, BLOCK_M)
         gate, up = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols + I, cols_ok,
                             H, wa0, wb0, True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         act = gate / (1.0 + tl.exp(-gate)) * up
@@ -689,7 +703,7 @@ def _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, p
                    _PREFETCH_BYTES, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
-        _pdl_launch(USE_PDL)
+        _pdl_launch_rows(USE_PDL, BLOCK_M)
         y, _ = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
                         wa0, True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         rows64 = rows.to(tl.int64)

@@ -410,7 +410,8 @@ def aligned_capacity(positions: int) -> int:
 def programmatic_edges(batch: int) -> bool:
     """Whether the decode step graph of a batch gives its PDL launches programmatic edges:
     at batch 1 only, as the C++ engine's ProgrammaticEdges (measured on the H200: they
-    save 78-79 µs per step at batch 1 and cost 128-210 at 4, 222 at 16 and 497 at 64)."""
+    save 78-86 µs per step at batch 1; at 4-64 19-22 µs at context 128, but the grid with
+    them was 0.3-12% slower from context 1K; docs/llama.md)."""
     return bucket_edge(batch) == 1
 
 
