@@ -37,10 +37,10 @@ How they are written:
   ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones that then
   return), so no kernel can complete before the one it follows; and every kernel
   triggers its dependents only after its ``gdc_wait()``, so when a kernel's programs
-  start, every kernel before the one it follows has completed. What
-  only those write may be read before ``gdc_wait()`` too: QKV and decode attention read
-  ``pos`` and ``seq`` there (the LM head advances ``pos`` at a step's end, at least two
-  launches before either; the host sets both).
+  start, every kernel before the one it follows has completed. What only those write may
+  be read before ``gdc_wait()`` too: QKV and decode attention read ``pos`` and ``seq``
+  there (the LM head advances ``pos`` at a step's end, at least two launches before
+  either; the host sets both).
 """
 
 import triton
