@@ -25,6 +25,13 @@ and its difference from the unswapped pack's median, and writes sweep.json.
     python3 bench/llama_variant_sweep.py time --kpack-llama BIN --checkpoint DIR \\
         --variants-dir DIR --out DIR [--batch 1] [--rounds 2] [--only TAG,TAG+TAG]
 
+``splice`` (no GPU) writes one such spliced pack to a directory, for the benchmarks that
+take ``--pack``: ``llama_breakdown.py`` times the step graph with and without programmatic
+edges in one process, which ``time`` cannot (``kpack-llama`` follows the engine's edge
+policy; session 6 measured the trigger-at-exit kernels at batch 4-64 that way).
+
+    python3 bench/llama_variant_sweep.py splice --variants-dir DIR --tags TAG+TAG --out DIR
+
 A chosen config goes into the spec as its bucket's only candidate (a pinned list, so that
 a later tuning keeps it) and the pack is rebuilt with ``tools/gpu_tier.sh llama-tune``
 for that bucket (the correctness check and the grid-tolerance proof).
@@ -225,6 +232,21 @@ def cmd_time(args) -> int:
     return 0
 
 
+def cmd_splice(args) -> int:
+    if args.out.exists():
+        raise SweepError(f"{args.out} exists: give a new directory")
+    tags = [t for t in args.tags.split("+") if t]
+    if not tags:
+        raise SweepError("--tags names no variant")
+    try:
+        splice(args.pack, args.variants_dir, tags, args.out)
+    except SweepError:
+        shutil.rmtree(args.out, ignore_errors=True)
+        raise
+    print(f"{args.out}: {args.pack} with {', '.join(tags)} spliced in")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -242,9 +264,15 @@ def main(argv=None) -> int:
     t.add_argument("--batch", type=int, default=1)
     t.add_argument("--rounds", type=int, default=2)
     t.add_argument("--only", default="", help="TAG,TAG+TAG,... (default: every variant pack)")
+    sp = sub.add_parser("splice", help="one spliced pack, for benchmarks that take --pack")
+    sp.add_argument("--variants-dir", type=Path, required=True)
+    sp.add_argument("--tags", required=True, help="TAG or TAG+TAG+...")
+    sp.add_argument("--out", type=Path, required=True)
+    sp.add_argument("--pack", type=Path, default=PACK)
     args = ap.parse_args(argv)
+    commands = {"build": cmd_build, "time": cmd_time, "splice": cmd_splice}
     try:
-        return cmd_build(args) if args.command == "build" else cmd_time(args)
+        return commands[args.command](args)
     except SweepError as e:
         print(f"llama_variant_sweep: {e}", file=sys.stderr)
         return 2

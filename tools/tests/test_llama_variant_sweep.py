@@ -111,6 +111,26 @@ def test_a_built_variant_splices_into_a_copy_of_the_pack(variant_dir, tmp_path):
         sweep.splice(sweep.PACK, variant_dir, ["missing"], tmp_path / "pack2")
 
 
+def test_splice_writes_one_pack_and_refuses_what_it_cannot(variant_dir, tmp_path, capsys):
+    out = tmp_path / "spliced"
+    assert sweep.main(["splice", "--variants-dir", str(variant_dir), "--tags", "o2",
+                       "--out", str(out)]) == 0
+    assert json.loads((out / "manifest.json").read_text()) == json.loads(
+        (sweep.splice(sweep.PACK, variant_dir, ["o2"], tmp_path / "direct") / "manifest.json")
+        .read_text())
+    capsys.readouterr()
+    assert sweep.main(["splice", "--variants-dir", str(variant_dir), "--tags", "o2",
+                       "--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+    missing = tmp_path / "missing"
+    assert sweep.main(["splice", "--variants-dir", str(variant_dir), "--tags", "o2+nope",
+                       "--out", str(missing)]) == 2
+    assert "no variant pack" in capsys.readouterr().err and not missing.exists()
+    assert sweep.main(["splice", "--variants-dir", str(variant_dir), "--tags", "+",
+                       "--out", str(missing)]) == 2
+    assert "names no variant" in capsys.readouterr().err
+
+
 STAND_IN = """#!{python}
 import json, sys
 a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
