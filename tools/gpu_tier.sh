@@ -23,7 +23,7 @@
 #             --reuse-tuning); tuning.json and the logs kept in $LOGS/llamapack-tuned.
 #             Needs the kpack package installed (the build stage's pip install): the
 #             grid-tolerance proof calls kpack's padding rule through the extension.
-#             LLAMA_TUNE_GROUPS="a,b c,d" names the groups (default: all eight kernels
+#             LLAMA_TUNE_GROUPS="a,b c,d" names the groups (default: all nine kernels
 #             in three); a kernel no group names keeps the committed pack's tuning.
 #             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only;
 #             LLAMA_TUNE_BUCKETS="1" (kpack-build's --retune-buckets) tunes only those M
@@ -99,7 +99,7 @@ stage_run() {
 
 stage_llama-tune() {
   local out="$LOGS/llamapack-tuned" group i=0 start
-  local all="llama_embed,llama_attn_decode,llama_attn_prefill,llama_qkv_rope"
+  local all="llama_embed,llama_rmsnorm,llama_attn_decode,llama_attn_prefill,llama_qkv_rope"
   all+=" llama_o_proj,llama_gate_up llama_down_proj,llama_lm_head"
   local groups
   read -r -a groups <<< "${LLAMA_TUNE_GROUPS:-$all}"

@@ -25,16 +25,18 @@ struct Signature {
   std::initializer_list<absl::string_view> types;
   size_t m_arg;  // the index of M (rows of the step)
 };
-constexpr absl::string_view kEmbed = "llama_embed", kQkvRope = "llama_qkv_rope",
-                            kAttnDecode = "llama_attn_decode", kAttnPrefill = "llama_attn_prefill",
-                            kOProj = "llama_o_proj", kGateUp = "llama_gate_up",
-                            kDownProj = "llama_down_proj", kLmHead = "llama_lm_head";
+constexpr absl::string_view kEmbed = "llama_embed", kRmsNorm = "llama_rmsnorm",
+                            kQkvRope = "llama_qkv_rope", kAttnDecode = "llama_attn_decode",
+                            kAttnPrefill = "llama_attn_prefill", kOProj = "llama_o_proj",
+                            kGateUp = "llama_gate_up", kDownProj = "llama_down_proj",
+                            kLmHead = "llama_lm_head";
 const Signature kSignatures[] = {
     {kEmbed, {"*i32", "*bf16", "*fp32", "i32", "i32"}, 3},
+    {kRmsNorm, {"*fp32", "*bf16", "*bf16", "i32", "i32", "fp32"}, 3},
     {kQkvRope,
-     {"*fp32", "*bf16", "*bf16", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*bf16", "i32", "i32",
-      "i32", "i32", "i32", "fp32"},
-     9},
+     {"*fp32", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*bf16", "i32",
+      "i32", "i32", "i32", "i32", "fp32"},
+     10},
     {kAttnDecode,
      {"*bf16", "*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*i32", "*bf16", "i32", "i32",
       "i32", "i32", "i32", "fp32"},
@@ -43,12 +45,12 @@ const Signature kSignatures[] = {
      {"*bf16", "*bf16", "*bf16", "*i32", "*i32", "*bf16", "i32", "i32", "i32", "i32", "fp32"},
      6},
     {kOProj, {"*bf16", "*bf16", "*fp32", "i32", "i32", "i32"}, 3},
-    {kGateUp, {"*fp32", "*bf16", "*bf16", "*bf16", "i32", "i32", "i32", "fp32"}, 4},
+    {kGateUp, {"*fp32", "*bf16", "*bf16", "*bf16", "*bf16", "i32", "i32", "i32", "fp32"}, 5},
     {kDownProj, {"*bf16", "*bf16", "*fp32", "i32", "i32", "i32"}, 3},
     {kLmHead,
-     {"*fp32", "*bf16", "*bf16", "*fp32", "*fp32", "*i32", "*i32", "*i32", "*i32", "i32", "i32",
-      "i32", "fp32", "i32"},
-     9},
+     {"*fp32", "*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*i32", "*i32", "*i32", "*i32", "i32",
+      "i32", "i32", "fp32", "i32"},
+     10},
 };
 
 const Signature& SignatureOf(absl::string_view kernel) {
@@ -163,6 +165,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime, c
   }
   Kernels k;
   KPACK_ASSIGN_OR_RETURN(k.embed, FindKernel(runtime, kEmbed, c.head_dim));
+  KPACK_ASSIGN_OR_RETURN(k.rmsnorm, FindKernel(runtime, kRmsNorm, c.head_dim));
   KPACK_ASSIGN_OR_RETURN(k.qkv_rope, FindKernel(runtime, kQkvRope, c.head_dim));
   KPACK_ASSIGN_OR_RETURN(k.attn_decode, FindKernel(runtime, kAttnDecode, c.head_dim));
   KPACK_ASSIGN_OR_RETURN(k.attn_prefill, FindKernel(runtime, kAttnPrefill, c.head_dim));
@@ -208,8 +211,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime, c
   return e;
 }
 
-int Engine::launches_per_step() const {
-  return static_cast<int>(5 * model_.config().num_hidden_layers + 2);
+int Engine::launches_per_step(int batch) const {
+  // Above one row, llama_rmsnorm before QKV, gate/up (each layer) and the LM head.
+  const int64_t layers = model_.config().num_hidden_layers;
+  return static_cast<int>(batch > 1 ? 7 * layers + 3 : 5 * layers + 2);
 }
 
 absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int batch) {
@@ -220,7 +225,7 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
   auto bk = std::make_unique<Bucket>();
   bk->batch = batch;
   bk->splits = DecodeSplits(batch, I32(c.num_key_value_heads));
-  bk->launches.reserve(static_cast<size_t>(launches_per_step()));
+  bk->launches.reserve(static_cast<size_t>(launches_per_step(batch)));
   const int32_t m = batch, h = I32(c.hidden_size), nh = I32(c.num_attention_heads),
                 nkv = I32(c.num_key_value_heads), cap = kv_.capacity(),
                 inter = I32(c.intermediate_size), v = I32(c.vocab_size), qd = I32(c.q_rows());
@@ -233,26 +238,37 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
     return absl::OkStatus();
   };
   const Kernels& k = kernels_;
+  // Above one row the projections read llama_rmsnorm's rows (docs/llama.md). A bucket's
+  // batches are all one row (bucket 0) or all more.
+  const bool prenorm = batch > 1;
+  auto norm = [&](CUdeviceptr norm_w) -> absl::Status {
+    if (!prenorm) return absl::OkStatus();
+    return add(kRmsNorm, k.rmsnorm.BindArgs(s, b.h(), norm_w, b.xn(), m, h, eps));
+  };
   KPACK_RETURN_IF_ERROR(add(kEmbed, k.embed.BindArgs(s, b.tokens(), model_.embed(), b.h(), m, h)));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
-    KPACK_RETURN_IF_ERROR(add(
-        kQkvRope, k.qkv_rope.BindArgs(s, b.h(), w.ln1, w.wqkv, model_.inv_freq(), b.pos(), b.seq(),
-                                      b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap, eps)));
+    KPACK_RETURN_IF_ERROR(norm(w.ln1));
+    KPACK_RETURN_IF_ERROR(
+        add(kQkvRope,
+            k.qkv_rope.BindArgs(s, b.h(), b.xn(), w.ln1, w.wqkv, model_.inv_freq(), b.pos(),
+                                b.seq(), b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap, eps)));
     KPACK_RETURN_IF_ERROR(
         add(kAttnDecode, k.attn_decode.BindArgs(s, b.q(), kv_.k(l), kv_.v(l), b.pos(), b.seq(),
                                                 b.o_part(), b.ml_part(), b.attn_counters(),
                                                 b.attn(), m, nh, nkv, cap, bk->splits, sm_scale)));
     KPACK_RETURN_IF_ERROR(add(kOProj, k.o_proj.BindArgs(s, b.attn(), w.wo, b.h(), m, h, qd)));
-    KPACK_RETURN_IF_ERROR(
-        add(kGateUp, k.gate_up.BindArgs(s, b.h(), w.ln2, w.wgu, b.act(), m, h, inter, eps)));
+    KPACK_RETURN_IF_ERROR(norm(w.ln2));
+    KPACK_RETURN_IF_ERROR(add(
+        kGateUp, k.gate_up.BindArgs(s, b.h(), b.xn(), w.ln2, w.wgu, b.act(), m, h, inter, eps)));
     KPACK_RETURN_IF_ERROR(
         add(kDownProj, k.down_proj.BindArgs(s, b.act(), w.wd, b.h(), m, h, inter)));
   }
+  KPACK_RETURN_IF_ERROR(norm(model_.norm_f()));
   KPACK_RETURN_IF_ERROR(
-      add(kLmHead, k.lm_head.BindArgs(s, b.h(), model_.norm_f(), model_.lm_head(), b.logits(),
-                                      b.part_max(), b.part_idx(), b.lm_counters(), b.tokens(),
-                                      b.pos(), m, v, h, eps, int32_t{1})));
+      add(kLmHead, k.lm_head.BindArgs(s, b.h(), b.xn(), model_.norm_f(), model_.lm_head(),
+                                      b.logits(), b.part_max(), b.part_idx(), b.lm_counters(),
+                                      b.tokens(), b.pos(), m, v, h, eps, int32_t{1})));
   for (BoundLaunch& launch : bk->launches) bk->order.push_back(&launch);
   ++stats_.buckets_bound;
   return bk;
@@ -269,15 +285,14 @@ absl::StatusOr<Engine::Bucket*> Engine::BucketFor(int batch) {
 absl::Status Engine::SyntheticContext(int rows, int context, uint64_t seed, bool fill_cache) {
   const LlamaConfig& c = model_.config();
   if (rows < 1 || rows > options_.max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat("synthetic context for ", rows,
-                                                   " rows: the engine has rows 1..",
-                                                   options_.max_batch));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic context for ", rows, " rows: the engine has rows 1..", options_.max_batch));
   }
   if (context < 1 || context >= kv_.capacity()) {
-    return absl::InvalidArgumentError(absl::StrCat("synthetic context of ", context,
-                                                   " positions: the KV capacity is ",
-                                                   kv_.capacity(), " (it must leave room "
-                                                   "for the decoded tokens)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "synthetic context of ", context, " positions: the KV capacity is ", kv_.capacity(),
+        " (it must leave room "
+        "for the decoded tokens)"));
   }
   KPACK_RETURN_IF_ERROR(Synchronize());
   uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
@@ -376,22 +391,31 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
   const double sm_scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   const CUdeviceptr pos = b.prefill_pos(), seq = b.prefill_seq(row);
   const Kernels& k = kernels_;
+  auto norm = [&](CUdeviceptr norm_w) -> absl::Status {
+    if (m == 1) return absl::OkStatus();  // one row: the projections normalize it
+    return k.rmsnorm.Launch(s, b.h(), norm_w, b.xn(), m, h, eps);
+  };
   KPACK_RETURN_IF_ERROR(k.embed.Launch(s, b.prefill_tokens(), model_.embed(), b.h(), m, h));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
-    KPACK_RETURN_IF_ERROR(k.qkv_rope.Launch(s, b.h(), w.ln1, w.wqkv, model_.inv_freq(), pos, seq,
-                                            b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap, eps));
+    KPACK_RETURN_IF_ERROR(norm(w.ln1));
+    KPACK_RETURN_IF_ERROR(k.qkv_rope.Launch(s, b.h(), b.xn(), w.ln1, w.wqkv, model_.inv_freq(), pos,
+                                            seq, b.q(), kv_.k(l), kv_.v(l), m, h, nh, nkv, cap,
+                                            eps));
     KPACK_RETURN_IF_ERROR(k.attn_prefill.Launch(s, b.q(), kv_.k(l), kv_.v(l), pos, seq, b.attn(), m,
                                                 nh, nkv, cap, sm_scale));
     KPACK_RETURN_IF_ERROR(k.o_proj.Launch(s, b.attn(), w.wo, b.h(), m, h, qd));
-    KPACK_RETURN_IF_ERROR(k.gate_up.Launch(s, b.h(), w.ln2, w.wgu, b.act(), m, h, inter, eps));
+    KPACK_RETURN_IF_ERROR(norm(w.ln2));
+    KPACK_RETURN_IF_ERROR(
+        k.gate_up.Launch(s, b.h(), b.xn(), w.ln2, w.wgu, b.act(), m, h, inter, eps));
     KPACK_RETURN_IF_ERROR(k.down_proj.Launch(s, b.act(), w.wd, b.h(), m, h, inter));
   }
-  // The LM head on the last prompt row, into the sequence's decode row; advance 0 (the
-  // decode row's position was set to the prompt length above).
+  // The LM head on the last prompt row (one row: it normalizes h itself), into the
+  // sequence's decode row; advance 0 (the decode row's position was set to the prompt
+  // length above).
   const size_t vocab_row = r * static_cast<size_t>(v) * 4;
   KPACK_RETURN_IF_ERROR(
-      k.lm_head.Launch(s, b.h() + static_cast<size_t>(m - 1) * static_cast<size_t>(h) * 4,
+      k.lm_head.Launch(s, b.h() + static_cast<size_t>(m - 1) * static_cast<size_t>(h) * 4, b.xn(),
                        model_.norm_f(), model_.lm_head(), b.logits() + vocab_row,
                        b.part_max() + vocab_row, b.part_idx() + vocab_row, b.lm_counters() + r * 4,
                        b.tokens() + r * 4, b.pos() + r * 4, int32_t{1}, v, h, eps, int32_t{0}));

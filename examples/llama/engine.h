@@ -154,11 +154,13 @@ class Engine {
   const StepBuffers& buffers() const { return buffers_; }
   const KvCache& kv_cache() const { return kv_; }
   CUstream stream() const { return stream_.get(); }
-  int launches_per_step() const;
+  // Launches of a decode step of `batch` rows: 5 per layer + 2 at one row; above, also
+  // llama_rmsnorm before each layer's QKV and gate/up and before the LM head.
+  int launches_per_step(int batch) const;
 
  private:
   struct Kernels {
-    Kernel embed, qkv_rope, attn_decode, attn_prefill, o_proj, gate_up, down_proj, lm_head;
+    Kernel embed, rmsnorm, qkv_rope, attn_decode, attn_prefill, o_proj, gate_up, down_proj, lm_head;
   };
   struct Bucket;
 

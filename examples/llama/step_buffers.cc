@@ -27,6 +27,7 @@ absl::StatusOr<StepBuffers> StepBuffers::Allocate(const Device& device, const Ll
   const size_t d = static_cast<size_t>(c.head_dim);
   Carving carve;
   b.h_ = carve.Take(rows * h * 4);
+  b.xn_ = carve.Take(rows * h * 2);
   b.q_ = carve.Take(rows * nh * d * 2);
   b.attn_ = carve.Take(rows * nh * d * 2);
   b.act_ = carve.Take(rows * static_cast<size_t>(c.intermediate_size) * 2);

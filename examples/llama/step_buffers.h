@@ -48,6 +48,7 @@ class StepBuffers {
   CUdeviceptr q() const { return at(q_); }            // bf16 [rows, NH, D]
   CUdeviceptr attn() const { return at(attn_); }      // bf16 [rows, NH·D]
   CUdeviceptr act() const { return at(act_); }        // bf16 [rows, I]
+  CUdeviceptr xn() const { return at(xn_); }          // bf16 [rows, H], llama_rmsnorm's
   CUdeviceptr logits() const { return at(logits_); }  // fp32 [max_batch, V]
   CUdeviceptr tokens() const { return at(tokens_); }  // i32 [max_batch], decode rows
   CUdeviceptr pos() const { return at(pos_); }
@@ -73,7 +74,7 @@ class StepBuffers {
   StepBufferSizes sizes_;
   int rows_ = 0;
   DeviceBuffer memory_;
-  size_t h_ = 0, q_ = 0, attn_ = 0, act_ = 0, logits_ = 0, tokens_ = 0, pos_ = 0, seq_ = 0,
+  size_t h_ = 0, xn_ = 0, q_ = 0, attn_ = 0, act_ = 0, logits_ = 0, tokens_ = 0, pos_ = 0, seq_ = 0,
          prefill_tokens_ = 0, prefill_pos_ = 0, prefill_seq_ = 0, o_part_ = 0, ml_part_ = 0,
          part_max_ = 0, part_idx_ = 0, attn_counters_ = 0, lm_counters_ = 0;
 };

@@ -308,6 +308,12 @@ def cases(device):
     for m in (1, 3, 17, 70):
         out.append(("llama_embed", dict(tiny, M=m), SPECS["llama_embed"].config("b512_w1"),
                     m in (3, 17), None))
+    # llama_rmsnorm: a row in one tile, and in a loop over narrower ones (odd H too).
+    for m in (1, 3, 17):
+        for shape in (dict(tiny, M=m), dict(odd, M=m)):
+            for config in (SPECS["llama_rmsnorm"].config("b512_w2"), _cfg("b128", 4, 1,
+                                                                           BLOCK=128)):
+                out.append(("llama_rmsnorm", shape, config, m in (3, 17), None))
     if cpu:
         # The GEMV with its whole K in the first tile (loaded before gdc_wait) and with
         # more tiles after it (the K loop and, under RMSNorm, the rest of the row).

@@ -1,12 +1,15 @@
 """Triton kernels of the Llama decode engine (the contract: ``docs/llama.md``).
 
-Eight pack kernels from seven functions: ``llama_embed``, ``llama_qkv_rope`` (RMSNorm in
-the prologue, RoPE and the KV-cache append in the epilogue), ``llama_attn_decode``
-(split-KV GQA decode attention, the last split combining), ``llama_attn_prefill``
-(causal GQA attention), ``llama_proj_residual`` (``llama_o_proj`` and ``llama_down_proj``:
-projection plus the residual add), ``llama_gate_up`` (RMSNorm prologue, SwiGLU
-epilogue) and ``llama_lm_head`` (final RMSNorm, logits and the greedy argmax, the last
-program reducing).
+Nine pack kernels from eight functions: ``llama_embed``, ``llama_rmsnorm`` (the rows
+normalized once, bf16, for the projections of more than one row), ``llama_qkv_rope``
+(RMSNorm in the prologue at one row, RoPE and the KV-cache append in the epilogue),
+``llama_attn_decode`` (split-KV GQA decode attention, the last split combining),
+``llama_attn_prefill`` (causal GQA attention), ``llama_proj_residual`` (``llama_o_proj``
+and ``llama_down_proj``: projection plus the residual add), ``llama_gate_up`` (RMSNorm
+prologue at one row, SwiGLU epilogue) and ``llama_lm_head`` (final RMSNorm at one row,
+logits and the greedy argmax, the last program reducing). Above one row (BLOCK_M > 1)
+QKV, gate/up and the LM head read llama_rmsnorm's rows ``xn`` instead of normalizing
+``h`` in every program.
 
 How they are written:
 
@@ -16,8 +19,8 @@ How they are written:
 - Projections accumulate in fp32 over bf16 operands. ``BLOCK_M == 1`` (batch 1) is a
   GEMV: each ``[BLOCK_N, BLOCK_K]`` weight tile times the row's tile, the fp32 products
   reduced over the tile. ``1 < BLOCK_M < 16`` (small batches) multiplies and adds
-  elementwise on ``[BLOCK_M, BLOCK_N, BLOCK_K]`` (each x tile read and normalized once per
-  K tile) and reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The
+  elementwise on ``[BLOCK_M, BLOCK_N, BLOCK_K]`` (each x tile read once per K tile) and
+  reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The
   first K tile of a program's weights is loaded before ``gdc_wait()``; the K loop after it
   is software-pipelined (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a
   dot only when asked).
@@ -60,9 +63,6 @@ _DIRECT_TILES = tl.constexpr(4)
 # Decode attention's combine: heads and splits of partials read at once.
 _COMBINE_HEADS = tl.constexpr(4)
 _COMBINE_SPLITS = tl.constexpr(32)
-# Elements of the fp32 residual stream the RMSNorm prologue reads per iteration beyond the
-# first K tile (BLOCK_M > 1).
-_RSTD_CHUNK = tl.constexpr(4096)
 
 
 @triton.jit
@@ -136,30 +136,6 @@ def _rstd_row(xf0, h, row, row_ok, H, eps, BLOCK_K: tl.constexpr):
         acc += x * x
     mean = tl.div_rn(tl.sum(xf0 * xf0, 0) + tl.sum(acc, 0), H.to(tl.float32))
     return tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
-
-
-@triton.jit
-def _rstd(xf0, h, rows, rows_ok, H, eps, K0, BLOCK_M: tl.constexpr, STAGES: tl.constexpr):
-    """1 / sqrt(mean(h[m]^2) + eps) per row of the fp32 residual stream: the sum of
-    squares of xf0 ([BLOCK_M, *], columns [0, K0) already loaded) plus the rest of the
-    rows, read 16 KB per iteration, the loads pipelined."""
-    CHUNK: tl.constexpr = _RSTD_CHUNK // BLOCK_M
-    acc = tl.zeros([BLOCK_M, CHUNK], tl.float32)
-    base = rows.to(tl.int64)[:, None] * H
-    for k0 in tl.range(K0, H, CHUNK, num_stages=STAGES):
-        cols = k0 + tl.arange(0, CHUNK)
-        x = tl.load(h + base + cols[None, :], mask=rows_ok[:, None] & (cols < H)[None, :],
-                    other=0.0)
-        acc += x * x
-    mean = tl.div_rn(tl.sum(xf0 * xf0, 1) + tl.sum(acc, 1), H.to(tl.float32))
-    return tl.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), tl.sqrt_rn(mean + eps))
-
-
-@triton.jit
-def _normed(xf, r, g):
-    """rmsnorm's bf16 activations from fp32 h, the rows' rstd r and the bf16 weight g."""
-    return ((xf * r[:, None]).to(tl.bfloat16).to(tl.float32)
-            * g.to(tl.float32)[None, :]).to(tl.bfloat16)
 
 
 @triton.jit
@@ -302,31 +278,26 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
              NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for rows row0 ..
-    row0 + BLOCK_M of x (those below M): x = rmsnorm(xsrc, norm_w) when NORM (xsrc the
-    fp32 residual stream), else xsrc itself (bf16). Given, as loaded before gdc_wait
-    (_w_first): wa0, wb0, the first K tiles of the weight rows, and g0, the norm weight's
-    first BLOCK_K columns; the K loop covers the rest. Without TWO only the first is
-    computed (returned twice). One row: _project_row. More: each K tile of x loaded (and
-    normalized) once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot
-    from 16 rows, elementwise below), the rows' rstd from their first tile and the rest of
-    the rows read before."""
+    row0 + BLOCK_M of x (those below M). Given, as loaded before gdc_wait (_w_first): wa0,
+    wb0, the first K tiles of the weight rows, and g0, the norm weight's first BLOCK_K
+    columns; the K loop covers the rest. Without TWO only the first is computed (returned
+    twice). One row: _project_row, where x = rmsnorm(xsrc, norm_w) when NORM (xsrc the fp32
+    residual stream), else xsrc itself. More rows: x is xsrc, bf16 (normalized before by
+    llama_rmsnorm when it is the residual stream's: NORM is for one row only), each K tile
+    loaded once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot from 16
+    rows, elementwise below)."""
     if BLOCK_M == 1:
         out_a, out_b = _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_N, BLOCK_K,
                                     STAGES)
     else:
+        tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
         rows = row0 + tl.arange(0, BLOCK_M)
         rows_ok = rows < M
         x_base = rows.to(tl.int64)[:, None] * K
         cols = tl.arange(0, BLOCK_K)
-        x_ok = rows_ok[:, None] & (cols < K)[None, :]
-        if NORM:
-            xf = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-            r = _rstd(xf, xsrc, rows, rows_ok, K, eps, BLOCK_K, BLOCK_M, STAGES)
-            x = _normed(xf, r, g0)
-        else:
-            r = 0.0
-            x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
+        x = tl.load(xsrc + x_base + cols[None, :], mask=rows_ok[:, None] & (cols < K)[None, :],
+                    other=0.0)
         acc_a = _acc_first(x, wa0, BLOCK_M)
         if TWO:
             acc_b = _acc_first(x, wb0, BLOCK_M)
@@ -334,12 +305,8 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
             acc_b = acc_a
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
-            x_ok = rows_ok[:, None] & (cols < K)[None, :]
-            if NORM:
-                xf = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
-                x = _normed(xf, r, tl.load(norm_w + cols, mask=cols < K, other=0.0))
-            else:
-                x = tl.load(xsrc + x_base + cols[None, :], mask=x_ok, other=0.0)
+            x = tl.load(xsrc + x_base + cols[None, :],
+                        mask=rows_ok[:, None] & (cols < K)[None, :], other=0.0)
             acc_a = _acc_mac(acc_a, x, _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M)
             if TWO:
                 acc_b = _acc_mac(acc_b, x, _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K),
@@ -367,6 +334,30 @@ def llama_embed(tokens, table, h, M, H, BLOCK: tl.constexpr, USE_PDL: tl.constex
 
 
 @triton.jit
+def llama_rmsnorm(h, norm_w, xn, M, H, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """xn[m, :] = rmsnorm(h[m, :], norm_w) as bf16, one program per row: the activations
+    that the projections of more than one row read (they do not normalize h themselves,
+    so their programs can be many and narrow without repeating the norm)."""
+    m = tl.program_id(0)
+    _pdl_wait(USE_PDL)
+    if m < M:
+        _pdl_launch(USE_PDL)
+        base = m.to(tl.int64) * H
+        cols = tl.arange(0, BLOCK)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for k0 in range(0, H, BLOCK):
+            x = tl.load(h + base + k0 + cols, mask=k0 + cols < H, other=0.0)
+            acc += x * x
+        mean = tl.div_rn(tl.sum(acc, 0), H.to(tl.float32))
+        r = tl.div_rn(1.0, tl.sqrt_rn(mean + eps))
+        for k0 in range(0, H, BLOCK):
+            ok = k0 + cols < H
+            x = tl.load(h + base + k0 + cols, mask=ok, other=0.0)
+            g = tl.load(norm_w + k0 + cols, mask=ok, other=0.0)
+            tl.store(xn + base + k0 + cols, _normed_row(x, r, g), mask=ok)
+
+
+@triton.jit
 def _rope_cos_sin(p, freq):
     """cos and sin of the rotation angles p[m] · freq[j] ([rows, pairs], fp32)."""
     angle = p.to(tl.float32)[:, None] * freq[None, :]
@@ -374,13 +365,15 @@ def _rope_cos_sin(p, freq):
 
 
 @triton.jit
-def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
+def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
                    M, H, NH, NKV, CAP, eps,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
                    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """rmsnorm -> the q, k, v projections -> RoPE on q and k -> q, and k, v appended to
     the cache at [seq[m], kv head, pos[m]]. A program owns BLOCK_J row pairs (j, j + D/2)
-    of the heads, so it rotates what it computed."""
+    of the heads, so it rotates what it computed. One row normalizes h itself; more read
+    xn, llama_rmsnorm's rows (NORM)."""
+    NORM: tl.constexpr = BLOCK_M == 1
     HALF: tl.constexpr = HEAD_DIM // 2
     pid_j = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -394,7 +387,7 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
     pairs_ok = (pairs < n_pairs) & live
     row_a = head * HEAD_DIM + j
     row_b = row_a + HALF
-    wa0, wb0, g0 = _w_first(w, row_a, row_b, pairs_ok, norm_w, H, True, True, BLOCK_K)
+    wa0, wb0, g0 = _w_first(w, row_a, row_b, pairs_ok, norm_w, H, True, NORM, BLOCK_K)
     freq = tl.load(inv_freq + j, mask=pairs_ok, other=0.0)
     p0 = pid_j * BLOCK_J
     count = tl.where(live, tl.minimum(n_pairs - p0, BLOCK_J), 0)
@@ -417,8 +410,9 @@ def llama_qkv_rope(h, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
-        a, b = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a, row_b, pairs_ok, H,
-                        wa0, wb0, True, True, BLOCK_M, BLOCK_J, BLOCK_K, STAGES)
+        a, b = _project(h if NORM else xn, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a,
+                        row_b, pairs_ok, H, wa0, wb0, NORM, True, BLOCK_M, BLOCK_J, BLOCK_K,
+                        STAGES)
         if BLOCK_M > 1:
             c, sn = _rope_cos_sin(p, freq)
         rotate = (head < NH + NKV)[None, :]
@@ -632,11 +626,13 @@ def llama_proj_residual(x, w, h, M, N, K,
 
 
 @triton.jit
-def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
+def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """out[m, n] = bf16(silu(g) · u), g and u the gate and up projections (rows n and
-    I + n of w) of rmsnorm(h[m], norm_w)."""
+    I + n of w) of rmsnorm(h[m], norm_w): computed here at one row, read from xn
+    (llama_rmsnorm's) at more."""
+    NORM: tl.constexpr = BLOCK_M == 1
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -644,7 +640,7 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < I)
     cols_ok = (cols < I) & live
-    wa0, wb0, g0 = _w_first(w, cols, cols + I, cols_ok, norm_w, H, True, True, BLOCK_K)
+    wa0, wb0, g0 = _w_first(w, cols, cols + I, cols_ok, norm_w, H, True, NORM, BLOCK_K)
     first = pid_n * BLOCK_N
     count = tl.where(live, tl.minimum(I - first, BLOCK_N), 0)
     _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
@@ -652,15 +648,16 @@ def llama_gate_up(h, norm_w, w, out, M, H, I, eps,
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
-        gate, up = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols + I, cols_ok,
-                            H, wa0, wb0, True, True, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        gate, up = _project(h if NORM else xn, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols,
+                            cols + I, cols_ok, H, wa0, wb0, NORM, True, BLOCK_M, BLOCK_N,
+                            BLOCK_K, STAGES)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out + rows.to(tl.int64)[:, None] * I + cols[None, :], act.to(tl.bfloat16),
                  mask=rows_ok[:, None] & cols_ok[None, :])
 
 
 @triton.jit
-def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                   M, V, H, eps, advance,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   STAGES: tl.constexpr, USE_PDL: tl.constexpr):
@@ -669,7 +666,7 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
     rows (counted in counters[its first row]) reduces them in program order, writes
     tokens[m], adds `advance` to pos[m] and resets the counter. At one row, a program of
     more vocabulary rows than one _LM_TILE-element tile holds streams them tile by tile
-    (_lm_head_stream)."""
+    (_lm_head_stream). One row normalizes h itself; more read xn (llama_rmsnorm's)."""
     TILE_N: tl.constexpr = _LM_TILE // BLOCK_K if BLOCK_K < _LM_TILE else 1
     STREAM: tl.constexpr = BLOCK_N > TILE_N if BLOCK_M == 1 else False
     pid_n = tl.program_id(0)
@@ -679,33 +676,35 @@ def llama_lm_head(h, norm_w, w, logits, part_max, part_idx, counters, tokens, po
                         M, V, H, eps, advance, pid_n, pid_m, BLOCK_N, BLOCK_K, TILE_N,
                         STAGES, USE_PDL)
     else:
-        _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
-                       M, V, H, eps, advance, pid_n, pid_m, BLOCK_M, BLOCK_N, BLOCK_K,
-                       STAGES, USE_PDL)
+        _lm_head_block(h if BLOCK_M == 1 else xn, norm_w, w, logits, part_max, part_idx,
+                       counters, tokens, pos, M, V, H, eps, advance, pid_n, pid_m, BLOCK_M,
+                       BLOCK_N, BLOCK_K, STAGES, USE_PDL)
 
 
 @triton.jit
-def _lm_head_block(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
+def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                    M, V, H, eps, advance, pid_n, pid_m,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """The LM head of rows pid_m·BLOCK_M .. + BLOCK_M over vocabulary rows pid_n·BLOCK_N
-    .. + BLOCK_N, all of them at once (_project)."""
+    .. + BLOCK_N, all of them at once (_project); x the fp32 residual stream at one row
+    (normalized here), llama_rmsnorm's bf16 rows at more."""
+    NORM: tl.constexpr = BLOCK_M == 1
     n_prog = tl.cdiv(V, BLOCK_N)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
     cols_ok = (cols < V) & live
-    wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, True, BLOCK_K)
+    wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, NORM, BLOCK_K)
     row0 = pid_n * BLOCK_N
     _prefetch_rows(w, row0, tl.where(live, tl.minimum(V - row0, BLOCK_N), 0), H, BLOCK_K,
                    _PREFETCH_BYTES, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
-        y, _ = _project(h, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
-                        wa0, True, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
+                        wa0, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])

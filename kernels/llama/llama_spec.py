@@ -77,6 +77,9 @@ def _proj_configs(n_name):
         (4, 4, 256, 4, 3), (4, 8, 128, 4, 3), (4, 4, 512, 8, 2), (8, 4, 256, 8, 3),
         (16, 16, 128, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 4),
         (32, 32, 128, 4, 3), (64, 32, 128, 4, 3), (64, 64, 64, 4, 4),
+        # plain GEMMs over llama_rmsnorm's rows (QKV, gate/up, LM head above one row)
+        (16, 16, 256, 4, 3), (16, 32, 256, 4, 3), (16, 64, 128, 4, 3), (64, 16, 128, 4, 3),
+        (64, 128, 64, 4, 4),
         (64, 64, 64, 8, 3), (128, 64, 64, 8, 3), (64, 128, 64, 8, 3),
     ]
     return [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k)
@@ -137,25 +140,40 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
     "llama_down_proj": ["p1_1_k8192_w16_s1"],
     "llama_lm_head": ["p1_256_k2048_w8_s4"],
 }
-# M = 2-4: BLOCK_M 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (x's
-# tile loaded and normalized once per K tile, one reduction over K at the end), BLOCK_M 16
-# is tl.dot with 12 of its rows masked. Each list, for LLAMA_SPEC_CANDIDATES=3: the first
-# H200 tuning's winner of this bucket (this structure then: LM head 337 us, gate/up 36),
-# the kernel's tl.dot tile that won the 5-16 bucket (its time at M = 16 bounds the one at
-# M = 4: the same weights; LM head 179-184 us, gate/up 25), the fastest whole-row tile of
-# the second tuning (a GEMV per row then: LM head 460 us, gate/up 63; with this structure
-# ptxas spills 0.9-6 KB per thread for whole rows, so expect it to lose); fourth, the
-# first tuning's runner-up (no spills); then the others.
+# M = 2-4 of the o and down projections (QKV, gate/up and the LM head: _XN below): BLOCK_M
+# 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (one reduction over K
+# at the end), BLOCK_M 16 is tl.dot with 12 of its rows masked. o is pinned to the [4, 4,
+# 256] tile (chosen inside the step graph, above); down's list: the first tuning's winner,
+# the tl.dot tile that won 5-16, then the others. A GEMV per row (each row's tile times a
+# weight tile shared by the rows) lost to both, twice: 2026-12-01, and 2026-12-02 without
+# spills (bench/llama_results/m4_rows_gemv_s7.md).
 _M4 = {
-    "llama_qkv_rope": ["p4_8_k128_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1",
-                       "p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w8_s1"],
     "llama_o_proj": ["p4_4_k256_w4_s3"],
-    "llama_gate_up": ["p4_8_k128_w4_s3", "p16_64_k64_w4_s4", "p4_2_k2048_w4_s1",
-                      "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_4_k2048_w8_s1"],
     "llama_down_proj": ["p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_1_k8192_w4_s1",
                         "p4_4_k512_w8_s2", "p4_8_k128_w4_s3", "p16_32_k128_w4_s4"],
-    "llama_lm_head": ["p4_8_k128_w4_s3", "p16_64_k64_w4_s4", "p4_8_k2048_w8_s1",
-                      "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_4_k2048_w4_s1"],
+}
+# Buckets 2-4, 5-16 and 17-64 of the kernels that read llama_rmsnorm's bf16 rows above one
+# row (QKV, gate/up, the LM head: plain GEMMs there since 2026-12-02). Each list leads with
+# the config of the fastest plain GEMM of the kernel's weight shape timed on the H200
+# (bench/llama_results/prenorm_probe_s7.md; QKV's BLOCK_J and gate/up's BLOCK_N are half
+# the GEMM's BLOCK_N: a program owns row pairs, or gate and up rows), then the runners-up
+# and the earlier normalizing kernels' winners.
+_XN = {
+    "llama_qkv_rope": [
+        ["p16_16_k128_w4_s4", "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p16_16_k256_w4_s3"],
+        ["p16_16_k256_w4_s3", "p16_16_k128_w4_s4", "p16_32_k128_w4_s4", "p16_32_k256_w4_s3"],
+        ["p64_16_k128_w4_s3", "p64_32_k128_w4_s3", "p16_16_k128_w4_s4", "p16_32_k128_w4_s4"],
+    ],
+    "llama_gate_up": [
+        ["p16_16_k128_w4_s4", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4", "p16_16_k256_w4_s3"],
+        ["p16_32_k128_w4_s4", "p16_16_k128_w4_s4", "p16_64_k64_w4_s4", "p16_16_k256_w4_s3"],
+        ["p64_64_k64_w4_s4", "p64_16_k128_w4_s3", "p64_32_k128_w4_s3", "p64_64_k64_w8_s3"],
+    ],
+    "llama_lm_head": [
+        ["p16_32_k128_w4_s4", "p16_64_k64_w4_s4", "p16_64_k128_w4_s3"],
+        ["p16_64_k128_w4_s3", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4", "p16_32_k256_w4_s3"],
+        ["p64_128_k64_w8_s3", "p64_64_k64_w4_s4", "p64_128_k64_w4_s4"],
+    ],
 }
 # M > 4: tl.dot tiles growing with M, with narrow ones among them so that the 2048-row
 # projections (o, down, QKV's 1536 pairs) still spread over all 132 SMs.
@@ -199,7 +217,15 @@ def _winner_first(lists, winners):
 def _proj_buckets(name, later):
     """Bucket lists of a projection: its M = 1 and M = 2-4 lists, then `later` (buckets
     5-16 on), each led by the first tuning's winner."""
-    return [_M1[name], _M4[name]] + _winner_first(later, _TUNED[name])
+    tail = _winner_first(later, _TUNED[name])
+    if name in _XN:
+        # These read llama_rmsnorm's rows exactly when BLOCK_M > 1; the engines write them
+        # at M > 1 only, so bucket 0 (M <= 1) must offer BLOCK_M 1 alone, the others none.
+        lists = [_M1[name]] + _XN[name] + tail[2:]
+        for bucket, names in enumerate(lists):
+            assert all(n.startswith("p1_") == (bucket == 0) for n in names), (name, bucket)
+        return lists
+    return [_M1[name], _M4[name]] + tail
 
 
 def _shape(m, **extra):
@@ -253,16 +279,28 @@ EMBED = _spec(
     ["M", "cdiv(H, BLOCK)"], ["h"], ["tokens", "table"], ["tokens", "table", "h", "H"],
     [_shape(m) for m in BUCKET_M], (0.0, 0.0))
 
+# The activations of the projections of more than one row (docs/llama.md): one program per
+# row, its 2048 fp32 values in one tile or a loop over narrower ones.
+RMSNORM = _spec(
+    "llama_rmsnorm", lk.llama_rmsnorm,
+    _p("h", "*fp32") + _p("norm_w xn", "*bf16") + _p("M H", "i32") + _p("eps", "fp32")
+    + _p("BLOCK USE_PDL", "constexpr"),
+    [Config(f"b{b}_w{w}", {"BLOCK": b}, num_warps=w, num_stages=1)
+     for b, w in ((2048, 4), (1024, 4), (2048, 8), (512, 2), (1024, 2))],
+    [["b2048_w4", "b1024_w4", "b2048_w8", "b512_w2", "b1024_w2"]] * 6,
+    ["M"], ["xn"], ["h", "norm_w"], ["h", "norm_w", "xn", "H"],
+    [_shape(m) for m in BUCKET_M], BF16_TOL)
+
 QKV = _spec(
     "llama_qkv_rope", lk.llama_qkv_rope,
-    _p("h", "*fp32") + _p("norm_w w", "*bf16") + _p("inv_freq", "*fp32")
+    _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("inv_freq", "*fp32")
     + _p("pos seq", "*i32") + _p("q k_cache v_cache", "*bf16")
     + _p("M H NH NKV CAP", "i32") + _p("eps", "fp32")
     + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES USE_PDL", "constexpr"),
     _proj_configs("BLOCK_J"), _proj_buckets("llama_qkv_rope", PROJ_BUCKETS),
     ["cdiv((NH + 2 * NKV) * HEAD_DIM / 2, BLOCK_J)", "cdiv(M, BLOCK_M)"],
-    ["q", "k_cache", "v_cache"], ["h", "norm_w", "w", "inv_freq", "pos", "seq"],
-    ["h", "norm_w", "w", "inv_freq", "q", "k_cache", "v_cache", "H", "CAP"],
+    ["q", "k_cache", "v_cache"], ["h", "xn", "norm_w", "w", "inv_freq", "pos", "seq"],
+    ["h", "xn", "norm_w", "w", "inv_freq", "q", "k_cache", "v_cache", "H", "CAP"],
     [_shape(m, CAP=4096, prefill=m > 64) for m in BUCKET_M], BF16_TOL,
     constants={"HEAD_DIM": HEAD_DIM})
 
@@ -324,28 +362,30 @@ DOWN_PROJ = _proj_residual("llama_down_proj")
 
 GATE_UP = _spec(
     "llama_gate_up", lk.llama_gate_up,
-    _p("h", "*fp32") + _p("norm_w w out", "*bf16") + _p("M H I", "i32") + _p("eps", "fp32")
+    _p("h", "*fp32") + _p("xn norm_w w out", "*bf16") + _p("M H I", "i32")
+    + _p("eps", "fp32")
     + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
     _proj_configs("BLOCK_N"), _proj_buckets("llama_gate_up", PROJ_BUCKETS),
-    ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "norm_w", "w"],
-    ["h", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
+    ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "xn", "norm_w", "w"],
+    ["h", "xn", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
 
 LM_HEAD = _spec(
     "llama_lm_head", lk.llama_lm_head,
-    _p("h", "*fp32") + _p("norm_w w", "*bf16") + _p("logits part_max", "*fp32")
+    _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
     + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
     _proj_configs("BLOCK_N"), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
-    ["h", "norm_w", "w"],
-    ["h", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],
+    ["h", "xn", "norm_w", "w"],
+    ["h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],
     [_shape(m) for m in BUCKET_M[:-1]] + [_shape(512)],
     # logits: the fp32 order of the RMSNorm's sum of squares depends on the config; its
     # last bit can flip a few bf16 roundings of the normalized row (about 2e-4 each).
     {"logits": (1e-3, 3e-3), "tokens": (0.0, 0.0), "pos": (0.0, 0.0),
      "counters": (0.0, 0.0)})
 
-ALL_KERNELS = [EMBED, QKV, ATTN_DECODE, ATTN_PREFILL, O_PROJ, GATE_UP, DOWN_PROJ, LM_HEAD]
+ALL_KERNELS = [EMBED, RMSNORM, QKV, ATTN_DECODE, ATTN_PREFILL, O_PROJ, GATE_UP, DOWN_PROJ,
+               LM_HEAD]
 
 
 def _selected(kernels):

@@ -23,6 +23,22 @@ def rmsnorm(h, g, eps):
     return ((h * r).to(BF16).float() * g.float()).to(BF16)
 
 
+def normed_rows(a, hdim):
+    """The normalized rows a projection kernel reads: rmsnorm(h) at M = 1 (the kernel
+    normalizes its one row), llama_rmsnorm's xn at M > 1 (docs/llama.md)."""
+    m = a["M"]
+    if m > 1:
+        return a["xn"].view(-1, hdim)[:m]
+    return rmsnorm(a["h"].view(-1, hdim)[:m], a["norm_w"], a["eps"])
+
+
+def rmsnorm_rows(a):
+    hdim, m = a["H"], a["M"]
+    xn = a["xn"].clone()
+    xn.view(-1, hdim)[:m] = rmsnorm(a["h"].view(-1, hdim)[:m], a["norm_w"], a["eps"])
+    return {"xn": xn}
+
+
 def project(x, w):
     """x · wᵀ summed in float64, as fp32."""
     return (x.double() @ w.double().t()).float()
@@ -39,7 +55,7 @@ def qkv_rope(a, head_dim):
     m, hdim, nh, nkv, cap = a["M"], a["H"], a["NH"], a["NKV"], a["CAP"]
     half = head_dim // 2
     heads = nh + 2 * nkv
-    xn = rmsnorm(a["h"].view(-1, hdim)[:m], a["norm_w"], a["eps"])
+    xn = normed_rows(a, hdim)
     y = project(xn, a["w"].view(-1, hdim)[:heads * head_dim]).view(m, heads, head_dim)
     pos = a["pos"][:m].long()
     angle = pos.float()[:, None] * a["inv_freq"][None, :half].float()  # fp32, as the kernel
@@ -114,7 +130,7 @@ def proj_residual(a):
 
 def gate_up(a):
     m, hdim, inter = a["M"], a["H"], a["I"]
-    xn = rmsnorm(a["h"].view(-1, hdim)[:m], a["norm_w"], a["eps"])
+    xn = normed_rows(a, hdim)
     w = a["w"].view(-1, hdim)
     g, u = project(xn, w[:inter]), project(xn, w[inter:2 * inter])
     out = a["out"].clone()
@@ -124,7 +140,7 @@ def gate_up(a):
 
 def lm_head(a):
     m, v, hdim = a["M"], a["V"], a["H"]
-    xn = rmsnorm(a["h"].view(-1, hdim)[:m], a["norm_w"], a["eps"])
+    xn = normed_rows(a, hdim)
     y = project(xn, a["w"].view(-1, hdim)[:v])
     logits = a["logits"].clone()
     logits.view(-1, v)[:m] = y
@@ -192,6 +208,12 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
         return {"tokens": _randint(v, (m,), gen, device),
                 "table": _randn((v, hdim), gen, device, 0.02, BF16),
                 "h": _randn((m, hdim), gen, device), "M": m, "H": hdim}
+    if kernel == "llama_rmsnorm":
+        hdim = shape["H"]
+        return {"h": _randn((m, hdim), gen, device),
+                "norm_w": _randn((hdim,), gen, device, 0.1, BF16, 1.0),
+                "xn": torch.zeros((m, hdim), dtype=BF16, device=device),
+                "M": m, "H": hdim, "eps": 1e-5}
     if kernel == "llama_qkv_rope":
         hdim, nh, nkv, cap = shape["H"], shape["NH"], shape["NKV"], shape["CAP"]
         prefill = shape.get("prefill", False)
@@ -202,8 +224,9 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
         else:
             pos = _randint(cap, (m,), gen, device)
             seq = torch.randperm(m, generator=gen, device=device).to(torch.int32)
-        return {"h": _randn((m, hdim), gen, device),
-                "norm_w": _randn((hdim,), gen, device, 0.1, BF16, 1.0),
+        h = _randn((m, hdim), gen, device)
+        norm_w = _randn((hdim,), gen, device, 0.1, BF16, 1.0)
+        return {"h": h, "xn": rmsnorm(h, norm_w, 1e-5), "norm_w": norm_w,
                 "w": _randn(((nh + 2 * nkv) * d, hdim), gen, device, 0.02, BF16),
                 "inv_freq": llama3_inv_freq(d).to(device), "pos": pos, "seq": seq,
                 "q": torch.zeros((m, nh, d), dtype=BF16, device=device),
@@ -243,8 +266,9 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
                 "h": _randn((m, n), gen, device), "M": m, "N": n, "K": k}
     if kernel == "llama_gate_up":
         hdim, inter = shape["H"], shape["I"]
-        return {"h": _randn((m, hdim), gen, device),
-                "norm_w": _randn((hdim,), gen, device, 0.1, BF16, 1.0),
+        h = _randn((m, hdim), gen, device)
+        norm_w = _randn((hdim,), gen, device, 0.1, BF16, 1.0)
+        return {"h": h, "xn": rmsnorm(h, norm_w, 1e-5), "norm_w": norm_w,
                 "w": _randn((2 * inter, hdim), gen, device, 0.02, BF16),
                 "out": torch.zeros((m, inter), dtype=BF16, device=device),
                 "M": m, "H": hdim, "I": inter, "eps": 1e-5}
@@ -258,7 +282,7 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
             # cannot change it: w[winner] = 0.05 * xn of the row.
             winners = _randint(v, (m,), gen, device).long()
             w[winners] = (rmsnorm(h, norm_w, 1e-5).float() * 0.05).to(BF16)
-        return {"h": h, "norm_w": norm_w, "w": w,
+        return {"h": h, "xn": rmsnorm(h, norm_w, 1e-5), "norm_w": norm_w, "w": w,
                 "logits": torch.zeros((m, v), device=device),
                 "part_max": torch.zeros(m * v, device=device),
                 "part_idx": torch.zeros(m * v, dtype=torch.int32, device=device),
@@ -273,6 +297,8 @@ def reference(kernel, args, head_dim=64):
     """{output: expected} for pack kernel `kernel` on `args`."""
     if kernel == "llama_embed":
         return embed(args)
+    if kernel == "llama_rmsnorm":
+        return rmsnorm_rows(args)
     if kernel == "llama_qkv_rope":
         return qkv_rope(args, head_dim)
     if kernel == "llama_attn_decode":

@@ -55,7 +55,14 @@ using ::testing::IsEmpty;
 
 // The tiny preset's shape (ENGINE_IFACE.md).
 constexpr int kLayers = 2, kVocab = 1000;
-constexpr int kLaunchesPerStep = 5 * kLayers + 2;
+// Launches of a decode step: 5 per layer + 2 at one row; above one row also llama_rmsnorm
+// before each layer's QKV and gate/up and before the LM head (docs/llama.md).
+constexpr int LaunchesPerStep(int batch) {
+  return batch > 1 ? 7 * kLayers + 3 : 5 * kLayers + 2;
+}
+// A prefill of more than one token: its rows normalized before QKV and gate/up; the LM
+// head runs on the last row alone.
+constexpr int kPrefillLaunches = 7 * kLayers + 2;
 const std::vector<int> kPromptLens = {5, 9, 3};
 
 std::vector<int32_t> Prompt(int row, int len, int seed = 0) {
@@ -389,7 +396,7 @@ TEST_F(LlamaEngineTest, OneGraphPerBatchBucketNoneAsTheContextGrows) {
   const uint64_t sets = e.stats().batch_sets;
   LL_ASSERT_OK(e.Decode(2, Engine::Mode::kGraph));  // same bucket: M set on every launch
   EXPECT_EQ(e.stats().batch_sets, sets + 1);
-  EXPECT_EQ(e.stats().last_nodes_patched, static_cast<uint64_t>(kLaunchesPerStep));
+  EXPECT_EQ(e.stats().last_nodes_patched, static_cast<uint64_t>(LaunchesPerStep(2)));
   EXPECT_EQ(e.graphs_built(1), 1u);
   LL_ASSERT_OK(e.Decode(2, Engine::Mode::kGraph));
   EXPECT_EQ(e.stats().last_nodes_patched, 0u);
@@ -414,7 +421,7 @@ TEST_F(LlamaEngineTest, OneGraphPerBatchBucketNoneAsTheContextGrows) {
   EXPECT_EQ(e.stats().graphs_built, 3u);
   EXPECT_EQ(fake::GraphLaunches() - graph_launches, 30);
   // Patched only where the batch changed inside a bucket: 3 -> 2 and 2 -> 4.
-  EXPECT_EQ(fake::NodeUpdates().size(), 2u * kLaunchesPerStep);
+  EXPECT_EQ(fake::NodeUpdates().size(), 2u * LaunchesPerStep(2));
   // Eager steps use the same bound launches and build nothing.
   LL_ASSERT_OK(e.Decode(4, Engine::Mode::kEager));
   EXPECT_EQ(e.stats().graphs_built, 3u);
@@ -432,8 +439,9 @@ TEST_F(LlamaEngineTest, GraphStepsEqualEagerStepsBitForBit) {
     const int64_t before = EmulatedLaunches();
     const RunResult graph = ExpectGraphEqualsEager(rig_, batch, kPromptLens, 16, 64);
     // Every launch ran: per sequence (eager, graph warm-up, graph timed) a prefill of
-    // 5 L + 2 launches per row and 16 decode steps.
-    EXPECT_EQ(EmulatedLaunches() - before, 3 * (batch + 16) * kLaunchesPerStep);
+    // 7 L + 2 launches per row (every prompt has more than one token) and 16 decode steps.
+    EXPECT_EQ(EmulatedLaunches() - before,
+              3 * (batch * kPrefillLaunches + 16 * LaunchesPerStep(batch)));
     ASSERT_EQ(graph.generated.size(), static_cast<size_t>(batch));
     for (const std::vector<int32_t>& row : graph.generated) {
       ASSERT_EQ(row.size(), 17u);

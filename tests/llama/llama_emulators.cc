@@ -9,7 +9,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "fake_driver.h"
@@ -124,6 +126,28 @@ void RmsNorm(const float* x, const uint16_t* g, int64_t h, float eps, float* xn)
   }
 }
 
+// The normalized rows a projection reads (docs/llama.md): rmsnorm(h[r], norm_w) computed by
+// the kernel at M = 1; llama_rmsnorm's bf16 rows xn at M > 1. Into xn_rows ([m, h]); false
+// when an array is out of reach (the fault recorded).
+bool NormedRows(const Args& a, int64_t m, int64_t h, const std::string& what,
+                std::vector<float>* xn_rows) {
+  const size_t count = static_cast<size_t>(m * h);
+  xn_rows->assign(count, 0.0f);
+  if (m > 1) {
+    const uint16_t* xn = DeviceArray<uint16_t>(a.Ptr("xn"), count, what + " xn");
+    if (xn == nullptr) return false;
+    for (size_t i = 0; i < count; ++i) (*xn_rows)[i] = Bf(xn, i);
+    return true;
+  }
+  const float* hs = DeviceArray<float>(a.Ptr("h"), count, what + " h");
+  const uint16_t* norm =
+      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), what + " norm_w");
+  if (hs == nullptr || norm == nullptr) return false;
+  const float eps = a.F32("eps");
+  for (int64_t r = 0; r < m; ++r) RmsNorm(hs + r * h, norm, h, eps, xn_rows->data() + r * h);
+  return true;
+}
+
 // Σ_k x[k] · float(w[k]), fp32, in order.
 float Dot(const float* x, const uint16_t* w, int64_t k) {
   float acc = 0;
@@ -131,13 +155,18 @@ float Dot(const float* x, const uint16_t* w, int64_t k) {
   return acc;
 }
 
+// A kernel of one program per row (grid.x) must have at least M of them.
+void CheckRowGrid(const EmulatedLaunch& l, const char* kernel, int64_t m) {
+  if (l.grid[0] < static_cast<uint64_t>(m)) {
+    Error(absl::StrCat(kernel, ": grid.x ", l.grid[0], " < M ", m));
+  }
+}
+
 void Embed(const EmulatedLaunch& l) {
   Args a(l);
   if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
   const int32_t m = a.I32("M"), h = a.I32("H");
-  if (l.grid[0] < static_cast<unsigned>(m)) {
-    Error(absl::StrCat("llama_embed: grid.x ", l.grid[0], " < M ", m));
-  }
+  CheckRowGrid(l, "llama_embed", m);
   const int32_t* tokens =
       DeviceArray<int32_t>(a.Ptr("tokens"), static_cast<size_t>(m), "embed tokens");
   if (tokens == nullptr) return;
@@ -154,16 +183,31 @@ void Embed(const EmulatedLaunch& l) {
   }
 }
 
+void RmsNormRows(const EmulatedLaunch& l) {
+  Args a(l);
+  if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
+  const int64_t m = a.I32("M"), h = a.I32("H");
+  CheckRowGrid(l, "llama_rmsnorm", m);
+  const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "rmsnorm h");
+  const uint16_t* norm =
+      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "rmsnorm norm_w");
+  uint16_t* xn = DeviceArray<uint16_t>(a.Ptr("xn"), static_cast<size_t>(m * h), "rmsnorm xn");
+  if (!hs || !norm || !xn) return;
+  std::vector<float> row(static_cast<size_t>(h));
+  for (int64_t r = 0; r < m; ++r) {
+    RmsNorm(hs + r * h, norm, h, a.F32("eps"), row.data());
+    for (int64_t k = 0; k < h; ++k) xn[r * h + k] = FloatToBf16(row[static_cast<size_t>(k)]);
+  }
+}
+
 void QkvRope(const EmulatedLaunch& l) {
   Args a(l);
   if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
   const int64_t m = a.I32("M"), h = a.I32("H"), nh = a.I32("NH"), nkv = a.I32("NKV"),
                 cap = a.I32("CAP"), d = R().head_dim;
-  const float eps = a.F32("eps");
   const int64_t heads = nh + 2 * nkv;
-  const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "qkv h");
-  const uint16_t* norm =
-      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "qkv norm_w");
+  std::vector<float> xn;
+  if (!NormedRows(a, m, h, "qkv", &xn)) return;
   const uint16_t* w =
       DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(heads * d * h), "qkv w");
   const float* inv =
@@ -171,14 +215,13 @@ void QkvRope(const EmulatedLaunch& l) {
   const int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "qkv pos");
   const int32_t* seq = DeviceArray<int32_t>(a.Ptr("seq"), static_cast<size_t>(m), "qkv seq");
   uint16_t* q = DeviceArray<uint16_t>(a.Ptr("q"), static_cast<size_t>(m * nh * d), "qkv q");
-  if (!hs || !norm || !w || !inv || !pos || !seq || !q) return;
-  std::vector<float> xn(static_cast<size_t>(h)), y(static_cast<size_t>(heads * d));
+  if (!w || !inv || !pos || !seq || !q) return;
+  std::vector<float> y(static_cast<size_t>(heads * d));
   for (int64_t r = 0; r < m; ++r) {
     if (pos[r] < 0) return Error(absl::StrCat("llama_qkv_rope: row ", r, " position ", pos[r]));
     const bool append = pos[r] < cap;  // docs/llama.md: past the cache, nothing is appended
-    RmsNorm(hs + r * h, norm, h, eps, xn.data());
     for (int64_t n = 0; n < heads * d; ++n)
-      y[static_cast<size_t>(n)] = Dot(xn.data(), w + n * h, h);
+      y[static_cast<size_t>(n)] = Dot(xn.data() + r * h, w + n * h, h);
     for (int64_t head = 0; head < heads; ++head) {
       uint16_t* out;
       const bool v_head = head >= nh + nkv;
@@ -377,20 +420,17 @@ void GateUp(const EmulatedLaunch& l) {
   Args a(l);
   if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
   const int64_t m = a.I32("M"), h = a.I32("H"), inter = a.I32("I");
-  const float eps = a.F32("eps");
-  const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "gate_up h");
-  const uint16_t* norm =
-      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "gate_up norm_w");
+  std::vector<float> xn_rows;
+  if (!NormedRows(a, m, h, "gate_up", &xn_rows)) return;
   const uint16_t* w =
       DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(2 * inter * h), "gate_up w");
   uint16_t* out =
       DeviceArray<uint16_t>(a.Ptr("out"), static_cast<size_t>(m * inter), "gate_up out");
-  if (!hs || !norm || !w || !out) return;
-  std::vector<float> xn(static_cast<size_t>(h));
+  if (!w || !out) return;
   for (int64_t r = 0; r < m; ++r) {
-    RmsNorm(hs + r * h, norm, h, eps, xn.data());
+    const float* xn = xn_rows.data() + r * h;
     for (int64_t c = 0; c < inter; ++c) {
-      const float g = Dot(xn.data(), w + c * h, h), u = Dot(xn.data(), w + (inter + c) * h, h);
+      const float g = Dot(xn, w + c * h, h), u = Dot(xn, w + (inter + c) * h, h);
       out[r * inter + c] = FloatToBf16(g / (1.0f + std::exp(-g)) * u);
     }
   }
@@ -400,19 +440,17 @@ void LmHead(const EmulatedLaunch& l) {
   Args a(l);
   if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
   const int64_t m = a.I32("M"), v = a.I32("V"), h = a.I32("H");
-  const float eps = a.F32("eps");
   const int32_t advance = a.I32("advance");
   const std::optional<int64_t> block_n = a.Constexpr("BLOCK_N");
-  const float* hs = DeviceArray<float>(a.Ptr("h"), static_cast<size_t>(m * h), "lm_head h");
-  const uint16_t* norm =
-      DeviceArray<uint16_t>(a.Ptr("norm_w"), static_cast<size_t>(h), "lm_head norm_w");
+  std::vector<float> xn_rows;
+  if (!NormedRows(a, m, h, "lm_head", &xn_rows)) return;
   const uint16_t* w = DeviceArray<uint16_t>(a.Ptr("w"), static_cast<size_t>(v * h), "lm_head w");
   float* logits = DeviceArray<float>(a.Ptr("logits"), static_cast<size_t>(m * v), "lm_head logits");
   int32_t* counters =
       DeviceArray<int32_t>(a.Ptr("counters"), static_cast<size_t>(m), "lm_head counters");
   int32_t* tokens = DeviceArray<int32_t>(a.Ptr("tokens"), static_cast<size_t>(m), "lm_head tokens");
   int32_t* pos = DeviceArray<int32_t>(a.Ptr("pos"), static_cast<size_t>(m), "lm_head pos");
-  if (!hs || !norm || !w || !logits || !counters || !tokens || !pos) return;
+  if (!w || !logits || !counters || !tokens || !pos) return;
   const int64_t programs = block_n.has_value() ? Cdiv(v, *block_n) : 0;
   float* part_max = nullptr;
   int32_t* part_idx = nullptr;
@@ -423,14 +461,13 @@ void LmHead(const EmulatedLaunch& l) {
                                     "lm_head part_idx");
     if (!part_max || !part_idx) return;
   }
-  std::vector<float> xn(static_cast<size_t>(h));
   for (int64_t r = 0; r < m; ++r) {
     if (counters[r] != 0)
       Error(absl::StrCat("llama_lm_head: counter of row ", r, " is ", counters[r]));
-    RmsNorm(hs + r * h, norm, h, eps, xn.data());
+    const float* xn = xn_rows.data() + r * h;
     int32_t best = 0;
     for (int64_t c = 0; c < v; ++c) {
-      logits[r * v + c] = Dot(xn.data(), w + c * h, h);
+      logits[r * v + c] = Dot(xn, w + c * h, h);
       if (logits[r * v + c] > logits[r * v + best]) best = static_cast<int32_t>(c);
     }
     for (int64_t p = 0; p < programs; ++p) {
@@ -450,6 +487,7 @@ using Emulator = void (*)(const EmulatedLaunch&);
 
 Emulator EmulatorFor(const std::string& kernel) {
   if (kernel == "llama_embed") return Embed;
+  if (kernel == "llama_rmsnorm") return RmsNormRows;
   if (kernel == "llama_qkv_rope") return QkvRope;
   if (kernel == "llama_attn_decode") return AttnDecode;
   if (kernel == "llama_attn_prefill") return AttnPrefill;
@@ -468,6 +506,7 @@ void Counted(const EmulatedLaunch& l) {
 
 fake::KernelEmulator CountedFor(Emulator e) {
   if (e == Embed) return Counted<Embed>;
+  if (e == RmsNormRows) return Counted<RmsNormRows>;
   if (e == QkvRope) return Counted<QkvRope>;
   if (e == AttnDecode) return Counted<AttnDecode>;
   if (e == AttnPrefill) return Counted<AttnPrefill>;

@@ -48,9 +48,12 @@ def kernel_of(entry: str) -> str:
     return {"llama_proj_residual": "proj"}.get(entry, entry)
 
 
-def decode_names(L: int) -> list:
-    layer = ["llama_qkv_rope", "llama_attn_decode", "proj", "llama_gate_up", "proj"]
-    return ["llama_embed"] + layer * L + ["llama_lm_head"]
+def decode_names(L: int, rows: int = 3) -> list:
+    """The step's kernels; above one row llama_rmsnorm before QKV, gate/up and the LM head."""
+    norm = ["llama_rmsnorm"] if rows > 1 else []
+    layer = norm + ["llama_qkv_rope", "llama_attn_decode", "proj"] + norm + [
+        "llama_gate_up", "proj"]
+    return ["llama_embed"] + layer * L + norm + ["llama_lm_head"]
 
 
 def params_of(eng, call, launch, layouts):
@@ -82,7 +85,7 @@ def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
     eng.decode_step()
     launches = fake.launches_since(mark)
     assert [kernel_of(x.entry) for x in launches] == decode_names(cfg.L)
-    assert len(launches) == 5 * cfg.L + 2
+    assert len(launches) == 7 * cfg.L + 3
     S = config.decode_splits(3, cfg.NKV)
     assert S == 32  # min(S_MAX, 512 / (4 * NKV 2))
     for call, launch in zip(calls, launches):
@@ -94,8 +97,13 @@ def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
             else:
                 assert value == want[name], (call.kernel, name)
         assert p.get("M", 3) == 3
-    attn = launches[2]
+    attn = launches[3]
     assert attn.grid == (S, cfg.NKV, 3)
+    # The normalized rows: llama_rmsnorm writes xn, QKV reads it (and h, for one row).
+    norm = params_of(eng, calls[1], launches[1], layouts)
+    qkv = params_of(eng, calls[2], launches[2], layouts)
+    assert norm["xn"] == qkv["xn"] == eng.state.xn.data_ptr()
+    assert norm["norm_w"] == qkv["norm_w"] and norm["M"] == 3
     lm = params_of(eng, calls[-1], launches[-1], layouts)
     assert lm["advance"] == 1 and lm["tokens"] == eng.state.tokens.data_ptr()
 
@@ -106,11 +114,12 @@ def test_prefill_is_one_step_then_the_lm_head_on_the_last_row(eng, fake, layouts
     mark = fake.launch_count()
     eng.prefill(prompt)
     launches = fake.launches_since(mark)
-    per_row = 5 * cfg.L + 2
+    per_row = 7 * cfg.L + 2  # prompts of 3 and 20 tokens: normalized rows, then one row
     assert len(launches) == 2 * per_row
     row1 = launches[per_row:]
     names = [kernel_of(x.entry) for x in row1]
-    assert names[2] == "llama_attn_prefill" and names[-1] == "llama_lm_head"
+    assert names[1] == "llama_rmsnorm" and names[3] == "llama_attn_prefill"
+    assert names[-2] == "proj" and names[-1] == "llama_lm_head"
     calls = s.prefill_calls(1, 20)
     for call, launch in zip(calls[:-1], row1[:-1]):
         assert params_of(eng, call, launch, layouts).get("M", 20) == 20
@@ -120,7 +129,7 @@ def test_prefill_is_one_step_then_the_lm_head_on_the_last_row(eng, fake, layouts
     assert lm["logits"] == s.logits.data_ptr() + cfg.V * 4
     assert lm["counters"] == s.lm_counters.data_ptr() + 4
     assert lm["tokens"] == s.tokens.data_ptr() + 4 and lm["pos"] == s.pos.data_ptr() + 4
-    qkv = params_of(eng, calls[1], row1[1], layouts)
+    qkv = params_of(eng, calls[2], row1[2], layouts)
     assert qkv["pos"] == s.ppos.data_ptr() and qkv["seq"] == s.pseq.data_ptr()
     # The host set the decode rows after the prefills: pos = prompt lengths, seq = rows.
     assert s.pos[:2].tolist() == [3, 20] and s.seq[:2].tolist() == [0, 1]
@@ -142,14 +151,14 @@ def test_graph_replay_sends_the_eager_steps_parameters(eng, fake):
     assert [x.params for x in replayed] == [x.params for x in eager]
     # Grid-tolerant kernels run at their bucket's edge (2-4: 4) in the graph.
     S = config.decode_splits(3, eng.cfg.NKV)
-    assert replayed[2].grid == (S, eng.cfg.NKV, 4) and eager[2].grid == (S, eng.cfg.NKV, 3)
+    assert replayed[3].grid == (S, eng.cfg.NKV, 4) and eager[3].grid == (S, eng.cfg.NKV, 3)
 
 
 def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):
     eng.prefill(config.prompt_tokens(8, [5] * 8, 0, eng.cfg.V))
     eng.use("graph")
     graph_stats = lambda: eng.backend.stats()  # noqa: E731
-    n = 5 * eng.cfg.L + 2
+    n = 7 * eng.cfg.L + 3  # launches of a step above one row
     eng.set_batch(3)
     for _ in range(3):
         eng.decode_step()
@@ -169,9 +178,35 @@ def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):
     edges = lambda: [g["programmatic_edges"] for g in eng.backend.graph.graphs()]  # noqa: E731
     assert edges() == [0, 0]
     eng.set_batch(1)
+    mark = fake.launch_count()
     eng.decode_step()
     assert graph_stats()["graphs_built"] == 3
     assert len(edges()) == 1 and edges()[0] > 0
+    # One row's step has no llama_rmsnorm: launches of its own, with its own arguments.
+    one = fake.launches_since(mark)
+    assert [kernel_of(x.entry) for x in one] == decode_names(eng.cfg.L, rows=1)
     eng.set_batch(4)
+    mark = fake.launch_count()
     eng.decode_step()
     assert graph_stats()["graphs_built"] == 3 and edges() == [0, 0]
+    assert [kernel_of(x.entry) for x in fake.launches_since(mark)] == decode_names(eng.cfg.L)
+
+
+def test_eager_steps_switch_between_one_row_and_more(eng, fake, layouts):
+    """One row and more rows launch different kernel sequences (llama_rmsnorm above one
+    row): each keeps bound launches of its own, and switching back and forth sends each
+    step the arguments of its calls."""
+    eng.prefill(config.prompt_tokens(3, [4] * 3, 0, eng.cfg.V))
+    for batch in (3, 1, 3, 1):
+        eng.set_batch(batch)
+        calls = eng.state.decode_calls(batch)
+        mark = fake.launch_count()
+        eng.decode_step()
+        launches = fake.launches_since(mark)
+        assert [kernel_of(x.entry) for x in launches] == decode_names(eng.cfg.L, rows=batch)
+        for call, launch in zip(calls, launches):
+            p = params_of(eng, call, launch, layouts)
+            want = dict(zip(engine.PARAMS[call.kernel], eng.backend._args(call)))
+            for name in ("M", "h", "xn", "w"):
+                if name in p:
+                    assert p[name] == want[name], (batch, call.kernel, name)

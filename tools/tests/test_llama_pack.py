@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC = REPO / "kernels" / "llama" / "llama_spec.py"
 PACK = REPO / "kernels" / "llamapack"
 DOC = REPO / "docs" / "llama.md"
-KERNELS = ["llama_embed", "llama_qkv_rope", "llama_attn_decode", "llama_attn_prefill",
-           "llama_o_proj", "llama_gate_up", "llama_down_proj", "llama_lm_head"]
+KERNELS = ["llama_embed", "llama_rmsnorm", "llama_qkv_rope", "llama_attn_decode",
+           "llama_attn_prefill", "llama_o_proj", "llama_gate_up", "llama_down_proj",
+           "llama_lm_head"]
 EDGES = [1, 4, 16, 64, 256]
 
 

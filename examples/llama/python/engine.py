@@ -57,7 +57,8 @@ from config import (S_MAX, LlamaConfig, config_summary, decode_splits,  # noqa: 
 # The pack kernels' call parameters (docs/llama.md), checked against the pack at open.
 PARAMS: Dict[str, tuple] = {
     "llama_embed": ("tokens", "table", "h", "M", "H"),
-    "llama_qkv_rope": ("h", "norm_w", "w", "inv_freq", "pos", "seq", "q", "k_cache",
+    "llama_rmsnorm": ("h", "norm_w", "xn", "M", "H", "eps"),
+    "llama_qkv_rope": ("h", "xn", "norm_w", "w", "inv_freq", "pos", "seq", "q", "k_cache",
                        "v_cache", "M", "H", "NH", "NKV", "CAP", "eps"),
     "llama_attn_decode": ("q", "k_cache", "v_cache", "pos", "seq", "o_part", "ml_part",
                           "counters", "out", "M", "NH", "NKV", "CAP", "S", "sm_scale"),
@@ -65,8 +66,8 @@ PARAMS: Dict[str, tuple] = {
                            "CAP", "sm_scale"),
     "llama_o_proj": ("x", "w", "h", "M", "N", "K"),
     "llama_down_proj": ("x", "w", "h", "M", "N", "K"),
-    "llama_gate_up": ("h", "norm_w", "w", "out", "M", "H", "I", "eps"),
-    "llama_lm_head": ("h", "norm_w", "w", "logits", "part_max", "part_idx", "counters",
+    "llama_gate_up": ("h", "xn", "norm_w", "w", "out", "M", "H", "I", "eps"),
+    "llama_lm_head": ("h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "counters",
                       "tokens", "pos", "M", "V", "H", "eps", "advance"),
 }
 
@@ -80,6 +81,7 @@ def _cdiv(a: int, b: int) -> int:
 # no grid expressions.
 GRIDS: Dict[str, Callable[[Dict[str, Any], Dict[str, Any]], tuple]] = {
     "llama_embed": lambda a, c: (a["M"], _cdiv(a["H"], c["BLOCK"])),
+    "llama_rmsnorm": lambda a, c: (a["M"],),
     "llama_qkv_rope": lambda a, c: (
         _cdiv((a["NH"] + 2 * a["NKV"]) * c["HEAD_DIM"] // 2, c["BLOCK_J"]),
         _cdiv(a["M"], c["BLOCK_M"])),
@@ -141,6 +143,7 @@ class DeviceState:
         rows = max(max_batch, max_prompt)
         z = lambda *shape, dtype=f32: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.h = z(rows, cfg.H)
+        self.xn = z(rows, cfg.H, dtype=bf)  # llama_rmsnorm's rows (M > 1)
         self.q = z(rows, cfg.NH, cfg.D, dtype=bf)
         self.attn = z(rows, cfg.NH * cfg.D, dtype=bf)
         self.act = z(rows, cfg.I, dtype=bf)
@@ -157,21 +160,30 @@ class DeviceState:
         self.attn_counters = z(max_batch * cfg.NKV, dtype=i32)
         self.lm_counters = z(max_batch, dtype=i32)
 
+    def norm_calls(self, M: int, norm_w) -> List[Call]:
+        """llama_rmsnorm of rows 0..M-1 of h into xn, which the projections read above one
+        row (docs/llama.md); none at one row (they normalize it themselves)."""
+        if M == 1:
+            return []
+        return [Call("llama_rmsnorm", [self.h, norm_w, self.xn, M, self.cfg.H, self.cfg.eps])]
+
     def layer_calls(self, l: int, M: int, pos, seq, attention: Call) -> List[Call]:
         cfg = self.cfg
-        return [
-            Call("llama_qkv_rope", [self.h, self.ln1[l], self.wqkv[l], self.inv_freq, pos, seq,
-                                    self.q, self.k_cache[l], self.v_cache[l], M, cfg.H, cfg.NH,
-                                    cfg.NKV, self.capacity, cfg.eps]),
+        return (self.norm_calls(M, self.ln1[l]) + [
+            Call("llama_qkv_rope", [self.h, self.xn, self.ln1[l], self.wqkv[l], self.inv_freq,
+                                    pos, seq, self.q, self.k_cache[l], self.v_cache[l], M,
+                                    cfg.H, cfg.NH, cfg.NKV, self.capacity, cfg.eps]),
             attention,
             Call("llama_o_proj", [self.attn, self.wo[l], self.h, M, cfg.H, cfg.NH * cfg.D]),
-            Call("llama_gate_up", [self.h, self.ln2[l], self.wgu[l], self.act, M, cfg.H, cfg.I,
-                                   cfg.eps]),
+        ] + self.norm_calls(M, self.ln2[l]) + [
+            Call("llama_gate_up", [self.h, self.xn, self.ln2[l], self.wgu[l], self.act, M, cfg.H,
+                                   cfg.I, cfg.eps]),
             Call("llama_down_proj", [self.act, self.wd[l], self.h, M, cfg.H, cfg.I]),
-        ]
+        ])
 
     def decode_calls(self, B: int) -> List[Call]:
-        """The decode step of rows 0..B-1: 5 L + 2 launches."""
+        """The decode step of rows 0..B-1: 5 L + 2 launches at one row; above, 7 L + 3
+        (llama_rmsnorm before each QKV, gate/up and the LM head)."""
         cfg = self.cfg
         S = decode_splits(B, cfg.NKV)
         calls = [Call("llama_embed", [self.tokens, self.embed, self.h, B, cfg.H])]
@@ -181,9 +193,11 @@ class DeviceState:
                 self.ml_part, self.attn_counters, self.attn, B, cfg.NH, cfg.NKV, self.capacity,
                 S, cfg.sm_scale])
             calls += self.layer_calls(l, B, self.pos, self.seq, attention)
+        calls += self.norm_calls(B, self.norm_f)
         calls.append(Call("llama_lm_head", [
-            self.h, self.norm_f, self.lm_head, self.logits, self.part_max, self.part_idx,
-            self.lm_counters, self.tokens, self.pos, B, cfg.V, cfg.H, cfg.eps, 1]))
+            self.h, self.xn, self.norm_f, self.lm_head, self.logits, self.part_max,
+            self.part_idx, self.lm_counters, self.tokens, self.pos, B, cfg.V, cfg.H, cfg.eps,
+            1]))
         return calls
 
     def prefill_calls(self, b: int, P: int) -> List[Call]:
@@ -200,7 +214,8 @@ class DeviceState:
             calls += self.layer_calls(l, P, self.ppos, self.pseq, attention)
         V = cfg.V
         calls.append(Call("llama_lm_head", [
-            self.h[P - 1:], self.norm_f, self.lm_head, self.logits[b:], self.part_max[b * V:],
+            self.h[P - 1:], self.xn, self.norm_f, self.lm_head, self.logits[b:],
+            self.part_max[b * V:],
             self.part_idx[b * V:], self.lm_counters[b:], self.tokens[b:], self.pos[b:], 1, V,
             cfg.H, cfg.eps, 0]))
         return calls
@@ -224,9 +239,13 @@ class KpackBackend:
         self.bound: Optional[list] = None
         self.calls: Optional[List[Call]] = None
         self.graph = None
-        # The step graphs, by whether their PDL launches get programmatic edges
-        # (config.programmatic_edges: per batch bucket); `graph` is the current batch's.
-        self.graphs: Dict[bool, Any] = {}
+        # Bound launches and the arguments they hold, by the step's kernel sequence (one row
+        # and more rows differ: llama_rmsnorm); `bound` is the current batch's.
+        self._bound_sets: Dict[tuple, tuple] = {}
+        # The step graphs, by kernel sequence and whether their PDL launches get
+        # programmatic edges (config.programmatic_edges: per batch bucket); `graph` is the
+        # current batch's.
+        self.graphs: Dict[tuple, Any] = {}
         self.batch: Optional[int] = None
 
     def _args(self, call: Call) -> list:
@@ -253,31 +272,35 @@ class KpackBackend:
         self.calls = calls
         if self.mode == "call":
             return
-        self._prepare_bound(calls)
+        key = self._prepare_bound(calls)
         if self.mode == "graph":
             pdl = programmatic_edges(batch)
-            if pdl not in self.graphs:
-                self.graphs[pdl] = self.kpack.graph(self.bound, programmatic_edges=pdl)
-            self.graph = self.graphs[pdl]
+            if (key, pdl) not in self.graphs:
+                self.graphs[key, pdl] = self.kpack.graph(self.bound, programmatic_edges=pdl)
+            self.graph = self.graphs[key, pdl]
 
-    def _prepare_bound(self, calls: List[Call]) -> None:
-        if self.bound is None:
-            self.bound = []
+    def _prepare_bound(self, calls: List[Call]) -> tuple:
+        """Binds the step's launches the first time its kernel sequence is seen; later
+        sets only the arguments that changed (M, and S across buckets). Returns the
+        sequence."""
+        key = tuple(c.kernel for c in calls)
+        if key not in self._bound_sets:
+            bound = []
             for c in calls:
                 grid = self._grid(c)
                 k = self.kernels[c.kernel]
-                self.bound.append((k if grid is None else k[grid]).bind(*self._args(c),
-                                                                        **self.kw))
-            self._bound_args = [list(c.args) for c in calls]
-            return
-        # A new batch: set only the arguments that changed (M, and S across buckets).
-        for b, c, old in zip(self.bound, calls, self._bound_args):
-            for i, (new, was, arg) in enumerate(zip(c.args, old, self._args(c))):
-                if not _same(new, was):
-                    b.set(i, arg)
-            if not self.kernels[c.kernel].grid:
-                b.set_grid(self._grid(c))
-        self._bound_args = [list(c.args) for c in calls]
+                bound.append((k if grid is None else k[grid]).bind(*self._args(c), **self.kw))
+        else:
+            bound, held = self._bound_sets[key]
+            for b, c, old in zip(bound, calls, held):
+                for i, (new, was, arg) in enumerate(zip(c.args, old, self._args(c))):
+                    if not _same(new, was):
+                        b.set(i, arg)
+                if not self.kernels[c.kernel].grid:
+                    b.set_grid(self._grid(c))
+        self._bound_sets[key] = (bound, [list(c.args) for c in calls])
+        self.bound = bound
+        return key
 
     def decode(self, stream=None) -> None:
         """One decode step. ``stream`` (a CUstream as an int) is the graph replay's; None:

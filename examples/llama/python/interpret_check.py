@@ -67,6 +67,7 @@ class BuiltinConfigs:
         proj = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, STAGES=1)
         c = {
             "llama_embed": dict(BLOCK=128),
+            "llama_rmsnorm": dict(BLOCK=128),
             "llama_qkv_rope": dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_J=32, BLOCK_K=64, STAGES=1),
             "llama_attn_decode": dict(HEAD_DIM=64, GROUP_BLOCK=2, BLOCK_N=16),
             "llama_attn_prefill": dict(HEAD_DIM=64, BLOCK_M=16, BLOCK_N=16),
