@@ -17,7 +17,8 @@ Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unles
 ``--device cpu`` runs Triton's interpreter (``TRITON_INTERPRET=1``, torch CPU tensors,
 ``USE_PDL`` off) at the tiny model's shapes and odd sizes, with one config per code path
 (the GEMV with K in one tile and with a K loop, the products of a few rows kept per k
-with K in one tile and with a K loop, ``tl.dot``). ``--device cuda`` compiles them
+with K in one tile and with a K loop, ``tl.dot``; ``llama_rmsnorm`` with a row in one
+tile and in a loop). ``--device cuda`` compiles them
 (``USE_PDL`` on, launched with PDL): the same cases with every bucket's default config
 (every config for attention), the Llama-3.2-1B shapes of every bucket, then the timing
 tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
