@@ -44,9 +44,9 @@ const Signature kSignatures[] = {
     {kAttnPrefill,
      {"*bf16", "*bf16", "*bf16", "*i32", "*i32", "*bf16", "i32", "i32", "i32", "i32", "fp32"},
      6},
-    {kOProj, {"*bf16", "*bf16", "*fp32", "i32", "i32", "i32"}, 3},
+    {kOProj, {"*bf16", "*bf16", "*fp32", "*fp32", "*i32", "i32", "i32", "i32"}, 5},
     {kGateUp, {"*fp32", "*bf16", "*bf16", "*bf16", "*bf16", "i32", "i32", "i32", "fp32"}, 5},
-    {kDownProj, {"*bf16", "*bf16", "*fp32", "i32", "i32", "i32"}, 3},
+    {kDownProj, {"*bf16", "*bf16", "*fp32", "*fp32", "*i32", "i32", "i32", "i32"}, 5},
     {kLmHead,
      {"*fp32", "*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*i32", "*i32", "*i32", "*i32", "i32",
       "i32", "i32", "fp32", "i32"},
@@ -63,6 +63,42 @@ const Signature& SignatureOf(absl::string_view kernel) {
 // kpack's API speaks std::string_view; this abseil's string_view is its own type.
 std::string_view Std(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// The o or down projection's variants against the split-K scratch StepBuffers sizes
+// (docs/llama.md): each has an integer SPLIT; one above 1 needs tiles of at least 16 rows
+// and 32 columns, at most kMaxProjSplits, in a bucket of at most kProjSplitMaxRows rows.
+absl::Status CheckSplits(const Runtime& runtime, absl::string_view name, const Kernel& k) {
+  for (const VariantInfo& v : k.info().variants) {
+    auto fail = [&](absl::string_view why) {
+      return absl::FailedPreconditionError(absl::StrCat("pack ", runtime.pack().dir(),
+                                                        ": kernel '", name, "' variant '", v.name,
+                                                        "' ", why));
+    };
+    const nlohmann::json c = nlohmann::json::parse(v.constexprs_json, nullptr, false);
+    auto get = [&](const char* key) -> std::optional<int64_t> {
+      if (!c.is_object() || !c.contains(key) || !c[key].is_number_integer()) return std::nullopt;
+      return c[key].get<int64_t>();
+    };
+    const std::optional<int64_t> split = get("SPLIT");
+    if (!split || *split < 1) return fail("has no integer SPLIT >= 1 (a pack of before split K?)");
+    if (*split == 1) continue;
+    const std::optional<int64_t> block_m = get("BLOCK_M"), block_n = get("BLOCK_N");
+    if (*split > kMaxProjSplits || !block_m || *block_m < 16 || !block_n || *block_n < 32) {
+      return fail(absl::StrCat("splits K in ", *split, " with BLOCK_M ", block_m.value_or(0),
+                               ", BLOCK_N ", block_n.value_or(0), "; the engine's scratch holds ",
+                               kMaxProjSplits, " splits of tiles of at least 16 x 32"));
+    }
+    const std::optional<int64_t> high =
+        v.bucket.size() == 1 && k.info().buckets.size() == 1
+            ? k.info().buckets[0].RangeOf(static_cast<size_t>(v.bucket[0])).high
+            : std::nullopt;
+    if (!high || *high > kProjSplitMaxRows) {
+      return fail(absl::StrCat("splits K in ", *split, " for more than ", kProjSplitMaxRows,
+                               " rows; the engine's scratch holds that many"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // The kernel `name`, checked against docs/llama.md: its parameter types, its grid
 // expressions (the engine launches with them, so that step graphs pad tolerant grids),
@@ -106,6 +142,7 @@ absl::StatusOr<Kernel> FindKernel(const Runtime& runtime, absl::string_view name
       }
     }
   }
+  if (name == kOProj || name == kDownProj) KPACK_RETURN_IF_ERROR(CheckSplits(runtime, name, k));
   return k;
 }
 
@@ -126,7 +163,7 @@ int DecodeSplits(int batch, int num_key_value_heads) {
   return std::max(1, std::min(kMaxDecodeSplits, 512 / (edge * num_key_value_heads)));
 }
 
-bool ProgrammaticEdges(int batch) { return BatchBucket(batch) == 0; }
+bool ProgrammaticEdges(int batch) { return batch >= 1; }
 
 // One batch bucket's decode step: its launches bound once, in step order, and their graph.
 struct Engine::Bucket {
@@ -257,12 +294,14 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
         add(kAttnDecode, k.attn_decode.BindArgs(s, b.q(), kv_.k(l), kv_.v(l), b.pos(), b.seq(),
                                                 b.o_part(), b.ml_part(), b.attn_counters(),
                                                 b.attn(), m, nh, nkv, cap, bk->splits, sm_scale)));
-    KPACK_RETURN_IF_ERROR(add(kOProj, k.o_proj.BindArgs(s, b.attn(), w.wo, b.h(), m, h, qd)));
+    KPACK_RETURN_IF_ERROR(add(kOProj, k.o_proj.BindArgs(s, b.attn(), w.wo, b.h(), b.proj_part(),
+                                                        b.proj_counters(), m, h, qd)));
     KPACK_RETURN_IF_ERROR(norm(w.ln2));
     KPACK_RETURN_IF_ERROR(add(
         kGateUp, k.gate_up.BindArgs(s, b.h(), b.xn(), w.ln2, w.wgu, b.act(), m, h, inter, eps)));
     KPACK_RETURN_IF_ERROR(
-        add(kDownProj, k.down_proj.BindArgs(s, b.act(), w.wd, b.h(), m, h, inter)));
+        add(kDownProj, k.down_proj.BindArgs(s, b.act(), w.wd, b.h(), b.proj_part(),
+                                            b.proj_counters(), m, h, inter)));
   }
   KPACK_RETURN_IF_ERROR(norm(model_.norm_f()));
   KPACK_RETURN_IF_ERROR(
@@ -404,11 +443,13 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
                                             eps));
     KPACK_RETURN_IF_ERROR(k.attn_prefill.Launch(s, b.q(), kv_.k(l), kv_.v(l), pos, seq, b.attn(), m,
                                                 nh, nkv, cap, sm_scale));
-    KPACK_RETURN_IF_ERROR(k.o_proj.Launch(s, b.attn(), w.wo, b.h(), m, h, qd));
+    KPACK_RETURN_IF_ERROR(
+        k.o_proj.Launch(s, b.attn(), w.wo, b.h(), b.proj_part(), b.proj_counters(), m, h, qd));
     KPACK_RETURN_IF_ERROR(norm(w.ln2));
     KPACK_RETURN_IF_ERROR(
         k.gate_up.Launch(s, b.h(), b.xn(), w.ln2, w.wgu, b.act(), m, h, inter, eps));
-    KPACK_RETURN_IF_ERROR(k.down_proj.Launch(s, b.act(), w.wd, b.h(), m, h, inter));
+    KPACK_RETURN_IF_ERROR(k.down_proj.Launch(s, b.act(), w.wd, b.h(), b.proj_part(),
+                                             b.proj_counters(), m, h, inter));
   }
   // The LM head on the last prompt row (one row: it normalizes h itself), into the
   // sequence's decode row; advance 0 (the decode row's position was set to the prompt

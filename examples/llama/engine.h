@@ -85,11 +85,12 @@ int BatchBucket(int batch);
 // context grows.
 int DecodeSplits(int batch, int num_key_value_heads);
 // Whether a batch's step graph gives its PDL launches programmatic edges (the next
-// kernel launched early, its prologue overlapping this one's tail): at batch 1 only.
-// Measured on the H200 (docs/llama.md has the figures): at batch 1 they save 78-86 µs
-// per step. At 4-64, with the projections of more than one row triggering their
-// dependents at exit, they save 19-22 µs at context 128 but the grid with them was 0.3-12%
-// slower from context 1K (batch 16: 10-12%).
+// kernel launched early, its prologue overlapping this one's tail): at every batch.
+// Measured on the H200 (docs/llama.md has the figures): at batch 1 they save 78-89 µs
+// per step, at 4-64 (context 128) 30-73 µs. Above one row the projections and decode
+// attention trigger their dependents at exit; while attention triggered early, the
+// edges made batch 16 at context 8192 228 µs per step slower, and until 2026-12-02 the
+// engines gave them to batch 1 only.
 bool ProgrammaticEdges(int batch);
 
 class Engine {

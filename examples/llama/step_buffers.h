@@ -1,12 +1,14 @@
 // llama/step_buffers.h: the device memory a step works in besides the weights and the KV
 // cache (docs/llama.md, "Device state"): the residual stream and activations, the per-row
 // int32 arrays of decode and of prefill, the logits, and the scratch the kernels share
-// (attention and argmax partials, their counters).
+// (attention, split-K and argmax partials, their counters).
 //
 // Sizes: `max_batch` decode rows, prompts of up to `max_prompt` tokens; activations have
 // max(max_batch, max_prompt) rows; logits, argmax partials and attention partials have
 // `max_batch` rows (prefill computes logits for one row per sequence, written to the
-// sequence's decode row). Allocate zeroes everything (the counters must start at zero;
+// sequence's decode row); the o and down projections' split-K partials hold
+// kMaxProjSplits splits of kProjSplitMaxRows rows (the engine refuses a pack whose
+// variants split K beyond that: docs/llama.md). Allocate zeroes everything (the counters must start at zero;
 // the kernels reset them) and fills the constant arrays: decode row b's sequence slot
 // `seq[b] = b`, prefill positions 0..max_prompt-1, and prefill sequence slots per row
 // (row r's prefill reads `prefill_seq(r)`, max_prompt copies of r).
@@ -29,6 +31,11 @@ namespace kpack::llama {
 
 // Attention splits the decode partials are sized for (docs/llama.md S_MAX).
 inline constexpr int kMaxDecodeSplits = 32;
+// The o and down projections' K splits (llama_proj_residual's SPLIT > 1) the partials are
+// sized for: at most this many splits, at M <= kProjSplitMaxRows, in tiles of at least 16
+// rows and 32 columns (one counter per tile).
+inline constexpr int kMaxProjSplits = 8;
+inline constexpr int kProjSplitMaxRows = 64;
 
 struct StepBufferSizes {
   int max_batch = 1;
@@ -65,6 +72,9 @@ class StepBuffers {
   CUdeviceptr part_idx() const { return at(part_idx_); }  // i32 [max_batch, V]
   CUdeviceptr attn_counters() const { return at(attn_counters_); }  // i32 [max_batch, NKV]
   CUdeviceptr lm_counters() const { return at(lm_counters_); }      // i32 [max_batch]
+  // fp32 [kMaxProjSplits, kProjSplitMaxRows, H]; i32 [kProjSplitMaxRows / 16, H / 32]
+  CUdeviceptr proj_part() const { return at(proj_part_); }
+  CUdeviceptr proj_counters() const { return at(proj_counters_); }
 
   size_t device_bytes() const { return memory_.size(); }
 
@@ -76,7 +86,8 @@ class StepBuffers {
   DeviceBuffer memory_;
   size_t h_ = 0, xn_ = 0, q_ = 0, attn_ = 0, act_ = 0, logits_ = 0, tokens_ = 0, pos_ = 0, seq_ = 0,
          prefill_tokens_ = 0, prefill_pos_ = 0, prefill_seq_ = 0, o_part_ = 0, ml_part_ = 0,
-         part_max_ = 0, part_idx_ = 0, attn_counters_ = 0, lm_counters_ = 0;
+         part_max_ = 0, part_idx_ = 0, attn_counters_ = 0, lm_counters_ = 0, proj_part_ = 0,
+         proj_counters_ = 0;
 };
 
 }  // namespace kpack::llama

@@ -80,7 +80,7 @@ import llama_spec  # noqa: E402
 import llama_torch as lt  # noqa: E402
 
 SPECS = {spec.name: spec for spec in llama_spec.ALL_KERNELS}
-SCRATCH = {"o_part", "ml_part", "part_max", "part_idx"}
+SCRATCH = {"o_part", "ml_part", "part_max", "part_idx", "part"}
 GUARD = 4096  # bytes of random guard after every tensor
 
 
@@ -271,13 +271,26 @@ CPU_PROJ = {
     "rows8": dict(BLOCK_M=8, BLOCK_N=16, BLOCK_K=64),
     "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
     "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
+    # The o and down projections' K split over programs (llama_proj_residual's SPLIT):
+    # runs of one and two K tiles, and (K = 256 in 3) one split with none.
+    "split4": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, SPLIT=4),
+    "split3_64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64, SPLIT=3),
+    # The LM head above one row, a program's rows in tl.dot tiles of _LM_TILE // BLOCK_K:
+    # 8 tiles of 32 (K in one tile), 2 of 128 (a K loop).
+    "tiles16": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256),
+    "tiles64_k64": dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
 }
+SPLIT_KERNELS = ("llama_o_proj", "llama_down_proj")
 
 
 def _proj_cfg(kernel, path):
     blocks = dict(CPU_PROJ[path])
     if kernel == "llama_qkv_rope":
         blocks["BLOCK_J"] = blocks.pop("BLOCK_N")
+    if kernel in SPLIT_KERNELS:
+        blocks.setdefault("SPLIT", 1)
+    else:
+        assert "SPLIT" not in blocks, (kernel, path)
     return _cfg(f"p_{path}", 4, 2, **blocks)
 
 
@@ -331,10 +344,20 @@ def cases(device):
                         None))
             out.append((kernel, dict(odd, M=3, CAP=128), _proj_cfg(kernel, "rows4"), True,
                         None))
+            if kernel in SPLIT_KERNELS:
+                for shape, path in ((dict(tiny, M=3), "split4"), (dict(tiny, M=17), "split4"),
+                                    (dict(odd, M=17), "split3_64"),
+                                    (dict(tiny, M=70), "split3_64")):
+                    out.append((kernel, dict(shape, CAP=128), _proj_cfg(kernel, path), True,
+                                None))
         for path in ("stream", "stream_k128"):
             for shape in (dict(tiny, M=1, CAP=128), dict(odd, M=1, CAP=128)):
                 out.append(("llama_lm_head", shape, _proj_cfg("llama_lm_head", path), True,
                             None))
+        for path, shape in (("tiles16", dict(tiny, M=3)), ("tiles16", dict(odd, M=17)),
+                            ("tiles64_k64", dict(tiny, M=70))):
+            out.append(("llama_lm_head", dict(shape, CAP=128), _proj_cfg("llama_lm_head", path),
+                        True, None))
     else:  # every bucket's default config (the tuner checks every candidate at scale)
         for kernel in proj_kernels:
             spec = SPECS[kernel]
@@ -362,6 +385,9 @@ def cases(device):
     for lm in lms:
         out.append(("llama_lm_head", dict(tiny, M=1, clear_winner=False), lm, False, _lm_ties))
     out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False), lm4, False, _lm_ties))
+    if cpu:  # ties across the tiles of one program (260 and 261 in one, 300 in the next)
+        out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False),
+                    _proj_cfg("llama_lm_head", "tiles16"), False, _lm_ties))
     # Decode attention: GQA groups 2 and 4; contexts of a few KV tiles (split 0 alone
     # writes out) and longer ones (partials and the combine: every split with work, some
     # idle, S odd, S = 1), rows of both kinds in one launch, S above the number of tiles.

@@ -23,22 +23,25 @@ How they are written:
   reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The
   first K tile of a program's weights is loaded before ``gdc_wait()``; the K loop after it
   is software-pipelined (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a
-  dot only when asked).
+  dot only when asked). Above one row the o and down projections may split K over a
+  third grid axis (the constexpr ``SPLIT``): a 2048-wide output is too few programs
+  for 132 SMs.
   The LM head at one row streams a wide program's vocabulary rows tile by tile.
-- No float atomics: the two cross-program reductions (decode-attention splits, the LM
-  head's argmax) write partials and the program that brings an int32 counter to its
-  target (acq_rel, after a CTA barrier) reduces them in a fixed order and resets the
-  counter, so results are the same bits on every run whichever program comes last.
+- No float atomics: the three cross-program reductions (decode-attention splits, the o
+  and down projections' K splits, the LM head's argmax) write partials and the program
+  that brings an int32 counter to its target (acq_rel, after a CTA barrier) reduces them
+  in a fixed order and resets the counter, so results are the same bits on every run
+  whichever program comes last.
 - Programmatic dependent launch behind the constexpr ``USE_PDL`` (off in the
   interpreter, which cannot run inline PTX): a program may read its weights first (its
   first K tile into registers, more prefetched into L2: the weights, norm weights and
   ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
   anything the kernel right before it may write, and ``gdc_launch_dependents()`` once its
   dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
-  the kernels are correct either way. Projection programs of more than one row do not
-  call ``gdc_launch_dependents()`` (their dependents launch as they exit:
-  ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones that then
-  return), so no kernel can complete before the one it follows; and every kernel
+  the kernels are correct either way. Projection programs of more than one row, and
+  decode attention's, do not call ``gdc_launch_dependents()`` (their dependents launch
+  as they exit: ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones
+  that then return), so no kernel can complete before the one it follows; and every kernel
   triggers its dependents only after its ``gdc_wait()``, so when a kernel's programs
   start, every kernel before the one it follows has completed. What only those write may
   be read before ``gdc_wait()`` too: QKV and decode attention read ``pos`` and ``seq``
@@ -52,7 +55,8 @@ import triton.language as tl
 # Bytes of its weight rows beyond the first K tile (which it loads into registers) a
 # projection program prefetches into L2 before gdc_wait, at most.
 _PREFETCH_BYTES = tl.constexpr(32768)
-# Elements of a weight tile the LM head streams at one row (_lm_head_stream): 16 KB.
+# Elements of a weight tile the LM head takes at a time when a program has more vocabulary
+# rows (_lm_head_stream at one row, _lm_head_block at more): 16 KB.
 _LM_TILE = tl.constexpr(8192)
 # Elements of argmax partials the LM head's last program reads per row and iteration.
 _ARGMAX_CHUNK = tl.constexpr(4096)
@@ -489,7 +493,12 @@ def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, 
         d = tl.arange(0, HEAD_DIM)
         q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
         qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
-        _pdl_launch(USE_PDL)
+        # One row: the o projection launches now, its weights' loads overlapping this
+        # kernel. More rows: as this kernel's programs exit (early, its programs waited
+        # in gdc_wait on SMs the splits needed: 228 µs per step slower at batch 16,
+        # context 8192, with the step graph's programmatic edges; docs/llama.md).
+        if M == 1:
+            _pdl_launch(USE_PDL)
         tiles = tl.cdiv(length, BLOCK_N)
         per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
         n_split = tl.cdiv(tiles, per)
@@ -595,34 +604,75 @@ def llama_attn_prefill(q, k_cache, v_cache, pos, seq, out, M, NH, NKV, CAP, sm_s
 
 
 @triton.jit
-def llama_proj_residual(x, w, h, M, N, K,
+def llama_proj_residual(x, w, h, part, counters, M, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                        SPLIT: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """h[m, n] += Σ_k x[m, k] · w[n, k] (the o and down projections with the residual
-    add; each (m, n) is one program's, so the read-modify-write needs no atomics)."""
+    add). SPLIT == 1: each (m, n) is one program's, so the read-modify-write needs no
+    atomics. SPLIT > 1 (more than one row; grid axis 2): program s of a tile sums the s-th
+    of K's SPLIT runs of whole K tiles into part[s] (fp32 [SPLIT, M, N]), the
+    last of the tile's SPLIT programs (counted in counters[tile], acq_rel after a CTA
+    barrier) adding them in split order to h and resetting the counter: the same bits
+    whichever program comes last, and SPLIT times the programs of a 2048-wide output."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
-    live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N)
-    cols_ok = (cols < N) & live
-    wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, x, K, False, False, BLOCK_K)
-    first = pid_n * BLOCK_N
-    _prefetch_rows(w, first, tl.where(live, tl.minimum(N - first, BLOCK_N), 0), K, BLOCK_K,
-                   _PREFETCH_BYTES, USE_PDL)
-    _pdl_wait(USE_PDL)
-    if live:
-        ok = rows_ok[:, None] & cols_ok[None, :]
-        h_ptrs = h + rows.to(tl.int64)[:, None] * N + cols[None, :]
-        if BLOCK_M < 16:  # a few values: read with x, off the critical path's end
-            h_old = tl.load(h_ptrs, mask=ok, other=0.0)
-        _pdl_launch_rows(USE_PDL, BLOCK_M)
-        acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K, wa0,
-                          wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
-        if BLOCK_M >= 16:
-            h_old = tl.load(h_ptrs, mask=ok, other=0.0)
-        tl.store(h_ptrs, h_old + acc, mask=ok)
+    if SPLIT == 1:
+        live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N) & (tl.program_id(2) == 0)
+        cols_ok = (cols < N) & live
+        wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, x, K, False, False, BLOCK_K)
+        first = pid_n * BLOCK_N
+        _prefetch_rows(w, first, tl.where(live, tl.minimum(N - first, BLOCK_N), 0), K,
+                       BLOCK_K, _PREFETCH_BYTES, USE_PDL)
+        _pdl_wait(USE_PDL)
+        if live:
+            ok = rows_ok[:, None] & cols_ok[None, :]
+            h_ptrs = h + rows.to(tl.int64)[:, None] * N + cols[None, :]
+            if BLOCK_M < 16:  # a few values: read with x, off the critical path's end
+                h_old = tl.load(h_ptrs, mask=ok, other=0.0)
+            _pdl_launch_rows(USE_PDL, BLOCK_M)
+            acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K,
+                              wa0, wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+            if BLOCK_M >= 16:
+                h_old = tl.load(h_ptrs, mask=ok, other=0.0)
+            tl.store(h_ptrs, h_old + acc, mask=ok)
+    else:
+        tl.static_assert(BLOCK_M > 1, "split K is for more than one row")
+        pid_s = tl.program_id(2)
+        live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N) & (pid_s < SPLIT)
+        cols_ok = (cols < N) & live
+        per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
+        lo = pid_s * per
+        w0 = _w_tile(w, cols, cols_ok, lo, K, BLOCK_K)
+        _pdl_wait(USE_PDL)
+        if live:
+            ok = rows_ok[:, None] & cols_ok[None, :]
+            x_base = rows.to(tl.int64)[:, None] * K
+            kk = tl.arange(0, BLOCK_K)
+            xt = tl.load(x + x_base + (lo + kk)[None, :],
+                         mask=rows_ok[:, None] & (lo + kk < K)[None, :], other=0.0)
+            acc = _acc_first(xt, w0, BLOCK_M)
+            for k0 in tl.range(lo + BLOCK_K, tl.minimum(lo + per, K), BLOCK_K,
+                               num_stages=STAGES):
+                xt = tl.load(x + x_base + (k0 + kk)[None, :],
+                             mask=rows_ok[:, None] & (k0 + kk < K)[None, :], other=0.0)
+                acc = _acc_mac(acc, xt, _w_tile(w, cols, cols_ok, k0, K, BLOCK_K), BLOCK_M)
+            out = _acc_sum(acc, BLOCK_M)
+            rows64 = rows.to(tl.int64)
+            tl.store(part + (pid_s * M + rows64)[:, None] * N + cols[None, :], out, mask=ok)
+            tl.debug_barrier()
+            counter = counters + pid_m * tl.cdiv(N, BLOCK_N) + pid_n
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == SPLIT - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in tl.static_range(SPLIT):
+                    total += tl.load(part + (s * M + rows64)[:, None] * N + cols[None, :],
+                                     mask=ok, other=0.0, cache_modifier=".cg")
+                h_ptrs = h + rows64[:, None] * N + cols[None, :]
+                tl.store(h_ptrs, tl.load(h_ptrs, mask=ok, other=0.0) + total, mask=ok)
+                tl.store(counter, 0)
 
 
 @triton.jit
@@ -664,9 +714,10 @@ def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
     rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
     rows (counted in counters[its first row]) reduces them in program order, writes
-    tokens[m], adds `advance` to pos[m] and resets the counter. At one row, a program of
-    more vocabulary rows than one _LM_TILE-element tile holds streams them tile by tile
-    (_lm_head_stream). One row normalizes h itself; more read xn (llama_rmsnorm's)."""
+    tokens[m], adds `advance` to pos[m] and resets the counter. A program of more
+    vocabulary rows than one _LM_TILE-element tile holds takes them tile by tile: at one
+    row streamed (_lm_head_stream), at more one tl.dot tile after another
+    (_lm_head_block). One row normalizes h itself; more read xn (llama_rmsnorm's)."""
     TILE_N: tl.constexpr = _LM_TILE // BLOCK_K if BLOCK_K < _LM_TILE else 1
     STREAM: tl.constexpr = BLOCK_N > TILE_N if BLOCK_M == 1 else False
     pid_n = tl.program_id(0)
@@ -678,39 +729,60 @@ def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens
     else:
         _lm_head_block(h if BLOCK_M == 1 else xn, norm_w, w, logits, part_max, part_idx,
                        counters, tokens, pos, M, V, H, eps, advance, pid_n, pid_m, BLOCK_M,
-                       BLOCK_N, BLOCK_K, STAGES, USE_PDL)
+                       BLOCK_N, BLOCK_K, TILE_N, STAGES, USE_PDL)
 
 
 @triton.jit
 def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                    M, V, H, eps, advance, pid_n, pid_m,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                   TILE_N: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """The LM head of rows pid_m·BLOCK_M .. + BLOCK_M over vocabulary rows pid_n·BLOCK_N
-    .. + BLOCK_N, all of them at once (_project); x the fp32 residual stream at one row
-    (normalized here), llama_rmsnorm's bf16 rows at more."""
+    .. + BLOCK_N (_project); x the fp32 residual stream at one row (normalized here),
+    llama_rmsnorm's bf16 rows at more. At one row all BLOCK_N at once; at more, a program
+    of more rows than one _LM_TILE-element tile (TILE_N rows) holds computes them tile by
+    tile, keeping its rows' best: fewer programs, so fewer partials for the last one to
+    reduce and fewer counter increments (4008 programs at BLOCK_N 32 spent about 40 µs of
+    the LM head's 178 at batch 4 on the H200, against a plain GEMM of its weights)."""
     NORM: tl.constexpr = BLOCK_M == 1
+    TILE: tl.constexpr = TILE_N if (BLOCK_M > 1 and BLOCK_N > TILE_N) else BLOCK_N
     n_prog = tl.cdiv(V, BLOCK_N)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row0 = pid_n * BLOCK_N
+    cols = row0 + tl.arange(0, TILE)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
     live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
     cols_ok = (cols < V) & live
     wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, NORM, BLOCK_K)
-    row0 = pid_n * BLOCK_N
     _prefetch_rows(w, row0, tl.where(live, tl.minimum(V - row0, BLOCK_N), 0), H, BLOCK_K,
                    _PREFETCH_BYTES, USE_PDL)
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
         y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
-                        wa0, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+                        wa0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])
         y = tl.where(cols_ok[None, :], y, float("-inf"))
         best = tl.max(y, 1)
         first = tl.min(tl.where(y == best[:, None], cols[None, :], _INT32_MAX), 1)
+        if TILE < BLOCK_N:
+            end = tl.minimum(row0 + BLOCK_N, V)
+            for t0 in range(row0 + TILE, end, TILE):
+                cols = t0 + tl.arange(0, TILE)
+                ok = cols < end
+                wt0 = _w_tile(w, cols, ok, 0, H, BLOCK_K)
+                y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, ok, H,
+                                wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES)
+                tl.store(logits + rows64[:, None] * V + cols[None, :], y,
+                         mask=rows_ok[:, None] & ok[None, :])
+                y = tl.where(ok[None, :], y, float("-inf"))
+                top = tl.max(y, 1)
+                at = tl.min(tl.where(y == top[:, None], cols[None, :], _INT32_MAX), 1)
+                take = top > best  # strictly: the first index of the maximum is kept
+                best = tl.where(take, top, best)
+                first = tl.where(take, at, first)
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
         _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, n_prog,

@@ -47,9 +47,11 @@ def _config(name, warps, stages, **blocks):
     return Config(name, blocks, num_warps=warps, num_stages=stages)
 
 
-def _proj_configs(n_name):
+def _proj_configs(n_name, split=False):
     """Projection candidates, BLOCK_N named `n_name` (BLOCK_J for the QKV pairs). Names:
-    p<M>_<n>_k<K>_w<warps>_s<stages>; BLOCK_M 1 and < 16 multiply-add without tl.dot."""
+    p<M>_<n>_k<K>_w<warps>_s<stages>; BLOCK_M 1 and < 16 multiply-add without tl.dot.
+    With `split` (the o and down projections), every config sets SPLIT: 1, and the
+    SPLIT_K configs split K over SPLIT programs (names ending _x<SPLIT>)."""
     table = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
         # M = 1: whole 2048-wide rows in one tile (loaded before gdc_wait, no K loop) ...
         (1, 1, 8192, 4, 1), (1, 2, 2048, 4, 1), (1, 4, 2048, 4, 1), (1, 4, 2048, 8, 1),
@@ -81,9 +83,35 @@ def _proj_configs(n_name):
         (16, 16, 256, 4, 3), (16, 32, 256, 4, 3), (16, 64, 128, 4, 3), (64, 16, 128, 4, 3),
         (64, 128, 64, 4, 4),
         (64, 64, 64, 8, 3), (128, 64, 64, 8, 3), (64, 128, 64, 8, 3),
+        # the LM head above one row: a program's vocabulary rows in tl.dot tiles of
+        # _LM_TILE elements (64 rows at BLOCK_K 128, 128 at 64)
+        (16, 512, 128, 4, 4), (16, 256, 128, 4, 4), (64, 512, 64, 4, 4), (64, 256, 64, 4, 4),
     ]
-    return [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k)
-            for m, n, k, w, s in table]
+    configs = [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k,
+                       **({"SPLIT": 1} if split else {}))
+               for m, n, k, w, s in table]
+    if split:
+        configs += [_config(f"p{m}_{n}_k{k}_w{w}_s{s}_x{x}", w, s, BLOCK_M=m, **{n_name: n},
+                            BLOCK_K=k, SPLIT=x)
+                    for m, n, k, w, s, x in SPLIT_K]
+    return configs
+
+
+# The o and down projections' K split over SPLIT programs above one row (a 2048-wide output
+# in 16- to 64-wide tiles is 32-128 programs for 132 SMs; split, each program streams a
+# part of K and the last one of a tile adds the parts: llama_proj_residual). (BLOCK_M,
+# BLOCK_N, BLOCK_K, warps, stages, SPLIT): the fastest of a probe of split-K GEMMs at 4, 16
+# and 64 rows on the H200 (2026-12-02, bench/llama_results/split_k_probe_s8.md; down at 16
+# rows: 13.7 µs split in 4, 20.2 unsplit), used at M <= SPLIT_MAX_ROWS only (the engines
+# size the partials buffer for that: docs/llama.md).
+SPLIT_K = [(16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 6, 4),
+           (16, 32, 128, 4, 6, 2), (64, 32, 128, 4, 3, 2), (64, 32, 128, 4, 3, 4),
+           (64, 64, 128, 4, 6, 4), (64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 6, 2)]
+SPLIT_MAX = 8
+SPLIT_MAX_ROWS = 64
+# The engines' counters: one per (rows, columns) tile at M <= SPLIT_MAX_ROWS, tiles of at
+# least 16 rows and 32 columns.
+assert all(x <= SPLIT_MAX and m >= 16 and n >= 32 for m, n, k, w, s, x in SPLIT_K)
 
 
 def _candidate_cap():
@@ -157,7 +185,9 @@ _M4 = {
 # the config of the fastest plain GEMM of the kernel's weight shape timed on the H200
 # (bench/llama_results/prenorm_probe_s7.md; QKV's BLOCK_J and gate/up's BLOCK_N are half
 # the GEMM's BLOCK_N: a program owns row pairs, or gate and up rows), then the runners-up
-# and the earlier normalizing kernels' winners.
+# and the earlier normalizing kernels' winners. The LM head's lead with programs of 512
+# vocabulary rows taken in tiles of the probe's fastest width (session 8: 251 programs,
+# not 4008, reduce their argmax partials; bench/llama_results/split_k_probe_s8.md).
 _XN = {
     "llama_qkv_rope": [
         ["p16_16_k128_w4_s4", "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p16_16_k256_w4_s3"],
@@ -169,10 +199,13 @@ _XN = {
         ["p16_32_k128_w4_s4", "p16_16_k128_w4_s4", "p16_64_k64_w4_s4", "p16_16_k256_w4_s3"],
         ["p64_64_k64_w4_s4", "p64_16_k128_w4_s3", "p64_32_k128_w4_s3", "p64_64_k64_w8_s3"],
     ],
-    "llama_lm_head": [
-        ["p16_32_k128_w4_s4", "p16_64_k64_w4_s4", "p16_64_k128_w4_s3"],
-        ["p16_64_k128_w4_s3", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4", "p16_32_k256_w4_s3"],
-        ["p64_128_k64_w8_s3", "p64_64_k64_w4_s4", "p64_128_k64_w4_s4"],
+    "llama_lm_head": [  # led by programs of 512 rows in tiles (session 8, not tuned)
+        ["p16_512_k128_w4_s4", "p16_256_k128_w4_s4", "p16_32_k128_w4_s4", "p16_64_k64_w4_s4",
+         "p16_64_k128_w4_s3"],
+        ["p16_512_k128_w4_s4", "p16_256_k128_w4_s4", "p16_64_k128_w4_s3", "p16_32_k128_w4_s4",
+         "p16_64_k64_w4_s4", "p16_32_k256_w4_s3"],
+        ["p64_512_k64_w4_s4", "p64_256_k64_w4_s4", "p64_128_k64_w8_s3", "p64_64_k64_w4_s4",
+         "p64_128_k64_w4_s4"],
     ],
 }
 # M > 4: tl.dot tiles growing with M, with narrow ones among them so that the 2048-row
@@ -214,9 +247,22 @@ def _winner_first(lists, winners):
     return out
 
 
+# Buckets 2-4, 5-16 and 17-64 of the o and down projections: split K first (the probe's
+# fastest at 4, 16 and 64 rows, then its runner-up), the unsplit lists after them.
+_SPLIT_FIRST = {
+    "llama_o_proj": [["p16_64_k128_w4_s4_x4", "p16_64_k128_w4_s6_x4"],
+                     ["p16_64_k128_w4_s4_x4", "p16_64_k128_w4_s6_x4"],
+                     ["p64_32_k128_w4_s3_x2", "p64_32_k128_w4_s3_x4"]],
+    "llama_down_proj": [["p16_32_k128_w4_s4_x4", "p16_64_k128_w4_s4_x4"],
+                        ["p16_64_k128_w4_s6_x4", "p16_32_k128_w4_s4_x4"],
+                        ["p64_64_k128_w4_s6_x4", "p64_64_k128_w4_s4_x4"]],
+}
+
+
 def _proj_buckets(name, later):
     """Bucket lists of a projection: its M = 1 and M = 2-4 lists, then `later` (buckets
-    5-16 on), each led by the first tuning's winner."""
+    5-16 on), each led by the first tuning's winner; the o and down projections' split-K
+    configs lead buckets 2-4 to 17-64 (and appear nowhere else)."""
     tail = _winner_first(later, _TUNED[name])
     if name in _XN:
         # These read llama_rmsnorm's rows exactly when BLOCK_M > 1; the engines write them
@@ -225,7 +271,14 @@ def _proj_buckets(name, later):
         for bucket, names in enumerate(lists):
             assert all(n.startswith("p1_") == (bucket == 0) for n in names), (name, bucket)
         return lists
-    return [_M1[name], _M4[name]] + tail
+    lists = [_M1[name], _M4[name]] + tail
+    if name in _SPLIT_FIRST:
+        for bucket, first in enumerate(_SPLIT_FIRST[name], start=1):
+            lists[bucket] = (first + lists[bucket])[:6]  # a tuning costs each a compile
+    for bucket, names in enumerate(lists):
+        split = [n for n in names if "_x" in n]
+        assert not split or (1 <= bucket and BUCKET_M[bucket] <= SPLIT_MAX_ROWS), (name, bucket)
+    return lists
 
 
 def _shape(m, **extra):
@@ -350,11 +403,13 @@ def _proj_residual(name):
     """o (K = NH * D) and down (K = I): one function, tuned at each one's shape."""
     return _spec(
         name, lk.llama_proj_residual,
-        _p("x w", "*bf16") + _p("h", "*fp32") + _p("M N K", "i32")
-        + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
-        _proj_configs("BLOCK_N"), _proj_buckets(name, PROJ1_BUCKETS),
-        ["cdiv(N, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["h"], ["x", "w"],
-        ["x", "w", "h", "N", "K"], [_shape(m) for m in BUCKET_M], (2e-4, 2e-4))
+        _p("x w", "*bf16") + _p("h part", "*fp32") + _p("counters", "*i32")
+        + _p("M N K", "i32")
+        + _p("BLOCK_M BLOCK_N BLOCK_K SPLIT STAGES USE_PDL", "constexpr"),
+        _proj_configs("BLOCK_N", split=True), _proj_buckets(name, PROJ1_BUCKETS),
+        ["cdiv(N, BLOCK_N)", "cdiv(M, BLOCK_M)", "SPLIT"], ["h", "counters"], ["x", "w"],
+        ["x", "w", "h", "part", "N", "K"], [_shape(m) for m in BUCKET_M],
+        {"h": (2e-4, 2e-4), "counters": (0.0, 0.0)})
 
 
 O_PROJ = _proj_residual("llama_o_proj")

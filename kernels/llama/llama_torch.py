@@ -125,7 +125,7 @@ def proj_residual(a):
     x = a["x"].view(-1, k)[:m]
     h.view(-1, n)[:m] = (h.view(-1, n)[:m].double()
                          + x.double() @ a["w"].view(-1, k)[:n].double().t()).float()
-    return {"h": h}
+    return {"h": h, "counters": torch.zeros_like(a["counters"])}
 
 
 def gate_up(a):
@@ -173,6 +173,12 @@ TINY = {"H": 256, "NH": 4, "NKV": 2, "D": 64, "I": 512, "V": 1000}
 LLAMA_1B = {"H": 2048, "NH": 32, "NKV": 8, "D": 64, "I": 8192, "V": 128256}
 M_EDGES = (1, 4, 16, 64, 256)
 S_MAX = 32
+# The o and down projections' K splits: at most this many (llama_spec.SPLIT_MAX).
+PROJ_SPLIT_MAX = 8
+
+
+def _cdiv(a, b):
+    return -(-a // b)
 
 
 def bucket_edge(m):
@@ -261,9 +267,15 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
         return args
     if kernel in ("llama_o_proj", "llama_down_proj"):
         n, k = shape["H"], (shape["NH"] * d if kernel == "llama_o_proj" else shape["I"])
+        # part and counters: the split-K scratch (llama_proj_residual), room for any SPLIT
+        # a config may have (the engines': SPLIT_MAX at M <= SPLIT_MAX_ROWS).
         return {"x": _randn((m, k), gen, device, 1.0, BF16),
                 "w": _randn((n, k), gen, device, 0.02, BF16),
-                "h": _randn((m, n), gen, device), "M": m, "N": n, "K": k}
+                "h": _randn((m, n), gen, device),
+                "part": torch.zeros(PROJ_SPLIT_MAX * m * n, device=device),
+                "counters": torch.zeros(_cdiv(m, 16) * _cdiv(n, 32), dtype=torch.int32,
+                                        device=device),
+                "M": m, "N": n, "K": k}
     if kernel == "llama_gate_up":
         hdim, inter = shape["H"], shape["I"]
         h = _randn((m, hdim), gen, device)

@@ -369,13 +369,8 @@ TEST(LlamaDecodeSplitsTest, FollowTheBatchBucket) {
   EXPECT_EQ(DecodeSplits(600, 1), 1);
 }
 
-TEST(LlamaProgrammaticEdgesTest, AtBatchOneOnly) {
-  EXPECT_TRUE(ProgrammaticEdges(1));
-  EXPECT_FALSE(ProgrammaticEdges(2));
-  EXPECT_FALSE(ProgrammaticEdges(4));
-  EXPECT_FALSE(ProgrammaticEdges(5));
-  EXPECT_FALSE(ProgrammaticEdges(64));
-  EXPECT_FALSE(ProgrammaticEdges(300));
+TEST(LlamaProgrammaticEdgesTest, AtEveryBatch) {
+  for (int batch : {1, 2, 4, 5, 64, 300}) EXPECT_TRUE(ProgrammaticEdges(batch)) << batch;
 }
 
 // One graph per batch bucket, built at the bucket's first graph step; nothing built or
@@ -405,10 +400,11 @@ TEST_F(LlamaEngineTest, OneGraphPerBatchBucketNoneAsTheContextGrows) {
   LL_ASSERT_OK(e.Decode(5, Engine::Mode::kGraph));  // bucket 5-16
   EXPECT_EQ(e.graphs_built(2), 1u);
   EXPECT_EQ(e.stats().graphs_built, 3u);
-  // PDL edges at batch 1 only (ProgrammaticEdges).
-  EXPECT_GT(e.programmatic_edges(0), 0u);
-  EXPECT_EQ(e.programmatic_edges(1), 0u);
-  EXPECT_EQ(e.programmatic_edges(2), 0u);
+  // PDL edges at every batch (ProgrammaticEdges): every launch of the step but the first
+  // follows a node and is a PDL launch.
+  EXPECT_EQ(e.programmatic_edges(0), static_cast<uint64_t>(LaunchesPerStep(1) - 1));
+  EXPECT_EQ(e.programmatic_edges(1), static_cast<uint64_t>(LaunchesPerStep(4) - 1));
+  EXPECT_EQ(e.programmatic_edges(2), static_cast<uint64_t>(LaunchesPerStep(5) - 1));
 
   // The context grows by 30 tokens in the warm buckets: nothing is built or patched.
   const int64_t graph_launches = fake::GraphLaunches();

@@ -173,22 +173,22 @@ def test_graphs_are_built_per_bucket_and_never_as_the_context_grows(eng, fake):
     eng.decode_step()
     st = graph_stats()
     assert st["graphs_built"] == 2 and st["last_nodes_patched"] == 0
-    # PDL edges at batch 1 only (config.programmatic_edges): the 2-4 and 5-16 buckets'
-    # graphs have none; batch 1 replays a step graph of its own with them.
+    # PDL edges at every batch (config.programmatic_edges): each launch after a step's
+    # first follows a node through one; batch 1 replays a step graph of its own.
     edges = lambda: [g["programmatic_edges"] for g in eng.backend.graph.graphs()]  # noqa: E731
-    assert edges() == [0, 0]
+    assert edges() == [n - 1, n - 1]
     eng.set_batch(1)
     mark = fake.launch_count()
     eng.decode_step()
     assert graph_stats()["graphs_built"] == 3
-    assert len(edges()) == 1 and edges()[0] > 0
+    assert edges() == [5 * eng.cfg.L + 2 - 1]
     # One row's step has no llama_rmsnorm: launches of its own, with its own arguments.
     one = fake.launches_since(mark)
     assert [kernel_of(x.entry) for x in one] == decode_names(eng.cfg.L, rows=1)
     eng.set_batch(4)
     mark = fake.launch_count()
     eng.decode_step()
-    assert graph_stats()["graphs_built"] == 3 and edges() == [0, 0]
+    assert graph_stats()["graphs_built"] == 3 and edges() == [n - 1, n - 1]
     assert [kernel_of(x.entry) for x in fake.launches_since(mark)] == decode_names(eng.cfg.L)
 
 

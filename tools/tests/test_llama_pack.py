@@ -101,7 +101,7 @@ def test_pack_is_valid_and_matches_the_spec(specs, manifest, tuning):
 def test_runtime_dispatch_picks_the_bucket_and_the_aligned_variant(manifest):
     """The reference chooser on decode-like arguments (16-aligned pointers)."""
     kernel = next(k for k in manifest["kernels"] if k["name"] == "llama_o_proj")
-    args = {"x": 0x10000, "w": 0x20000, "h": 0x30000, "N": 2048, "K": 2048}
+    args = {"x": 0x10000, "w": 0x20000, "h": 0x30000, "part": 0x40000, "N": 2048, "K": 2048}
     for m, bucket in ((1, 0), (2, 1), (4, 1), (5, 2), (64, 3), (65, 4), (256, 4), (257, 5)):
         assert choose_variant(kernel, {**args, "M": m})["name"] == f"b{bucket}_aligned"
     assert choose_variant(kernel, {**args, "M": 1, "K": 2047})["name"] == "b0_generic"

@@ -38,6 +38,10 @@ import numpy as np
 M_BUCKET_EDGES = (1, 4, 16, 64, 256)
 DECODE_EDGES = (1, 4, 16, 64)
 S_MAX = 32
+# The o and down projections' K splits the engines' scratch holds (C++ kMaxProjSplits,
+# kProjSplitMaxRows; docs/llama.md).
+PROJ_SPLIT_MAX = 8
+PROJ_SPLIT_MAX_ROWS = 64
 MAX_GQA_GROUP = 16
 
 
@@ -409,10 +413,10 @@ def aligned_capacity(positions: int) -> int:
 
 def programmatic_edges(batch: int) -> bool:
     """Whether the decode step graph of a batch gives its PDL launches programmatic edges:
-    at batch 1 only, as the C++ engine's ProgrammaticEdges (measured on the H200: they
-    save 78-86 µs per step at batch 1; at 4-64 19-22 µs at context 128, but the grid with
-    them was 0.3-12% slower from context 1K; docs/llama.md)."""
-    return bucket_edge(batch) == 1
+    at every batch, as the C++ engine's ProgrammaticEdges (measured on the H200: they save
+    78-89 µs per step at batch 1, 30-73 µs at 4-64 at context 128; above one row the
+    projections and decode attention trigger their dependents at exit; docs/llama.md)."""
+    return batch >= 1
 
 
 def config_summary(cfg: LlamaConfig) -> Dict[str, Any]:

@@ -50,7 +50,8 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 
 import checkpoint  # noqa: E402
-from config import (S_MAX, LlamaConfig, config_summary, decode_splits,  # noqa: E402
+from config import (PROJ_SPLIT_MAX, PROJ_SPLIT_MAX_ROWS, S_MAX, LlamaConfig,  # noqa: E402
+                    config_summary, decode_splits,
                     load_config, parse_prompt_lens, programmatic_edges, prompt_token,
                     prompt_tokens, rope_inv_freq)
 
@@ -64,8 +65,8 @@ PARAMS: Dict[str, tuple] = {
                           "counters", "out", "M", "NH", "NKV", "CAP", "S", "sm_scale"),
     "llama_attn_prefill": ("q", "k_cache", "v_cache", "pos", "seq", "out", "M", "NH", "NKV",
                            "CAP", "sm_scale"),
-    "llama_o_proj": ("x", "w", "h", "M", "N", "K"),
-    "llama_down_proj": ("x", "w", "h", "M", "N", "K"),
+    "llama_o_proj": ("x", "w", "h", "part", "counters", "M", "N", "K"),
+    "llama_down_proj": ("x", "w", "h", "part", "counters", "M", "N", "K"),
     "llama_gate_up": ("h", "xn", "norm_w", "w", "out", "M", "H", "I", "eps"),
     "llama_lm_head": ("h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "counters",
                       "tokens", "pos", "M", "V", "H", "eps", "advance"),
@@ -87,8 +88,10 @@ GRIDS: Dict[str, Callable[[Dict[str, Any], Dict[str, Any]], tuple]] = {
         _cdiv(a["M"], c["BLOCK_M"])),
     "llama_attn_decode": lambda a, c: (a["S"], a["NKV"], a["M"]),
     "llama_attn_prefill": lambda a, c: (_cdiv(a["M"], c["BLOCK_M"]), a["NH"]),
-    "llama_o_proj": lambda a, c: (_cdiv(a["N"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"])),
-    "llama_down_proj": lambda a, c: (_cdiv(a["N"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"])),
+    "llama_o_proj": lambda a, c: (_cdiv(a["N"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"]),
+                                  c["SPLIT"]),
+    "llama_down_proj": lambda a, c: (_cdiv(a["N"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"]),
+                                     c["SPLIT"]),
     "llama_gate_up": lambda a, c: (_cdiv(a["I"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"])),
     "llama_lm_head": lambda a, c: (_cdiv(a["V"], c["BLOCK_N"]), _cdiv(a["M"], c["BLOCK_M"])),
 }
@@ -159,6 +162,10 @@ class DeviceState:
         self.part_idx = z(max_batch * cfg.V, dtype=i32)
         self.attn_counters = z(max_batch * cfg.NKV, dtype=i32)
         self.lm_counters = z(max_batch, dtype=i32)
+        # The o and down projections' split-K partials and counters (PROJ_SPLIT_MAX splits
+        # of PROJ_SPLIT_MAX_ROWS rows, tiles of at least 16 x 32: open_pack checks).
+        self.proj_part = z(PROJ_SPLIT_MAX * PROJ_SPLIT_MAX_ROWS * cfg.H)
+        self.proj_counters = z(PROJ_SPLIT_MAX_ROWS // 16 * _cdiv(cfg.H, 32), dtype=i32)
 
     def norm_calls(self, M: int, norm_w) -> List[Call]:
         """llama_rmsnorm of rows 0..M-1 of h into xn, which the projections read above one
@@ -174,11 +181,13 @@ class DeviceState:
                                     pos, seq, self.q, self.k_cache[l], self.v_cache[l], M,
                                     cfg.H, cfg.NH, cfg.NKV, self.capacity, cfg.eps]),
             attention,
-            Call("llama_o_proj", [self.attn, self.wo[l], self.h, M, cfg.H, cfg.NH * cfg.D]),
+            Call("llama_o_proj", [self.attn, self.wo[l], self.h, self.proj_part,
+                                  self.proj_counters, M, cfg.H, cfg.NH * cfg.D]),
         ] + self.norm_calls(M, self.ln2[l]) + [
             Call("llama_gate_up", [self.h, self.xn, self.ln2[l], self.wgu[l], self.act, M, cfg.H,
                                    cfg.I, cfg.eps]),
-            Call("llama_down_proj", [self.act, self.wd[l], self.h, M, cfg.H, cfg.I]),
+            Call("llama_down_proj", [self.act, self.wd[l], self.h, self.proj_part,
+                                     self.proj_counters, M, cfg.H, cfg.I]),
         ])
 
     def decode_calls(self, B: int) -> List[Call]:
@@ -621,11 +630,36 @@ def open_pack(pack_dir: Path, cfg: LlamaConfig, driver: Optional[str] = None):
         if got != params:
             raise ValueError(f"pack kernel '{name}' takes {got}; the engine passes {params} "
                              "(docs/llama.md)")
+    for name in ("llama_o_proj", "llama_down_proj"):
+        for v in pack[name].variants:
+            _check_split(pack_dir, name, v)
     head_dims = {v.constexprs.get("HEAD_DIM") for v in pack["llama_qkv_rope"].variants}
     if cfg.D not in head_dims:
         raise ValueError(f"the checkpoint's head_dim {cfg.D} is not served by the pack "
                          f"{pack_dir} (HEAD_DIM {sorted(head_dims)})")
     return pack
+
+
+def _check_split(pack_dir, name: str, v) -> None:
+    """A variant of the o or down projection against the split-K scratch DeviceState
+    sizes (as the C++ engine's CheckSplits): SPLIT an integer >= 1; above 1, at most
+    PROJ_SPLIT_MAX, tiles of at least 16 x 32, in a bucket of at most PROJ_SPLIT_MAX_ROWS
+    rows."""
+    where = f"pack {pack_dir}: kernel '{name}' variant '{v.name}'"
+    split = v.constexprs.get("SPLIT")
+    if not isinstance(split, int) or split < 1:
+        raise ValueError(f"{where} has no integer SPLIT >= 1 (a pack of before split K?)")
+    if split == 1:
+        return
+    bm, bn = v.constexprs.get("BLOCK_M", 0), v.constexprs.get("BLOCK_N", 0)
+    if split > PROJ_SPLIT_MAX or bm < 16 or bn < 32:
+        raise ValueError(f"{where} splits K in {split} with BLOCK_M {bm}, BLOCK_N {bn}; the "
+                         f"engine's scratch holds {PROJ_SPLIT_MAX} splits of tiles of at least "
+                         "16 x 32")
+    high = v.bucket.get("M", (None, None))[1] if len(v.bucket) == 1 else None
+    if high is None or high > PROJ_SPLIT_MAX_ROWS:
+        raise ValueError(f"{where} splits K in {split} for more than {PROJ_SPLIT_MAX_ROWS} "
+                         "rows; the engine's scratch holds that many")
 
 
 def _same(a, b) -> bool:
