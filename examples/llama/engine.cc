@@ -80,7 +80,7 @@ absl::Status CheckSplits(const Runtime& runtime, absl::string_view name, const K
       return c[key].get<int64_t>();
     };
     const std::optional<int64_t> split = get("SPLIT");
-    if (!split || *split < 1) return fail("has no integer SPLIT >= 1 (a pack of before split K?)");
+    if (!split || *split < 1) return fail("needs an integer SPLIT >= 1");
     if (*split == 1) continue;
     const std::optional<int64_t> block_m = get("BLOCK_M"), block_n = get("BLOCK_N");
     if (*split > kMaxProjSplits || !block_m || *block_m < 16 || !block_n || *block_n < 32) {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -316,6 +317,51 @@ TEST_F(LlamaEngineTest, PrefillRefusesBadPrompts) {
               HasSubstr("prompt token 1 is 1000, outside the vocabulary of 1000"));
   EXPECT_EQ(e.stats().prefills, 0u);
   EXPECT_EQ(fake::LaunchCount(), 0);
+}
+
+// The o and down projections' split-K variants must fit the scratch StepBuffers sizes:
+// a pack edited to split K too often, in too narrow tiles, for more than 64 rows, or in
+// fewer than one part is refused, naming the variant.
+TEST_F(LlamaEngineTest, EngineRefusesSplitKBeyondItsScratch) {
+  struct Case {
+    const char* variant;
+    int64_t split;
+    int64_t block_m;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"b4_aligned", 2, 64, "variant 'b4_aligned' splits K in 2 for more than 64 rows"},
+      {"b1_aligned", 16, 16, "variant 'b1_aligned' splits K in 16 with BLOCK_M 16"},
+      {"b2_generic", 4, 4, "variant 'b2_generic' splits K in 4 with BLOCK_M 4"},
+      {"b0_aligned", 0, 1, "variant 'b0_aligned' needs an integer SPLIT >= 1"},
+  };
+  const std::filesystem::path pack = KPACK_LLAMA_PACK_DIR;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.variant);
+    testing::TempDir dir;
+    std::filesystem::copy(pack / "cubins", dir.path() / "cubins",
+                          std::filesystem::copy_options::recursive);
+    std::ifstream in(pack / "manifest.json");
+    nlohmann::json manifest = nlohmann::json::parse(in);
+    for (nlohmann::json& kernel : manifest["kernels"]) {
+      if (kernel["name"] != "llama_down_proj") continue;
+      for (nlohmann::json& v : kernel["variants"]) {
+        if (v["name"] != c.variant) continue;
+        v["constexprs"]["SPLIT"] = c.split;
+        v["constexprs"]["BLOCK_M"] = c.block_m;
+      }
+    }
+    testing::WriteFile(dir.file("manifest.json"), manifest.dump());
+    Options options;
+    options.driver_path = KPACK_FAKE_DRIVER;
+    absl::StatusOr<Runtime> runtime = Runtime::Open(dir.path().string(), options);
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    absl::StatusOr<std::unique_ptr<Engine>> e =
+        Engine::Create(*runtime, *device_, *model_, EngineOptions{});
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(e.status().message(), HasSubstr("kernel 'llama_down_proj'"));
+    EXPECT_THAT(e.status().message(), HasSubstr(c.message));
+  }
 }
 
 TEST_F(LlamaEngineTest, EngineRefusesPromptsLongerThanTheCache) {

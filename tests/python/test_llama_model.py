@@ -342,3 +342,39 @@ def test_numpy_model_command_line(tmp_path, tiny_dir):
     prefill = np.load(out / "prefill_logits.npy")
     assert result["prefill_digests"][1] == hashlib.sha256(prefill[1].tobytes()).hexdigest()
     assert tokens[:, 0].tolist() == prefill.argmax(-1).tolist()
+
+
+def _variant(name, bucket, **constexprs):
+    from types import SimpleNamespace  # noqa: PLC0415
+    return SimpleNamespace(name=name, bucket=bucket, constexprs=constexprs)
+
+
+@pytest.mark.parametrize("variant, message", [
+    (_variant("b4_aligned", {"M": (65, 256)}, SPLIT=2, BLOCK_M=64, BLOCK_N=64),
+     "variant 'b4_aligned' splits K in 2 for more than 64 rows"),
+    (_variant("b5_aligned", {"M": (257, None)}, SPLIT=2, BLOCK_M=64, BLOCK_N=64),
+     "splits K in 2 for more than 64 rows"),
+    (_variant("b1_aligned", {"M": (2, 4)}, SPLIT=16, BLOCK_M=16, BLOCK_N=64),
+     "splits K in 16 with BLOCK_M 16, BLOCK_N 64"),
+    (_variant("b1_generic", {"M": (2, 4)}, SPLIT=4, BLOCK_M=16, BLOCK_N=16),
+     "splits K in 4 with BLOCK_M 16, BLOCK_N 16"),
+    (_variant("b0_aligned", {"M": (None, 1)}, SPLIT=0, BLOCK_M=1, BLOCK_N=4),
+     "variant 'b0_aligned' needs an integer SPLIT >= 1"),
+    (_variant("b0_aligned", {"M": (None, 1)}, BLOCK_M=1, BLOCK_N=4),
+     "needs an integer SPLIT >= 1"),
+])
+def test_engine_refuses_split_k_beyond_its_scratch(variant, message):
+    """The Python engine's check of the o and down projections' split-K variants against
+    the scratch it allocates (the C++ engine's CheckSplits: engine_test.cc)."""
+    import engine  # noqa: PLC0415
+    with pytest.raises(ValueError, match=message) as e:
+        engine._check_split("pack", "llama_down_proj", variant)
+    assert f"kernel 'llama_down_proj' variant '{variant.name}'" in str(e.value)
+
+
+def test_engine_takes_split_k_within_its_scratch():
+    import engine  # noqa: PLC0415
+    for v in (_variant("b0_aligned", {"M": (None, 1)}, SPLIT=1, BLOCK_M=1, BLOCK_N=4),
+              _variant("b3_aligned", {"M": (17, 64)}, SPLIT=8, BLOCK_M=64, BLOCK_N=32),
+              _variant("b4_aligned", {"M": (65, 256)}, SPLIT=1, BLOCK_M=64, BLOCK_N=64)):
+        engine._check_split("pack", "llama_down_proj", v)

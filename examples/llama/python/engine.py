@@ -648,7 +648,7 @@ def _check_split(pack_dir, name: str, v) -> None:
     where = f"pack {pack_dir}: kernel '{name}' variant '{v.name}'"
     split = v.constexprs.get("SPLIT")
     if not isinstance(split, int) or split < 1:
-        raise ValueError(f"{where} has no integer SPLIT >= 1 (a pack of before split K?)")
+        raise ValueError(f"{where} needs an integer SPLIT >= 1")
     if split == 1:
         return
     bm, bn = v.constexprs.get("BLOCK_M", 0), v.constexprs.get("BLOCK_N", 0)
