@@ -64,9 +64,18 @@ const Signature& SignatureOf(absl::string_view kernel) {
 std::string_view Std(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// The integer `key` of a variant's constexprs (VariantInfo::constexprs_json, parsed);
+// nullopt when it has none or another type.
+std::optional<int64_t> IntConstexpr(const nlohmann::json& c, const char* key) {
+  const auto it = c.is_object() ? c.find(key) : c.end();
+  if (it == c.end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<int64_t>();
+}
+
 // The o or down projection's variants against the split-K scratch StepBuffers sizes
-// (docs/llama.md): each has an integer SPLIT; one above 1 needs tiles of at least 16 rows
-// and 32 columns, at most kMaxProjSplits, in a bucket of at most kProjSplitMaxRows rows.
+// (docs/llama.md): each has an integer SPLIT; one above 1 needs tiles of at least
+// kProjSplitMinTileRows x kProjSplitMinTileCols, at most kMaxProjSplits, in a bucket of at
+// most kProjSplitMaxRows rows.
 absl::Status CheckSplits(const Runtime& runtime, absl::string_view name, const Kernel& k) {
   for (const VariantInfo& v : k.info().variants) {
     auto fail = [&](absl::string_view why) {
@@ -75,18 +84,17 @@ absl::Status CheckSplits(const Runtime& runtime, absl::string_view name, const K
                                                         "' ", why));
     };
     const nlohmann::json c = nlohmann::json::parse(v.constexprs_json, nullptr, false);
-    auto get = [&](const char* key) -> std::optional<int64_t> {
-      if (!c.is_object() || !c.contains(key) || !c[key].is_number_integer()) return std::nullopt;
-      return c[key].get<int64_t>();
-    };
-    const std::optional<int64_t> split = get("SPLIT");
+    const std::optional<int64_t> split = IntConstexpr(c, "SPLIT");
     if (!split || *split < 1) return fail("needs an integer SPLIT >= 1");
     if (*split == 1) continue;
-    const std::optional<int64_t> block_m = get("BLOCK_M"), block_n = get("BLOCK_N");
-    if (*split > kMaxProjSplits || !block_m || *block_m < 16 || !block_n || *block_n < 32) {
+    const std::optional<int64_t> block_m = IntConstexpr(c, "BLOCK_M"),
+                                 block_n = IntConstexpr(c, "BLOCK_N");
+    if (*split > kMaxProjSplits || !block_m || *block_m < kProjSplitMinTileRows || !block_n ||
+        *block_n < kProjSplitMinTileCols) {
       return fail(absl::StrCat("splits K in ", *split, " with BLOCK_M ", block_m.value_or(0),
                                ", BLOCK_N ", block_n.value_or(0), "; the engine's scratch holds ",
-                               kMaxProjSplits, " splits of tiles of at least 16 x 32"));
+                               kMaxProjSplits, " splits of tiles of at least ",
+                               kProjSplitMinTileRows, " x ", kProjSplitMinTileCols));
     }
     const std::optional<int64_t> high =
         v.bucket.size() == 1 && k.info().buckets.size() == 1
@@ -127,18 +135,18 @@ absl::StatusOr<Kernel> FindKernel(const Runtime& runtime, absl::string_view name
   }
   if (name == kQkvRope || name == kAttnDecode || name == kAttnPrefill) {
     for (const VariantInfo& v : k.info().variants) {
-      const nlohmann::json constexprs = nlohmann::json::parse(v.constexprs_json, nullptr, false);
-      const auto it = constexprs.is_object() ? constexprs.find("HEAD_DIM") : constexprs.end();
-      if (it == constexprs.end() || !it->is_number_integer()) {
+      const std::optional<int64_t> built =
+          IntConstexpr(nlohmann::json::parse(v.constexprs_json, nullptr, false), "HEAD_DIM");
+      if (!built) {
         return absl::FailedPreconditionError(absl::StrCat("pack ", runtime.pack().dir(),
                                                           ": kernel '", name, "' variant '", v.name,
                                                           "' has no integer HEAD_DIM constexpr"));
       }
-      if (it->get<int64_t>() != head_dim) {
+      if (*built != head_dim) {
         return absl::FailedPreconditionError(absl::StrCat(
             "pack ", runtime.pack().dir(), ": kernel '", name, "' variant '", v.name,
-            "' is built for HEAD_DIM ", it->get<int64_t>(), ", but the checkpoint's head_dim is ",
-            head_dim, " (build a pack for it)"));
+            "' is built for HEAD_DIM ", *built, ", but the checkpoint's head_dim is ", head_dim,
+            " (build a pack for it)"));
       }
     }
   }

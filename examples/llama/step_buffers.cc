@@ -45,7 +45,8 @@ absl::StatusOr<StepBuffers> StepBuffers::Allocate(const Device& device, const Ll
   b.attn_counters_ = carve.Take(batch * static_cast<size_t>(c.num_key_value_heads) * 4);
   b.lm_counters_ = carve.Take(batch * 4);
   b.proj_part_ = carve.Take(size_t{kMaxProjSplits} * kProjSplitMaxRows * h * 4);
-  b.proj_counters_ = carve.Take(size_t{kProjSplitMaxRows / 16} * ((h + 31) / 32) * 4);
+  b.proj_counters_ = carve.Take(size_t{kProjSplitMaxRows / kProjSplitMinTileRows} *
+                                ((h + kProjSplitMinTileCols - 1) / kProjSplitMinTileCols) * 4);
   KPACK_ASSIGN_OR_RETURN(b.memory_, DeviceBuffer::Allocate(device, carve.size(),
                                                            "the activations and per-row arrays"));
   const internal::Driver& cu = device.driver();

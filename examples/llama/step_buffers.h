@@ -8,10 +8,10 @@
 // `max_batch` rows (prefill computes logits for one row per sequence, written to the
 // sequence's decode row); the o and down projections' split-K partials hold
 // kMaxProjSplits splits of kProjSplitMaxRows rows (the engine refuses a pack whose
-// variants split K beyond that: docs/llama.md). Allocate zeroes everything (the counters must start at zero;
-// the kernels reset them) and fills the constant arrays: decode row b's sequence slot
-// `seq[b] = b`, prefill positions 0..max_prompt-1, and prefill sequence slots per row
-// (row r's prefill reads `prefill_seq(r)`, max_prompt copies of r).
+// variants split K beyond that: docs/llama.md). Allocate zeroes everything (the counters
+// must start at zero; the kernels reset them) and fills the constant arrays: decode row
+// b's sequence slot `seq[b] = b`, prefill positions 0..max_prompt-1, and prefill sequence
+// slots per row (row r's prefill reads `prefill_seq(r)`, max_prompt copies of r).
 //
 // One allocation; pointers stay put for the buffers' life, so bound launches and step
 // graphs keep them. Not thread-safe.
@@ -32,10 +32,12 @@ namespace kpack::llama {
 // Attention splits the decode partials are sized for (docs/llama.md S_MAX).
 inline constexpr int kMaxDecodeSplits = 32;
 // The o and down projections' K splits (llama_proj_residual's SPLIT > 1) the partials are
-// sized for: at most this many splits, at M <= kProjSplitMaxRows, in tiles of at least 16
-// rows and 32 columns (one counter per tile).
+// sized for: at most this many splits, at M <= kProjSplitMaxRows, in tiles of at least
+// kProjSplitMinTileRows rows and kProjSplitMinTileCols columns (one counter per tile).
 inline constexpr int kMaxProjSplits = 8;
 inline constexpr int kProjSplitMaxRows = 64;
+inline constexpr int kProjSplitMinTileRows = 16;
+inline constexpr int kProjSplitMinTileCols = 32;
 
 struct StepBufferSizes {
   int max_batch = 1;
@@ -72,7 +74,8 @@ class StepBuffers {
   CUdeviceptr part_idx() const { return at(part_idx_); }  // i32 [max_batch, V]
   CUdeviceptr attn_counters() const { return at(attn_counters_); }  // i32 [max_batch, NKV]
   CUdeviceptr lm_counters() const { return at(lm_counters_); }      // i32 [max_batch]
-  // fp32 [kMaxProjSplits, kProjSplitMaxRows, H]; i32 [kProjSplitMaxRows / 16, H / 32]
+  // fp32 [kMaxProjSplits, kProjSplitMaxRows, H];
+  // i32 [kProjSplitMaxRows / kProjSplitMinTileRows, cdiv(H, kProjSplitMinTileCols)]
   CUdeviceptr proj_part() const { return at(proj_part_); }
   CUdeviceptr proj_counters() const { return at(proj_counters_); }
 

@@ -42,6 +42,7 @@ S_MAX = 32
 # kProjSplitMaxRows; docs/llama.md).
 PROJ_SPLIT_MAX = 8
 PROJ_SPLIT_MAX_ROWS = 64
+PROJ_SPLIT_MIN_TILE = (16, 32)  # rows, columns: one counter per tile
 MAX_GQA_GROUP = 16
 
 

@@ -50,8 +50,8 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 
 import checkpoint  # noqa: E402
-from config import (PROJ_SPLIT_MAX, PROJ_SPLIT_MAX_ROWS, S_MAX, LlamaConfig,  # noqa: E402
-                    config_summary, decode_splits,
+from config import (PROJ_SPLIT_MAX, PROJ_SPLIT_MAX_ROWS, PROJ_SPLIT_MIN_TILE,  # noqa: E402
+                    S_MAX, LlamaConfig, config_summary, decode_splits,
                     load_config, parse_prompt_lens, programmatic_edges, prompt_token,
                     prompt_tokens, rope_inv_freq)
 
@@ -163,9 +163,12 @@ class DeviceState:
         self.attn_counters = z(max_batch * cfg.NKV, dtype=i32)
         self.lm_counters = z(max_batch, dtype=i32)
         # The o and down projections' split-K partials and counters (PROJ_SPLIT_MAX splits
-        # of PROJ_SPLIT_MAX_ROWS rows, tiles of at least 16 x 32: open_pack checks).
+        # of PROJ_SPLIT_MAX_ROWS rows, tiles of at least PROJ_SPLIT_MIN_TILE: open_pack
+        # checks).
+        tile_rows, tile_cols = PROJ_SPLIT_MIN_TILE
         self.proj_part = z(PROJ_SPLIT_MAX * PROJ_SPLIT_MAX_ROWS * cfg.H)
-        self.proj_counters = z(PROJ_SPLIT_MAX_ROWS // 16 * _cdiv(cfg.H, 32), dtype=i32)
+        self.proj_counters = z(PROJ_SPLIT_MAX_ROWS // tile_rows * _cdiv(cfg.H, tile_cols),
+                               dtype=i32)
 
     def norm_calls(self, M: int, norm_w) -> List[Call]:
         """llama_rmsnorm of rows 0..M-1 of h into xn, which the projections read above one
@@ -643,8 +646,8 @@ def open_pack(pack_dir: Path, cfg: LlamaConfig, driver: Optional[str] = None):
 def _check_split(pack_dir, name: str, v) -> None:
     """A variant of the o or down projection against the split-K scratch DeviceState
     sizes (as the C++ engine's CheckSplits): SPLIT an integer >= 1; above 1, at most
-    PROJ_SPLIT_MAX, tiles of at least 16 x 32, in a bucket of at most PROJ_SPLIT_MAX_ROWS
-    rows."""
+    PROJ_SPLIT_MAX, tiles of at least PROJ_SPLIT_MIN_TILE, in a bucket of at most
+    PROJ_SPLIT_MAX_ROWS rows."""
     where = f"pack {pack_dir}: kernel '{name}' variant '{v.name}'"
     split = v.constexprs.get("SPLIT")
     if not isinstance(split, int) or split < 1:
@@ -652,10 +655,11 @@ def _check_split(pack_dir, name: str, v) -> None:
     if split == 1:
         return
     bm, bn = v.constexprs.get("BLOCK_M", 0), v.constexprs.get("BLOCK_N", 0)
-    if split > PROJ_SPLIT_MAX or bm < 16 or bn < 32:
+    tile_rows, tile_cols = PROJ_SPLIT_MIN_TILE
+    if split > PROJ_SPLIT_MAX or bm < tile_rows or bn < tile_cols:
         raise ValueError(f"{where} splits K in {split} with BLOCK_M {bm}, BLOCK_N {bn}; the "
                          f"engine's scratch holds {PROJ_SPLIT_MAX} splits of tiles of at least "
-                         "16 x 32")
+                         f"{tile_rows} x {tile_cols}")
     high = v.bucket.get("M", (None, None))[1] if len(v.bucket) == 1 else None
     if high is None or high > PROJ_SPLIT_MAX_ROWS:
         raise ValueError(f"{where} splits K in {split} for more than {PROJ_SPLIT_MAX_ROWS} "
