@@ -1,5 +1,6 @@
 #include "graph/graph_grid.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -100,6 +101,7 @@ GridPlan::GridPlan(const KernelData& kernel) : kernel_(&kernel) {
   }
   exact_key_.values.resize(key_args_.size());
   padded_key_.values.resize(key_args_.size());
+  padded_args_.assign(k.args.size(), Arg(int64_t{0}));
 }
 
 bool GridPlan::Matches(const Key& key, const VariantData* variant, bool from_expressions,
@@ -133,14 +135,14 @@ absl::Status GridPlan::Resolve(const BoundState& st, Resolved* out) {
     return absl::OkStatus();
   }
   exact_key_.variant = nullptr;
-  KPACK_RETURN_IF_ERROR(Run(st, out, &padded_key_, &padded_grid_));
+  KPACK_RETURN_IF_ERROR(Run(st, out, &padded_key_, &padded_grid_, &padded_args_));
   exact_ = *out;
   Remember(&exact_key_, st.variant, st.grid_from_expressions, st.grid, st.args);
   return absl::OkStatus();
 }
 
 absl::Status GridPlan::Run(const BoundState& st, Resolved* out, Key* padded_key,
-                           Grid* padded_grid) const {
+                           Grid* padded_grid, std::vector<Arg>* padded_args) const {
   const RuntimeImpl& rt = *kernel_->runtime;
   const KernelSpec& k = *kernel_->spec;
   if (st.grid_from_expressions) {
@@ -176,8 +178,17 @@ absl::Status GridPlan::Run(const BoundState& st, Resolved* out, Key* padded_key,
     out->rule = GridRule::kNoBuckets;
     return absl::OkStatus();
   }
-  // The arguments with each bucket parameter at the upper edge of its interval.
-  absl::InlinedVector<Arg, 16> padded(st.args.begin(), st.args.end());
+  // The arguments with each bucket parameter at the upper edge of its interval: in
+  // Resolve's scratch (no allocation on a replay, however many arguments), else here.
+  absl::InlinedVector<Arg, 16> local;
+  std::span<Arg> padded;
+  if (padded_args != nullptr && padded_args->size() == st.args.size()) {
+    std::copy(st.args.begin(), st.args.end(), padded_args->begin());
+    padded = *padded_args;
+  } else {
+    local.assign(st.args.begin(), st.args.end());
+    padded = std::span<Arg>(local.data(), local.size());
+  }
   bool any = false;
   out->rule = GridRule::kPadded;
   for (const BucketSpec& dim : k.buckets) {

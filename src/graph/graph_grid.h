@@ -78,7 +78,7 @@ class GridPlan {
   // pinned grid smaller than the exact one, a padded grid smaller than the exact one on
   // some axis (grid expressions that do not grow with the sizes).
   absl::Status Compute(const BoundState& st, Resolved* out) const {
-    return Run(st, out, nullptr, nullptr);
+    return Run(st, out, nullptr, nullptr, nullptr);
   }
 
  private:
@@ -94,9 +94,12 @@ class GridPlan {
                const Grid& grid, std::span<const Arg> args) const;
   void Remember(Key* key, const VariantData* variant, bool from_expressions, const Grid& grid,
                 std::span<const Arg> args) const;
-  // Compute's body. `padded_key`, `padded_grid`: non-null from Resolve, whose last padded
-  // grid (keyed by the padded arguments) it reuses rather than evaluate it again.
-  absl::Status Run(const BoundState& st, Resolved* out, Key* padded_key, Grid* padded_grid) const;
+  // Compute's body. `padded_key`, `padded_grid`, `padded_args`: non-null from Resolve,
+  // whose last padded grid (keyed by the padded arguments) it reuses rather than evaluate
+  // it again, and whose scratch for the padded arguments (sized at construction: the
+  // kernel's argument count) it fills instead of allocating, whatever that count.
+  absl::Status Run(const BoundState& st, Resolved* out, Key* padded_key, Grid* padded_grid,
+                   std::vector<Arg>* padded_args) const;
 
   const KernelData* kernel_;
   std::optional<Grid> pinned_;
@@ -107,6 +110,7 @@ class GridPlan {
   Resolved exact_{};    // its result
   Key padded_key_;      // the padded arguments of the last padded grid evaluated
   Grid padded_grid_{};  // that grid
+  std::vector<Arg> padded_args_;  // Resolve's scratch for Run, one slot per argument
 };
 
 }  // namespace kpack::internal

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "checkpoint.h"
@@ -25,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "kpack/kpack.h"
 #include "model.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
 #include "test_files.h"
@@ -297,6 +299,53 @@ TEST_F(LaunchPathTest, StepGraphReplaysAllocateLockAndLogNothing) {
   after = Snapshot();
   EXPECT_TRUE(ok);
   EXPECT_EQ(graph->stats().last_nodes_patched, 1u);
+  EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per replay";
+  EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per replay";
+  EXPECT_EQ(after.logs - before.logs, 0) << "log messages per replay";
+}
+
+// A kernel of more arguments than GridPlan's inline storage (16): the benchmark pack's
+// 32-argument kernel, bucketed on n and grid-tolerant here, in a step whose n changes
+// every replay inside its bucket, so that each replay pads the grid again. The padded
+// arguments go to a scratch the plan sized at construction (the Llama engine's decode
+// attention had 18 arguments for a while; its steps allocated on every batch change).
+TEST_F(LaunchPathTest, PaddingAGridOfManyArgumentsAllocatesNothing) {
+  kpack::testing::TempPack pack(KPACK_BENCH_PACK_DIR);
+  pack.manifest()["format"] = "kpack/2";
+  nlohmann::json& k = pack.kernel("args32");
+  k["buckets"] = nlohmann::json::array({{{"param", "n"}, {"edges", {1024, 65536}}}});
+  k["grid_tolerance"] = {{"proof", "asserted"}};
+  nlohmann::json variant = k["variants"][0];
+  k["variants"] = nlohmann::json::array();
+  for (int b = 0; b < 3; ++b) {
+    variant["name"] = "b" + std::to_string(b);
+    variant["bucket"] = {b};
+    k["variants"].push_back(variant);
+  }
+  pack.Save();
+  auto rt = kpack::testing::OpenFake(pack.dir());
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  AttachSink();
+  Kernel args32 = *rt->Find("args32");
+  ASSERT_EQ(args32.num_args(), 32u);
+  const CUdeviceptr p = kX;
+  auto a = args32.BindArgs(nullptr, p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, kOut, 100, 1, 1,
+                           1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  BoundLaunch* step[] = {&*a};
+  auto graph = StepGraph::Create(step);
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  auto replay = [&](int i) {  // n in 100..1000: bucket 0, exact grids of 1..8 programs
+    return a->Set(16, 100 + 100 * (i % 10)).ok() && graph->Replay(nullptr).ok();
+  };
+  bool ok = true;
+  for (int i = 0; i < 100; ++i) ok &= replay(i);
+  ASSERT_TRUE(ok);
+  Counts before = Snapshot();
+  for (int i = 0; i < 1000; ++i) ok &= replay(i);
+  Counts after = Snapshot();
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(graph->stats().graphs_built, 1u) << "one padded grid: one graph";
   EXPECT_EQ(after.allocations - before.allocations, 0) << "heap allocations per replay";
   EXPECT_EQ(after.locks - before.locks, 0) << "mutex locks per replay";
   EXPECT_EQ(after.logs - before.logs, 0) << "log messages per replay";
