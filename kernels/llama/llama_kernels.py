@@ -14,8 +14,10 @@ QKV, gate/up and the LM head read llama_rmsnorm's rows ``xn`` instead of normali
 How they are written:
 
 - Every count comes from the size arguments, never from ``tl.num_programs``; a program
-  past them touches no memory (a padded grid gives the same bits). Offsets into tensors
-  are int64.
+  past them touches no memory (a padded grid gives the same bits), except one past the o
+  and down projections' third axis at SPLIT == 1, which reads like the first and writes
+  nothing (the check masks its store: before its first loads it slowed batch 1). Offsets
+  into tensors are int64.
 - Projections accumulate in fp32 over bf16 operands. ``BLOCK_M == 1`` (batch 1) is a
   GEMV: each ``[BLOCK_N, BLOCK_K]`` weight tile times the row's tile, the fp32 products
   reduced over the tile. ``1 < BLOCK_M < 16`` (small batches) multiplies and adds
@@ -620,7 +622,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
     if SPLIT == 1:
-        live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N) & (tl.program_id(2) == 0)
+        live = (pid_m * BLOCK_M < M) & (pid_n * BLOCK_N < N)
         cols_ok = (cols < N) & live
         wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, x, K, False, False, BLOCK_K)
         first = pid_n * BLOCK_N
@@ -637,7 +639,10 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
                               wa0, wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
             if BLOCK_M >= 16:
                 h_old = tl.load(h_ptrs, mask=ok, other=0.0)
-            tl.store(h_ptrs, h_old + acc, mask=ok)
+            # A padded grid's third axis (the proof doubles it) must write nothing. Checked
+            # here, not in `live`: there, before the weights' loads, it cost 14 µs per
+            # batch-1 step on the H200 (bench/llama_results/ab_s9.md).
+            tl.store(h_ptrs, h_old + acc, mask=ok & (tl.program_id(2) == 0))
     else:
         tl.static_assert(BLOCK_M > 1, "split K is for more than one row")
         pid_s = tl.program_id(2)
