@@ -22,10 +22,13 @@ specialization and ABI are what the variants reproduce
 
 A spec's ``grid_tolerant`` flag is proven on the GPU (``kpack_tools.grid_proof``)
 before the manifest says ``grid_tolerance``; without a GPU it is written as
-asserted and the build says it is unproven.
+asserted and the build says it is unproven. A verdict records the sha256 of the
+kernel's compiled code (``code_sha256``), and one reused from ``--reuse-tuning``
+without a GPU is kept only for the same code.
 """
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -259,6 +262,38 @@ def _grid_tolerance(spec: KernelSpec, results, device, backend, reps, why_not, r
     return entry
 
 
+def _code_sha256(cubins: Sequence[bytes]) -> str:
+    """The identity of a kernel's compiled code: sha256 over its variants' cubins' sha256s,
+    sorted (the same code whatever the variants' order)."""
+    digests = sorted(hashlib.sha256(c).hexdigest() for c in cubins)
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
+def _tie_to_code(spec: KernelSpec, tolerance: Dict[str, Any], code: str, proven_here: bool,
+                 log) -> None:
+    """Ties a grid-tolerance verdict to the kernel's compiled code, in place: one reached
+    on this build's GPU records `code`; a reused one is kept for the same code, written
+    unproven for other code (the kernel or a helper changed since it was reached) and kept,
+    with a note, when it records none (a tuning.json older than the field)."""
+    if proven_here:
+        tolerance["code_sha256"] = code
+        return
+    if tolerance["verdict"] == grid_proof.UNPROVEN:
+        return
+    had = tolerance.get("code_sha256")
+    if had is None:
+        log(f"kernel '{spec.name}': the reused grid-tolerance verdict records no code hash "
+            f"(an older tuning.json): kept as it is")
+    elif had != code:
+        verdict = tolerance["verdict"]
+        tolerance.clear()
+        tolerance.update(grid_proof.unproven(
+            spec, f"the kernel's code changed since the reused tuning.json's verdict "
+                  f"({verdict}); prove it again on a GPU"))
+        log(f"kernel '{spec.name}': grid tolerance {verdict} in the reused tuning.json, but "
+            f"for other code: asserted by the spec, UNPROVEN; written as \"asserted\"")
+
+
 def _config_json(config: Config) -> Mapping[str, Any]:
     return {"name": config.name, "constexprs": dict(config.constexprs),
             "num_warps": config.num_warps, "num_stages": config.num_stages,
@@ -400,12 +435,14 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     for spec, (results, tolerance) in zip(specs, chosen):
         params = None  # the first variant's types; later variants override what differs
         variants = []
+        cubins = []
         for index, result in zip(spec.bucket_indices(), results):
             config = spec.config(result["chosen"])
             for special in spec.all_specializations():
                 key = (spec.name, config.name, special.name)
                 if key not in compiled_cache:
                     compiled_cache[key] = compile_variant(spec, config, special, target)
+                cubins.append(compiled_cache[key].asm["cubin"])
                 assumptions = {name: ["div16"] for name in special.div16}
                 assumptions.update({name: ["eq1"] for name in special.eq1})
                 constexprs = {name: value for name, value in spec.constexprs(config).items()}
@@ -419,6 +456,8 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
                     variant_name(spec, index, special), compiled_cache[key], constexprs,
                     bucket=list(index) if spec.buckets else None,
                     assumptions=assumptions or None, types=retyped or None))
+        if tolerance is not None:
+            _tie_to_code(spec, tolerance, _code_sha256(cubins), device is not None, log)
         kernels.append(Kernel(
             name=spec.name, params=params, variants=variants,
             buckets=[{"param": b.param, "edges": list(b.edges)} for b in spec.buckets] or None,

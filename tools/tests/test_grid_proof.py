@@ -12,6 +12,7 @@ tests/gpu/examples_check.py's tuned builds when a spec asserts it.
 """
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -245,6 +246,38 @@ def test_reused_tuning_keeps_a_gpu_verdict(tmp_path):
         kernel_entry(tuned, "vector_add")["grid_tolerance"]
     assert kernel_entry(manifest, "vector_add")["grid_tolerance"]["proof"] == "gpu"
     assert "grid_tolerance" not in kernel_entry(manifest, "softmax")  # refused then
+
+
+def test_a_reused_verdict_is_kept_for_its_code_alone(tmp_path):
+    _, tuned = builder.build([write_spec(tmp_path)], tmp_path / "tuned",
+                             backend=GridModelBackend(cost_per_program=0.01), log=None)
+    assert re.fullmatch("[0-9a-f]{64}",
+                        kernel_entry(tuned, "vector_add")["grid_tolerance"]["code_sha256"])
+    path = tmp_path / "tuned" / "tuning.json"
+    # Proven for other code (the kernel or a helper changed since): unproven now.
+    other = json.loads(path.read_text())
+    kernel_entry(other, "vector_add")["grid_tolerance"]["code_sha256"] = "0" * 64
+    path.write_text(json.dumps(other))
+    lines = []
+    manifest, tuning = builder.build([write_spec(tmp_path)], tmp_path / "again", tune=False,
+                                     reuse_tuning=path, log=lines.append)
+    entry = kernel_entry(tuning, "vector_add")["grid_tolerance"]
+    assert entry["verdict"] == grid_proof.UNPROVEN
+    assert "the kernel's code changed since the reused tuning.json's verdict (proven)" \
+        in entry["reason"]
+    assert kernel_entry(manifest, "vector_add")["grid_tolerance"]["proof"] == "asserted"
+    assert any("kernel 'vector_add': grid tolerance proven in the reused tuning.json, but for "
+               "other code" in line for line in lines)
+    # No code hash (a tuning.json older than the field): kept, with a note.
+    del kernel_entry(other, "vector_add")["grid_tolerance"]["code_sha256"]
+    path.write_text(json.dumps(other))
+    lines = []
+    manifest, tuning = builder.build([write_spec(tmp_path)], tmp_path / "legacy", tune=False,
+                                     reuse_tuning=path, log=lines.append)
+    assert kernel_entry(tuning, "vector_add")["grid_tolerance"]["verdict"] == grid_proof.PROVEN
+    assert kernel_entry(manifest, "vector_add")["grid_tolerance"]["proof"] == "gpu"
+    assert any("kernel 'vector_add': the reused grid-tolerance verdict records no code hash"
+               in line for line in lines)
 
 
 @pytest.mark.parametrize("extra, message", [
