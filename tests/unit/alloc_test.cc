@@ -307,8 +307,9 @@ TEST_F(LaunchPathTest, StepGraphReplaysAllocateLockAndLogNothing) {
 // A kernel of more arguments than GridPlan's inline storage (16): the benchmark pack's
 // 32-argument kernel, bucketed on n and grid-tolerant here, in a step whose n changes
 // every replay inside its bucket, so that each replay pads the grid again. The padded
-// arguments go to a scratch the plan sized at construction (the Llama engine's decode
-// attention had 18 arguments for a while; its steps allocated on every batch change).
+// arguments go to a scratch the plan sized at construction (an experiment that gave the
+// Llama engine's decode attention 18 arguments found it: its steps allocated on every
+// batch change).
 TEST_F(LaunchPathTest, PaddingAGridOfManyArgumentsAllocatesNothing) {
   kpack::testing::TempPack pack(KPACK_BENCH_PACK_DIR);
   pack.manifest()["format"] = "kpack/2";
