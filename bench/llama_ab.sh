@@ -9,9 +9,9 @@
 # the machine with the repository); each distinct source is built once (kpack-llama only,
 # under /tmp/llama_ab). PACK: the pack directory, relative to this directory if it exists
 # here, else to the source tree (empty: the source's kernels/llamapack). FLAGS: more
-# kpack-llama flags (e.g. `--l2-ahead-mb 0`). Example:
+# kpack-llama flags (e.g. `--graphs off`). Example:
 #
-#   ROUNDS=4 bench/llama_ab.sh "old|/tmp/old.tar||" "new|.||" "new-noahead|.||--l2-ahead-mb 0"
+#   ROUNDS=4 bench/llama_ab.sh "old|/tmp/old.tar||" "new|.||" "new-eager|.||--graphs off"
 #
 # Writes a Llama-3.2-1B-shaped checkpoint with the Python engine's writer (torch on the
 # GPU) unless $CKPT has one, then runs the protocol (batch 1, 32-token prompt, 127 steps,
