@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The batch-1 Llama protocol (C++ step graph, kpack-llama) of several arms, alternating in
-# one call on one GPU, so that a difference between arms is not a difference between
-# machines (timings drift 10-25% from one H200 to the next). An arm is
+# The Llama protocol (C++ step graph, kpack-llama) of several arms, alternating in one
+# call on one GPU, so that a difference between arms is not a difference between machines
+# (timings drift 10-25% from one H200 to the next). An arm is
 #
 #   NAME|SOURCE|PACK|FLAGS
 #
@@ -14,14 +14,15 @@
 #   ROUNDS=4 bench/llama_ab.sh "old|/tmp/old.tar||" "new|.||" "new-eager|.||--graphs off"
 #
 # Writes a Llama-3.2-1B-shaped checkpoint with the Python engine's writer (torch on the
-# GPU) unless $CKPT has one, then runs the protocol (batch 1, 32-token prompt, 127 steps,
-# capacity 16,384, 3 warm-up + 5 timed sequences) arm by arm for ROUNDS rounds (default
-# 3) and prints each run's µs/step, then each arm's median. Needs cmake, ninja, the build
-# dependencies (tools/gpu_tier.sh's environment) and $PYTHON (default python3) with torch.
-# Results: $OUT_DIR (default /tmp/llama_ab/out).
+# GPU) unless $CKPT has one, then runs the protocol (batch $BATCH, default 1; 32-token
+# prompts, 127 steps, capacity 16,384, 3 warm-up + 5 timed sequences) arm by arm for
+# ROUNDS rounds (default 3) and prints each run's µs/step, then each arm's median. Needs
+# cmake, ninja, the build dependencies (tools/gpu_tier.sh's environment) and $PYTHON
+# (default python3) with torch. Results: $OUT_DIR (default /tmp/llama_ab/out).
 set -euo pipefail
 (($#)) || { echo "usage: bench/llama_ab.sh 'NAME|SOURCE|PACK|FLAGS' ..."; exit 2; }
 rounds=${ROUNDS:-3}
+batch=${BATCH:-1}
 python=${PYTHON:-python3}
 work=/tmp/llama_ab
 out=${OUT_DIR:-$work/out}
@@ -79,7 +80,7 @@ for round in $(seq 1 "$rounds"); do
     json=$out/${names[$i]}_$round.json
     # shellcheck disable=SC2086  # FLAGS are words
     "${arm_bins[$i]}/examples/llama/kpack-llama" --pack "${packs[$i]}" --checkpoint "$ckpt" \
-      --batch 1 --prompt-lens 32 --steps 127 --capacity 16384 --graphs on --warmup-seqs 3 \
+      --batch "$batch" --prompt-lens 32 --steps 127 --capacity 16384 --graphs on --warmup-seqs 3 \
       --timed-seqs 5 --json "$json" ${flags[$i]} > "$out/${names[$i]}_$round.log" 2>&1 ||
       { echo "${names[$i]} round $round failed:"; tail -5 "$out/${names[$i]}_$round.log"; exit 1; }
     "$python" -c 'import json, sys

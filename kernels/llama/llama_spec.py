@@ -188,6 +188,9 @@ _M4 = {
 # and the earlier normalizing kernels' winners. The LM head's lead with programs of 512
 # vocabulary rows taken in tiles of the probe's fastest width (session 8: 251 programs,
 # not 4008, reduce their argmax partials; bench/llama_results/split_k_probe_s8.md).
+# Normalizing inside these kernels at 2-4 rows instead (no llama_rmsnorm launches: the
+# rows' rstd scaling the products at the end) was 110 µs per batch-4 step slower on the
+# H200 (2026-12-02, bench/llama_results/norm_rows_s10.md).
 _XN = {
     "llama_qkv_rope": [
         ["p16_16_k128_w4_s4", "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p16_16_k256_w4_s3"],
