@@ -36,8 +36,8 @@ How they are written:
   whichever program comes last.
 - Programmatic dependent launch behind the constexpr ``USE_PDL`` (off in the
   interpreter, which cannot run inline PTX): a program may read its weights first (its
-  first K tile into registers, more prefetched into L2: the weights, norm weights and
-  ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
+  first K tile into registers and, at one row, more prefetched into L2: the weights,
+  norm weights and ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
   anything the kernel right before it may write, and ``gdc_launch_dependents()`` once its
   dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
   the kernels are correct either way. Projection programs of more than one row, and
@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 # Bytes of its weight rows beyond the first K tile (which it loads into registers) a
-# projection program prefetches into L2 before gdc_wait, at most.
+# projection program of one row prefetches into L2 before gdc_wait, at most.
 _PREFETCH_BYTES = tl.constexpr(32768)
 # Elements of a weight tile the LM head takes at a time when a program has more vocabulary
 # rows (_lm_head_stream at one row, _lm_head_block at more): 16 KB.
@@ -179,12 +179,16 @@ def _w_first(w, wrows_a, wrows_b, wrows_ok, norm_w, K, TWO: tl.constexpr,
 
 @triton.jit
 def _prefetch_rows(w, first, count, K, BLOCK_K: tl.constexpr, BYTES: tl.constexpr,
-                   USE_PDL: tl.constexpr):
-    """With PDL, before gdc_wait: the program's `count` consecutive weight rows from row
-    `first` into L2 (at most BYTES) when its first K tile does not cover them."""
+                   USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """With PDL, before gdc_wait, in a program of one row: its `count` consecutive weight
+    rows from row `first` into L2 (at most BYTES) when its first K tile does not cover
+    them. Not above one row: on the H200 (2026-12-02, bench/llama_ab.sh) the prefetch made
+    batch 4 37 µs per step slower (1087.3 against 1050.2), batches 16 and 64 no faster
+    (within 3.3 µs), and batch 1 2.6 µs faster (bench/llama_results/pdl_s10.md)."""
     if USE_PDL:
-        if (count > 0) & (K > BLOCK_K):
-            _prefetch_span(w, first, first + count, K, BYTES)
+        if BLOCK_M == 1:
+            if (count > 0) & (K > BLOCK_K):
+                _prefetch_span(w, first, first + count, K, BYTES)
 
 
 @triton.jit
@@ -399,10 +403,12 @@ def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
     count = tl.where(live, tl.minimum(n_pairs - p0, BLOCK_J), 0)
     first = p0 // HALF * HEAD_DIM + p0 % HALF
     if BLOCK_J >= HALF:  # whole heads: both halves of each, one span
-        _prefetch_rows(w, first, 2 * count, H, BLOCK_K, _PREFETCH_BYTES, USE_PDL)
+        _prefetch_rows(w, first, 2 * count, H, BLOCK_K, _PREFETCH_BYTES, USE_PDL, BLOCK_M)
     else:  # part of one head: rows j.. and j + D/2..
-        _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
-        _prefetch_rows(w, first + HALF, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
+        _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL,
+                       BLOCK_M)
+        _prefetch_rows(w, first + HALF, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL,
+                       BLOCK_M)
     # The rows' positions and sequences before gdc_wait too: no kernel of the step writes
     # them before this one (the previous step's LM head advanced pos; the host sets seq).
     # At one row also the rotation's cos and sin: a few values, and at batch 1 the launch
@@ -627,7 +633,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
         wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, x, K, False, False, BLOCK_K)
         first = pid_n * BLOCK_N
         _prefetch_rows(w, first, tl.where(live, tl.minimum(N - first, BLOCK_N), 0), K,
-                       BLOCK_K, _PREFETCH_BYTES, USE_PDL)
+                       BLOCK_K, _PREFETCH_BYTES, USE_PDL, BLOCK_M)
         _pdl_wait(USE_PDL)
         if live:
             ok = rows_ok[:, None] & cols_ok[None, :]
@@ -698,8 +704,8 @@ def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
     wa0, wb0, g0 = _w_first(w, cols, cols + I, cols_ok, norm_w, H, True, NORM, BLOCK_K)
     first = pid_n * BLOCK_N
     count = tl.where(live, tl.minimum(I - first, BLOCK_N), 0)
-    _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
-    _prefetch_rows(w, first + I, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL)
+    _prefetch_rows(w, first, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL, BLOCK_M)
+    _prefetch_rows(w, first + I, count, H, BLOCK_K, _PREFETCH_BYTES // 2, USE_PDL, BLOCK_M)
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
@@ -760,7 +766,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
     cols_ok = (cols < V) & live
     wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, NORM, BLOCK_K)
     _prefetch_rows(w, row0, tl.where(live, tl.minimum(V - row0, BLOCK_N), 0), H, BLOCK_K,
-                   _PREFETCH_BYTES, USE_PDL)
+                   _PREFETCH_BYTES, USE_PDL, BLOCK_M)
     _pdl_wait(USE_PDL)
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
