@@ -37,9 +37,9 @@ How they are written:
 - Programmatic dependent launch behind the constexpr ``USE_PDL`` (off in the
   interpreter, which cannot run inline PTX): a program may read its weights first (its
   first K tile into registers and, at one row, more prefetched into L2: the weights,
-  norm weights and ``inv_freq`` are never written by a kernel), then ``gdc_wait()`` before touching
-  anything the kernel right before it may write, and ``gdc_launch_dependents()`` once its
-  dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
+  norm weights and ``inv_freq`` are never written by a kernel), then ``gdc_wait()``
+  before touching anything the kernel right before it may write, and
+  ``gdc_launch_dependents()`` once its dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
   the kernels are correct either way. Projection programs of more than one row, and
   decode attention's, do not call ``gdc_launch_dependents()`` (their dependents launch
   as they exit: ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones
