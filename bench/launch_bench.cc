@@ -17,7 +17,11 @@
 //                               the example pack's persistent TMA matmul (three tensor
 //                               descriptors, 64x64x64: one tile) against a raw
 //                               cuLaunchKernelEx of the same prepared buffer: by kernel,
-//                               kpack encodes the three CUtensorMaps every launch
+//                               the same three descriptors every launch, whose maps
+//                               kpack copies from each parameter's memo
+//   paired/tma_matmul_3desc/kpack_by_kernel_miss
+//                               by kernel, each operand cycling through more buffers
+//                               than a memo holds: three checks and encodes per launch
 //   paired/tma_matmul_3desc/raw_encode3
 //                               the driver's floor for that: the raw launch plus three
 //                               cuTensorMapEncodeTiled calls of similar maps
@@ -207,9 +211,12 @@ void BM_PairedDynamic(benchmark::State& state) {
 // fp16 operands (one tile: the GPU work is negligible), opened once. The raw reference is
 // cuLaunchKernelEx of the very buffer a BoundLaunch prepared (maps encoded once).
 struct TmaBench {
+  // Buffers per operand for the miss row: more than a memo holds (DescMemo::kWays = 4).
+  static constexpr int kCycle = 5;
   std::optional<kpack::Runtime> runtime;
   kpack::Kernel mm;
   CUdeviceptr a = 0, b = 0, c = 0;
+  CUdeviceptr cycle[3][kCycle] = {};
   std::string error;
 };
 TmaBench& Tma() {
@@ -224,7 +231,11 @@ TmaBench& Tma() {
     }
     t->runtime.emplace(*std::move(rt));
     t->mm = *t->runtime->Find("matmul_tma");
-    for (CUdeviceptr* p : {&t->a, &t->b, &t->c}) {
+    std::vector<CUdeviceptr*> buffers = {&t->a, &t->b, &t->c};
+    for (auto& operand : t->cycle) {
+      for (CUdeviceptr& p : operand) buffers.push_back(&p);
+    }
+    for (CUdeviceptr* p : buffers) {
       if (g->driver().MemAlloc(p, 64 * 64 * 2) != CUDA_SUCCESS ||
           g->driver().MemsetD8(*p, 0, 64 * 64 * 2) != CUDA_SUCCESS) {
         t->error = "cuMemAlloc/cuMemsetD8 failed";
@@ -238,7 +249,7 @@ TmaBench& Tma() {
 // plus three cuTensorMapEncodeTiled calls of 2-D fp16 maps (64x64 boxes, 128-byte
 // swizzle, like the kernel's), against the raw launch: the floor of a by-kernel launch
 // that encodes every time.
-enum class TmaPath { kByKernel, kBound, kRawEncode };
+enum class TmaPath { kByKernel, kByKernelMiss, kBound, kRawEncode };
 void BM_PairedTma(benchmark::State& state, TmaPath path) {
   g->driver().CtxSetCurrent(g->context());
   TmaBench& t = Tma();
@@ -265,6 +276,17 @@ void BM_PairedTma(benchmark::State& state, TmaPath path) {
   if (path == TmaPath::kByKernel) {
     return RunPaired(state, s, raw,
                      [&] { return t.mm.Launch(s, a, b, c, 64, 64, 64, 132).ok(); });
+  }
+  if (path == TmaPath::kByKernelMiss) {
+    std::vector<kpack::TensorDesc> descs[3];
+    for (int o = 0; o < 3; ++o) {
+      for (CUdeviceptr p : t.cycle[o]) descs[o].push_back(kpack::TensorDesc::RowMajor(p, {64, 64}));
+    }
+    size_t i = 0;
+    return RunPaired(state, s, raw, [&] {
+      const size_t k = i++ % TmaBench::kCycle;
+      return t.mm.Launch(s, descs[0][k], descs[1][k], descs[2][k], 64, 64, 64, 132).ok();
+    });
   }
   alignas(64) CUtensorMap maps[3];
   const cuuint64_t dims[2] = {64, 64}, strides[1] = {128};
@@ -443,6 +465,8 @@ int main(int argc, char** argv) {
       ->UseManualTime()
       ->Unit(benchmark::kNanosecond);
   for (auto [name, path] : {std::pair{"paired/tma_matmul_3desc/kpack_by_kernel", TmaPath::kByKernel},
+                            {"paired/tma_matmul_3desc/kpack_by_kernel_miss",
+                             TmaPath::kByKernelMiss},
                             {"paired/tma_matmul_3desc/kpack_bound", TmaPath::kBound},
                             {"paired/tma_matmul_3desc/raw_encode3", TmaPath::kRawEncode}}) {
     benchmark::RegisterBenchmark(name, BM_PairedTma, path)

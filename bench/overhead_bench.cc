@@ -132,6 +132,37 @@ int main(int argc, char** argv) {
                          .ok();
                    }});
 
+  // Tensor descriptors: the example pack's matmul_tma (three 2-D TMA descriptors and four
+  // i32 arguments) by Kernel with the same descriptors every launch (three maps copied
+  // from the parameters' memos), by Kernel with each operand cycling through five bases,
+  // more than a memo holds (three checks and encodes per launch), and as a BoundLaunch
+  // (maps encoded once). The fake's cuTensorMapEncodeTiled is the driver's part.
+  const kpack::Kernel mm_tma = *example->Find("matmul_tma");
+  const kpack::TensorDesc desc_a = kpack::TensorDesc::RowMajor(base, {64, 64});
+  const kpack::TensorDesc desc_b = kpack::TensorDesc::RowMajor(base + 0x2000, {64, 64});
+  const kpack::TensorDesc desc_c = kpack::TensorDesc::RowMajor(base + 0x4000, {64, 64});
+  paths.push_back({"kpack_tma/by_kernel", [&] {
+                     return mm_tma.Launch(s, desc_a, desc_b, desc_c, 64, 64, 64, 132).ok();
+                   }});
+  std::vector<kpack::TensorDesc> cycled;
+  for (int i = 0; i < 15; ++i) {
+    cycled.push_back(kpack::TensorDesc::RowMajor(base + 0x10000 + 0x2000 * i, {64, 64}));
+  }
+  size_t miss = 0;
+  paths.push_back({"kpack_tma/miss", [&] {
+                     const size_t k = 3 * (miss++ % 5);
+                     return mm_tma.Launch(s, cycled[k], cycled[k + 1], cycled[k + 2], 64, 64, 64,
+                                          132)
+                         .ok();
+                   }});
+  auto tma_bound = mm_tma.BindArgs(s, desc_a, desc_b, desc_c, 64, 64, 64, 132);
+  if (!tma_bound.ok()) {
+    std::fprintf(stderr, "kpack_overhead_bench: matmul_tma bind failed: %s\n",
+                 std::string(tma_bound.status().message()).c_str());
+    return 1;
+  }
+  paths.push_back({"kpack_tma/bound", [&] { return tma_bound->Launch().ok(); }});
+
   // Scratch: the test pack's `scratch` kernel (128 bytes of global scratch per program)
   // from kpack's arenas on a stream of its own, the legacy stream and the per-thread
   // stream, each arena grown by a first launch: the capture-status query, the stream's

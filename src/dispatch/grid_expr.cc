@@ -53,7 +53,7 @@ class GridExprParser {
   }
   absl::Status Emit(Op op, int64_t operand = 0) {
     if (out_.size_ == GridExpr::kMaxOps) return Error("expression too long");
-    out_.code_[out_.size_++] = {op, operand};
+    out_.code_[out_.size_++] = {op, false, operand};
     return absl::OkStatus();
   }
   bool TopIsConst(int depth) const {
@@ -187,6 +187,12 @@ class GridExprParser {
       case Op::kCdiv: {
         // a + b - 1 in 128 bits: b - 1 alone overflows for b = INT64_MIN (found by the
         // grid expression fuzzer).
+        if (b > 0) {  // the usual case (a block size): b - 1 cannot overflow
+          int64_t t;
+          if (__builtin_add_overflow(a, b - 1, &t)) return false;
+          *r = t / b;
+          return true;
+        }
         if (b == 0) return false;
         const __int128 t = static_cast<__int128>(a) + b - 1;
         if (t < INT64_MIN || t > INT64_MAX || (t == INT64_MIN && b == -1)) return false;
@@ -212,7 +218,7 @@ class GridExprParser {
 };
 
 GridExpr::GridExpr() {
-  code_[0] = {Op::kConst, 1};
+  code_[0] = {Op::kConst, false, 1};
   size_ = 1;
 }
 
@@ -239,6 +245,21 @@ absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolve
           absl::StrCat("grid expression '", text, "' is nested too deeply"));
     }
   }
+  // A constant right operand becomes the operator's immediate: one instruction less to
+  // dispatch, no stack traffic. Kept when it is the whole program or a left operand.
+  if (expr.form_ == Form::kProgram) {
+    int n = 0;
+    for (int i = 0; i < expr.size_; ++i) {
+      const Instr in = expr.code_[i];
+      const bool binary = in.op != Op::kConst && in.op != Op::kArg && in.op != Op::kNeg;
+      if (binary && n > 0 && expr.code_[n - 1].op == Op::kConst && !expr.code_[n - 1].imm) {
+        expr.code_[n - 1] = {in.op, true, expr.code_[n - 1].operand};
+      } else {
+        expr.code_[n++] = in;
+      }
+    }
+    expr.size_ = n;
+  }
   return expr;
 }
 
@@ -259,12 +280,11 @@ bool GridExpr::Run(std::span<const Arg> args, int64_t* result) const {
         if (stack[top - 1] == INT64_MIN) return false;
         stack[top - 1] = -stack[top - 1];
         break;
-      default:
-        --top;
-        if (!GridExprParser::Apply(in.op, stack[top - 1], stack[top], &stack[top - 1])) {
-          return false;
-        }
+      default: {
+        const int64_t b = in.imm ? in.operand : stack[--top];
+        if (!GridExprParser::Apply(in.op, stack[top - 1], b, &stack[top - 1])) return false;
         break;
+      }
     }
   }
   *result = stack[0];

@@ -88,8 +88,11 @@ class GridExpr {
   // What Evaluate does: return the constant code_[0]; cdiv(argument code_[0], constant
   // code_[1] > 0); or run the program. Set by Compile from the folded program.
   enum class Form : uint8_t { kConstant, kCdivArg, kProgram };
+  // A binary operator with `imm` takes its right operand from `operand` instead of the
+  // stack: Compile turns a constant pushed right before a binary operator into that.
   struct Instr {
     Op op;
+    bool imm = false;
     int64_t operand;
   };
   friend class GridExprParser;

@@ -18,6 +18,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -29,6 +30,56 @@
 #include "manifest/manifest.h"
 
 namespace kpack::internal {
+
+// The maps a TMA descriptor parameter of one variant encoded last, so that a launch whose
+// descriptor did not change copies 128 bytes instead of checking it and calling
+// cuTensorMapEncodeTiled (each ~0.1 µs on the H200).
+//
+// Key: the caller's TensorDesc as given -- base, rank, shape, strides, padding -- compared
+// in full, word by word. Everything else the encode reads (element type, box, element
+// strides, swizzle, interleave, L2 promotion) is the parameter's own and the same for
+// every entry. Only descriptors that passed every check and encoded are stored, so a hit
+// stands for those checks too. A CUtensorMap is a function of the encode's inputs alone:
+// the driver takes no context or device for it and the map holds the address, not the
+// memory's contents. So nothing is ever invalidated: memory freed and allocated again at
+// the same address with the same geometry encodes the same map (the copy is still right),
+// and any other geometry or padding is another key.
+//
+// Capacity: the last kWays distinct descriptors of the parameter (double or quadruple
+// buffering, a few layers' weights). A miss encodes and then replaces the entries in turn,
+// so a parameter cycling through more than kWays descriptors encodes at every launch, as
+// without the memo, plus the cost of the look-up and the store (tensordesc.cc).
+//
+// Thread safety: any number of threads may Find and Insert at once. Each entry is a
+// seqlock over atomic words (acquire loads, release stores, no fences: no data race):
+// a reader never blocks or writes, and a writer that finds its entry being written by
+// another thread leaves it to that thread. No allocation, lock, formatting or logging.
+class DescMemo {
+ public:
+  static constexpr int kWays = 4;
+  static constexpr int kKeyWords = 13;  // a TensorDesc's 104 bytes (tensordesc.cc)
+
+  DescMemo() = default;
+  DescMemo(const DescMemo&) = delete;
+  DescMemo& operator=(const DescMemo&) = delete;
+
+  // Copies the map encoded from `d` to `map` and returns true when held; false may leave
+  // `map` partly written (the caller encodes over it).
+  bool Find(const TensorDesc& d, std::byte* map) const;
+  // Stores `map`, which the driver encoded from `d` after every check passed.
+  void Insert(const TensorDesc& d, const std::byte* map);
+
+ private:
+  static constexpr int kMapWords = 128 / 8;
+  struct alignas(64) Entry {
+    // 0: never written; odd: being written; otherwise even and counting writes.
+    std::atomic<uint64_t> seq{0};
+    std::atomic<uint64_t> key[kKeyWords] = {};
+    std::atomic<uint64_t> map[kMapWords] = {};
+  };
+  Entry entries_[kWays];
+  std::atomic<uint32_t> next_{0};  // the entry the next Insert replaces (mod kWays)
+};
 
 // A tensordesc parameter of one variant, ready for the launch: where each part goes and
 // the encode arguments that do not come from the caller, in the driver's order (innermost
@@ -52,6 +103,9 @@ struct DescSlot {
   CUtensorMapL2promotion l2_promotion{};
   cuuint32_t box[kMaxRank] = {};              // innermost first
   cuuint32_t element_strides[kMaxRank] = {};  // innermost first
+  // The parameter's maps (tma only; owned by the VariantData, which outlives the slot's
+  // launches). Null: every launch checks and encodes.
+  DescMemo* memo = nullptr;
 };
 
 // Builds a DescSlot from the variant's description and layout (the parser checked that
@@ -78,7 +132,8 @@ struct DescResult {
 };
 
 // Checks `arg` and writes it into `buf` (the variant's parameter buffer, placed so that a
-// CUtensorMap slot lies at a 64-byte aligned address).
+// CUtensorMap slot lies at a 64-byte aligned address). A TMA slot with a memo copies the
+// map of a descriptor it encoded before (DescMemo) and stores what it encodes.
 DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf);
 
 // The INVALID_ARGUMENT for a refused descriptor, naming the kernel, the variant, the

@@ -133,6 +133,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   if (ABSL_PREDICT_FALSE((bad_kind | bad_value) != 0)) return PackEach(v, args, buf);
   for (uint32_t g = 0; g < v.num_generic; ++g) {
     const size_t i = more[g];
+    const ArgSlot& slot = v.arg_slots[i];
+    if (slot.type == ParamType::kTensorDesc) {  // PackOne's first case, without the call
+      const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], args[i], buf);
+      if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) {
+        return BadDesc(*driver_, v, i, args[i], r);
+      }
+      continue;
+    }
     KPACK_RETURN_IF_ERROR(PackOne(v, i, args[i], buf));
   }
   return absl::OkStatus();

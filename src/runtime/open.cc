@@ -254,6 +254,12 @@ absl::StatusOr<std::unique_ptr<RuntimeImpl>> RuntimeImpl::Create(absl::string_vi
         v->arg_slots[vs.descs[d].arg].desc = static_cast<uint8_t>(d);
         v->desc_slots.push_back(MakeDescSlot(vs, vs.descs[d]));
       }
+      if (!v->desc_slots.empty()) {
+        v->desc_memos = std::make_unique<DescMemo[]>(v->desc_slots.size());
+        for (size_t d = 0; d < v->desc_slots.size(); ++d) {
+          if (v->desc_slots[d].tma) v->desc_slots[d].memo = &v->desc_memos[d];
+        }
+      }
       v->param_bytes = vs.param_bytes;
       v->buffer_shift = (64 - vs.tma_offset_mod64) % 64;
       v->block_x = 32u * static_cast<uint32_t>(vs.num_warps);

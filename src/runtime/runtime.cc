@@ -145,7 +145,8 @@ absl::StatusOr<BoundLaunch> Kernel::BindImpl(const Grid* grid, CUstream stream,
     state->grid = *grid;
   } else {
     state->grid_from_expressions = true;
-    KPACK_RETURN_IF_ERROR(rt.EvalGrid(*state->variant, args).status());
+    KPACK_ASSIGN_OR_RETURN(state->evaluated, rt.EvalGrid(*state->variant, args));
+    state->evaluated_version = state->version;
   }
   return BoundLaunch(std::move(state));
 }
@@ -183,6 +184,17 @@ absl::Status SetDesc(internal::BoundState& st, size_t index, const Arg& value) {
   }
   st.descs[slot.desc] = value.tensor_desc();
   return absl::OkStatus();
+}
+
+// The bound launch's grid: the one given, or its expressions' value for the arguments
+// as they are, evaluated once per version (an error is evaluated again each time).
+absl::StatusOr<const Grid*> BoundGrid(internal::BoundState& st) {
+  if (!st.grid_from_expressions) return &st.grid;
+  if (ABSL_PREDICT_FALSE(st.evaluated_version != st.version)) {
+    KPACK_ASSIGN_OR_RETURN(st.evaluated, st.kernel->runtime->EvalGrid(*st.variant, st.args));
+    st.evaluated_version = st.version;
+  }
+  return &st.evaluated;
 }
 
 }  // namespace
@@ -250,22 +262,16 @@ absl::Status BoundLaunch::Launch() {
   internal::BoundState& st = *state_;
   const internal::RuntimeImpl& rt = *st.kernel->runtime;
   const ScratchAllocator* scratch = st.scratch.allocate != nullptr ? &st.scratch : nullptr;
-  if (!st.grid_from_expressions) {
-    return rt.LaunchPacked(*st.variant, st.grid, st.stream, scratch, st.buf, st.fallback);
-  }
-  KPACK_ASSIGN_OR_RETURN(Grid grid, rt.EvalGrid(*st.variant, st.args));
-  return rt.LaunchPacked(*st.variant, grid, st.stream, scratch, st.buf, st.fallback);
+  KPACK_ASSIGN_OR_RETURN(const Grid* grid, BoundGrid(st));
+  return rt.LaunchPacked(*st.variant, *grid, st.stream, scratch, st.buf, st.fallback);
 }
 
 absl::StatusOr<PreparedLaunch> BoundLaunch::Prepare() {
   internal::BoundState& st = *state_;
   const internal::RuntimeImpl& rt = *st.kernel->runtime;
-  Grid grid = st.grid;
-  if (st.grid_from_expressions) {
-    KPACK_ASSIGN_OR_RETURN(grid, rt.EvalGrid(*st.variant, st.args));
-  }
+  KPACK_ASSIGN_OR_RETURN(const Grid* grid, BoundGrid(st));
   internal::RuntimeImpl::DriverLaunch& p = st.prepared;
-  KPACK_RETURN_IF_ERROR(rt.Prepare(*st.variant, grid, st.stream,
+  KPACK_RETURN_IF_ERROR(rt.Prepare(*st.variant, *grid, st.stream,
                                    st.scratch.allocate != nullptr ? &st.scratch : nullptr, st.buf,
                                    &p));
   PreparedLaunch out;

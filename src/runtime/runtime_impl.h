@@ -154,6 +154,8 @@ struct alignas(64) VariantData {
   // ---- read by launches with tensor descriptors or packed through PackArg, and by Set
   std::vector<ArgSlot> arg_slots;    // indexed by call-argument index
   std::vector<DescSlot> desc_slots;  // indexed by ArgSlot::desc
+  // The memos of the TMA slots (DescSlot::memo points here), one per desc_slots entry.
+  std::unique_ptr<DescMemo[]> desc_memos;
   std::vector<PackOp> plan_ops;
   std::vector<uint32_t> plan_more;
 
@@ -341,6 +343,10 @@ struct BoundState {
   bool fallback = false;
   bool grid_from_expressions = false;
   Grid grid;
+  // With grid_from_expressions: the grid the expressions gave at `evaluated_version` (0:
+  // none yet), so that launches between two changes evaluate nothing.
+  uint64_t evaluated_version = 0;
+  Grid evaluated;
   CUstream stream = nullptr;
   ScratchAllocator scratch;
   std::vector<Arg> args;

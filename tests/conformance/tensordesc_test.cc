@@ -110,6 +110,33 @@ TEST_P(TensorDescTest, ABoundLaunchSetsANewDescriptor) {
   EXPECT_EQ(Download<uint16_t>(second, M * N), host) << "the refused Set kept the last good one";
 }
 
+// A map copied from the parameter's memo (DescMemo) is the driver's encode byte for byte:
+// two bindings of the same descriptors, the first encoding, the second copying, prepare
+// the same parameter bytes, and the copy moves the data.
+TEST_P(TensorDescTest, AKeptMapIsTheDriversEncode) {
+  auto rt = Open(KPACK_DESC_PACK_DIR);
+  const int64_t M = 70, N = 136;
+  const std::vector<uint16_t> host = RandomHalfInts(M * N, 7, -50, 50);
+  CUdeviceptr in = Upload(host);
+  CUdeviceptr out = Alloc(M * N * 2);
+  Kernel copy = *rt->Find("copy_tma");
+  const TensorDesc a = TensorDesc::RowMajor(in, {M, N}), b = TensorDesc::RowMajor(out, {M, N});
+  absl::StatusOr<BoundLaunch> encoded = copy.BindArgs(main_.stream, a, b, int32_t{M}, int32_t{N});
+  absl::StatusOr<BoundLaunch> copied = copy.BindArgs(main_.stream, a, b, int32_t{M}, int32_t{N});
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  absl::StatusOr<PreparedLaunch> p1 = encoded->Prepare(), p2 = copied->Prepare();
+  ASSERT_TRUE(p1.ok()) << p1.status();
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  ASSERT_EQ(p1->param_bytes, p2->param_bytes);
+  EXPECT_EQ(std::memcmp(p1->params, p2->params, p1->param_bytes), 0);
+  KP_ASSERT_OK(Run(*rt, [&](CUstream s) {
+    copied->set_stream(s);
+    return copied->Launch();
+  }));
+  EXPECT_EQ(Download<uint16_t>(out, M * N), host);
+}
+
 // The example pack's persistent TMA matmul at shapes that are not multiples of its tiles,
 // in both buckets (M <= 64 and above, whose variants have different block shapes), exact
 // against the host (small integers: no rounding anywhere).

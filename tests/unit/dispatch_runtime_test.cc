@@ -83,6 +83,40 @@ TEST_F(DispatchRuntimeTest, EachBucketLaunchesItsOwnConfigWithTheGridExpression)
   EXPECT_EQ(LastLaunch().grid[0], 7u);
 }
 
+// A BoundLaunch without a grid evaluates its expressions once per change of its
+// arguments (BoundState::evaluated_version): each launch after a Set, a repack into
+// another variant, a grid that fails to evaluate (refused at every launch until a Set
+// mends it) and set_grid gets the grid of the arguments as they are.
+TEST_F(DispatchRuntimeTest, BoundGridFollowsEverySet) {
+  const Arg args[] = {Arg(kX), Arg(kY), Arg(kOut), Arg(4096), Arg(1), Arg(2.0f)};
+  absl::StatusOr<BoundLaunch> bound = axpy_.Bind(nullptr, args);
+  ASSERT_TRUE(bound.ok()) << bound.status();
+  auto grid_x = [&]() -> int64_t {
+    absl::Status s = bound->Launch();
+    if (!s.ok()) return -1;
+    return LastLaunch().grid[0];
+  };
+  EXPECT_EQ(grid_x(), 16) << "cdiv(4096, 256)";
+  EXPECT_EQ(grid_x(), 16);
+  KP_ASSERT_OK(bound->Set(3, 3840));
+  EXPECT_EQ(grid_x(), 15) << "the same variant, a new n";
+  absl::StatusOr<PreparedLaunch> prepared = bound->Prepare();
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->config.gridDimX, 15u);
+  KP_ASSERT_OK(bound->Set(3, 262144));
+  EXPECT_EQ(grid_x(), 256) << "another bucket: cdiv(262144, 1024)";
+  KP_ASSERT_OK(bound->Set(3, -4096));  // packs, but cdiv(-4096, 256) < 0
+  absl::Status refused = bound->Launch();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("grid[0]"));
+  EXPECT_FALSE(bound->Launch().ok()) << "refused again, not remembered as a grid";
+  EXPECT_FALSE(bound->Prepare().ok());
+  KP_ASSERT_OK(bound->Set(3, 512));
+  EXPECT_EQ(grid_x(), 2);
+  bound->set_grid(Grid{9});
+  EXPECT_EQ(grid_x(), 9) << "an explicit grid overrides the expressions";
+}
+
 TEST_F(DispatchRuntimeTest, Eq1ArgumentIsDroppedFromTheBuffer) {
   KP_ASSERT_OK(axpy_.Launch(nullptr, kX, kY, kOut, 4096, 1, 0.5f));
   fake::LaunchRecord unit = LastLaunch();

@@ -47,6 +47,27 @@ TEST(GridExprTest, Evaluates) {
   EXPECT_EQ(*Eval("  42 ", 0), 42);
 }
 
+// A constant right operand becomes its operator's immediate (Compile); a constant left
+// operand stays on the stack. Both orders, every operator, and negative divisors (cdiv's
+// general path) against the values the grammar defines.
+TEST(GridExprTest, ConstantOperandsOnEitherSide) {
+  EXPECT_EQ(*Eval("n - 64", 100), 36);
+  EXPECT_EQ(*Eval("64 - n", 100), -36);
+  EXPECT_EQ(*Eval("n / 7", 100), 14);
+  EXPECT_EQ(*Eval("700 / n", 100), 7);
+  EXPECT_EQ(*Eval("cdiv(n, 7)", 100), 15);
+  EXPECT_EQ(*Eval("cdiv(700, n)", 99), 8);
+  EXPECT_EQ(*Eval("cdiv(n, -3)", 10), -2) << "(10 - 3 - 1) / -3, truncating";
+  EXPECT_EQ(*Eval("cdiv(n, -3) + 0 * m", -10, 5), 4);
+  EXPECT_EQ(*Eval("min(n, 4) * max(3, m)", 10, 1), 12);
+  EXPECT_EQ(*Eval("min(m, cdiv(n, 64) * cdiv(n, 128))", 1000, 132), 128);
+  EXPECT_EQ(*Eval("min(m, cdiv(n, 64) * cdiv(n, 128))", 4000, 132), 132);
+  EXPECT_EQ(*Eval("-(n * 2) + 1", 5), -9);
+  EXPECT_FALSE(Eval("n * 4611686018427387904", 2).ok()) << "overflow with an immediate";
+  EXPECT_FALSE(Eval("n + 9223372036854775807", 1).ok());
+  EXPECT_FALSE(Eval("cdiv(n, 2)", INT64_MAX).ok()) << "n + 1 overflows";
+}
+
 TEST(GridExprTest, FoldsConstants) {
   auto expr = GridExpr::Compile("cdiv(4096, BLOCK) * 2 + 1", Resolve);
   ASSERT_TRUE(expr.ok());
