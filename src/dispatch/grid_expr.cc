@@ -53,7 +53,7 @@ class GridExprParser {
   }
   absl::Status Emit(Op op, int64_t operand = 0) {
     if (out_.size_ == GridExpr::kMaxOps) return Error("expression too long");
-    out_.code_[out_.size_++] = {op, false, operand};
+    out_.code_[out_.size_++] = {op, false, 0, operand};
     return absl::OkStatus();
   }
   bool TopIsConst(int depth) const {
@@ -218,7 +218,7 @@ class GridExprParser {
 };
 
 GridExpr::GridExpr() {
-  code_[0] = {Op::kConst, false, 1};
+  code_[0] = {Op::kConst, false, 0, 1};
   size_ = 1;
 }
 
@@ -253,7 +253,20 @@ absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolve
       const Instr in = expr.code_[i];
       const bool binary = in.op != Op::kConst && in.op != Op::kArg && in.op != Op::kNeg;
       if (binary && n > 0 && expr.code_[n - 1].op == Op::kConst && !expr.code_[n - 1].imm) {
-        expr.code_[n - 1] = {in.op, true, expr.code_[n - 1].operand};
+        expr.code_[n - 1] = {in.op, true, 0, expr.code_[n - 1].operand};
+      } else {
+        expr.code_[n++] = in;
+      }
+    }
+    expr.size_ = n;
+    // Then an argument followed by a cdiv by a positive immediate becomes one kArgCdiv.
+    n = 0;
+    for (int i = 0; i < expr.size_; ++i) {
+      const Instr in = expr.code_[i];
+      if (in.op == Op::kCdiv && in.imm && in.operand > 0 && n > 0 &&
+          expr.code_[n - 1].op == Op::kArg) {
+        expr.code_[n - 1] = {Op::kArgCdiv, false,
+                             static_cast<uint32_t>(expr.code_[n - 1].operand), in.operand};
       } else {
         expr.code_[n++] = in;
       }
@@ -276,6 +289,15 @@ bool GridExpr::Run(std::span<const Arg> args, int64_t* result) const {
         if (!args_detail::ToInt64(args[in.operand], &stack[top])) return false;
         ++top;
         break;
+      case Op::kArgCdiv: {  // as kArg, then Apply's kCdiv with b > 0
+        int64_t a, t;
+        if (!args_detail::ToInt64(args[in.arg], &a) ||
+            __builtin_add_overflow(a, in.operand - 1, &t)) {
+          return false;
+        }
+        stack[top++] = t / in.operand;
+        break;
+      }
       case Op::kNeg:
         if (stack[top - 1] == INT64_MIN) return false;
         stack[top - 1] = -stack[top - 1];

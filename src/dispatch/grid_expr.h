@@ -84,7 +84,11 @@ class GridExpr {
   }
 
  private:
-  enum class Op : uint8_t { kConst, kArg, kAdd, kSub, kMul, kDiv, kNeg, kCdiv, kMin, kMax };
+  // kArgCdiv: cdiv(argument `arg`, immediate operand > 0) in one step (Compile fuses an
+  // argument and the cdiv by a positive constant that follows it).
+  enum class Op : uint8_t {
+    kConst, kArg, kAdd, kSub, kMul, kDiv, kNeg, kCdiv, kMin, kMax, kArgCdiv
+  };
   // What Evaluate does: return the constant code_[0]; cdiv(argument code_[0], constant
   // code_[1] > 0); or run the program. Set by Compile from the folded program.
   enum class Form : uint8_t { kConstant, kCdivArg, kProgram };
@@ -93,6 +97,7 @@ class GridExpr {
   struct Instr {
     Op op;
     bool imm = false;
+    uint32_t arg = 0;  // kArgCdiv's argument index
     int64_t operand;
   };
   friend class GridExprParser;
