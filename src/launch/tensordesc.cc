@@ -88,11 +88,54 @@ bool EffectiveShape(const DescSlot& slot, const TensorDesc& d, int64_t* shape, i
   return true;
 }
 
+// The key of a descriptor: its TensorDesc's words, with the padding bytes after `rank`
+// and after `padding` masked off (their contents are unspecified), so that equal fields
+// are equal keys. Shape and stride entries past the rank take part as the caller left
+// them (TensorDesc zero-initializes them): a difference there is a miss, never a wrong map.
+static_assert(sizeof(TensorDesc) == 8 * DescMemo::kKeyWords && offsetof(TensorDesc, rank) == 8 &&
+                  offsetof(TensorDesc, padding) == 8 * (DescMemo::kKeyWords - 1),
+              "DescMemo's key is TensorDesc's layout");
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void MemoKey(const TensorDesc& d, uint64_t* key) {
+  std::memcpy(key, &d, sizeof(TensorDesc));
+  key[1] &= 0xffffffffu;                          // rank (int)
+  key[DescMemo::kKeyWords - 1] &= 0xffu;          // padding (uint8_t enum)
+}
+
 }  // namespace
 
-// The seqlock's writer (DescMemo::Find, tensordesc.h, is the reader): it makes the
-// sequence odd, stores the words with release order and publishes the next even value with
-// release order.
+// The seqlock after Boehm, "Can seqlocks get along with programming language memory
+// models?" (2012), in its form without fences: every word of an entry is an atomic; a
+// writer makes the sequence odd, stores the words with release order and publishes the
+// next even value with release order; a reader loads the sequence and the words with
+// acquire order and keeps its copy only if the sequence is still the same even value. A
+// reader that loaded any word of a write in progress synchronizes with that store, so its
+// second load of the sequence sees the odd value or a later one: a miss. On x86 each of
+// these loads and stores is a plain move.
+bool DescMemo::Find(const TensorDesc& d, std::byte* map) const {
+  uint64_t want[kKeyWords];
+  MemoKey(d, want);
+  for (const Entry& e : entries_) {
+    const uint64_t seq = e.seq.load(std::memory_order_acquire);
+    // Word 0 is the address: it tells most entries apart at once. An entry never written
+    // (sequence 0) is skipped.
+    if (seq == 0 || (seq & 1) != 0 || e.key[0].load(std::memory_order_acquire) != want[0]) {
+      continue;
+    }
+    uint64_t diff = 0;
+#pragma GCC unroll 16
+    for (int i = 1; i < kKeyWords; ++i) diff |= e.key[i].load(std::memory_order_acquire) ^ want[i];
+    if (diff != 0) continue;
+#pragma GCC unroll 16
+    for (int i = 0; i < kMapWords; ++i) {
+      const uint64_t word = e.map[i].load(std::memory_order_acquire);
+      std::memcpy(map + 8 * i, &word, 8);
+    }
+    if (e.seq.load(std::memory_order_relaxed) != seq) continue;  // overwritten meanwhile
+    return true;
+  }
+  return false;
+}
+
 void DescMemo::Insert(const TensorDesc& d, const std::byte* map) {
   Entry& e = entries_[next_.fetch_add(1, std::memory_order_relaxed) % kWays];
   uint64_t seq = e.seq.load(std::memory_order_relaxed);
@@ -112,13 +155,20 @@ void DescMemo::Insert(const TensorDesc& d, const std::byte* map) {
   e.seq.store(seq + 2, std::memory_order_release);
 }
 
-DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf,
-                    bool look_up) {
+DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf) {
   if (arg.kind() != Arg::Kind::kTensorDesc) return {DescProblem::kNotADesc};
   const TensorDesc& d = arg.tensor_desc();
   const int rank = slot.rank;
   if (d.rank != rank) return {DescProblem::kRank};
-  if (look_up && PackKnownDesc(slot, arg, buf)) return {};
+  if (slot.memo != nullptr && slot.memo->Find(d, buf + slot.first)) {
+    // The very inputs of an earlier encode, which passed every check below.
+    for (int i = 0; i < rank; ++i) {
+      const int64_t n = d.shape[i] * (i == rank - 1 && slot.fp4_padded ? 2 : 1);
+      Store(buf + slot.shape[i], static_cast<int32_t>(n));
+      Store(buf + slot.strides[i], d.strides[i]);
+    }
+    return {};
+  }
   int64_t shape[DescSlot::kMaxRank];
   int bad = 0;
   if (!EffectiveShape(slot, d, shape, &bad)) return {DescProblem::kShape, bad};

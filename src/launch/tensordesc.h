@@ -21,7 +21,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
@@ -134,76 +133,8 @@ struct DescResult {
 
 // Checks `arg` and writes it into `buf` (the variant's parameter buffer, placed so that a
 // CUtensorMap slot lies at a 64-byte aligned address). A TMA slot with a memo copies the
-// map of a descriptor it encoded before (DescMemo, unless `look_up` is false: the caller
-// has just looked) and stores what it encodes.
-DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf,
-                    bool look_up = true);
-
-// The key of a descriptor: its TensorDesc's words, with the padding bytes after `rank`
-// and after `padding` masked off (their contents are unspecified), so that equal fields
-// are equal keys. Shape and stride entries past the rank take part as the caller left
-// them (TensorDesc zero-initializes them): a difference there is a miss, never a wrong map.
-static_assert(sizeof(TensorDesc) == 8 * DescMemo::kKeyWords && offsetof(TensorDesc, rank) == 8 &&
-                  offsetof(TensorDesc, padding) == 8 * (DescMemo::kKeyWords - 1),
-              "DescMemo's key is TensorDesc's layout");
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline void MemoKey(const TensorDesc& d, uint64_t* key) {
-  std::memcpy(key, &d, sizeof(TensorDesc));
-  key[1] &= 0xffffffffu;                  // rank (int)
-  key[DescMemo::kKeyWords - 1] &= 0xffu;  // padding (uint8_t enum)
-}
-
-// The seqlock after Boehm, "Can seqlocks get along with programming language memory
-// models?" (2012), in its form without fences: every word of an entry is an atomic; a
-// writer (Insert, tensordesc.cc) makes the sequence odd, stores the words with release
-// order and publishes the next even value with release order; this reader loads the
-// sequence and the words with acquire order and keeps its copy only if the sequence is
-// still the same even value. A reader that loaded any word of a write in progress
-// synchronizes with that store, so its second load of the sequence sees the odd value or
-// a later one: a miss. On x86 each of these loads and stores is a plain move.
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool DescMemo::Find(const TensorDesc& d,
-                                                        std::byte* map) const {
-  uint64_t want[kKeyWords];
-  MemoKey(d, want);
-  for (const Entry& e : entries_) {
-    const uint64_t seq = e.seq.load(std::memory_order_acquire);
-    // Word 0 is the address: it tells most entries apart at once. An entry never written
-    // (sequence 0) is skipped.
-    if (seq == 0 || (seq & 1) != 0 || e.key[0].load(std::memory_order_acquire) != want[0]) {
-      continue;
-    }
-    uint64_t diff = 0;
-#pragma GCC unroll 16
-    for (int i = 1; i < kKeyWords; ++i) diff |= e.key[i].load(std::memory_order_acquire) ^ want[i];
-    if (diff != 0) continue;
-#pragma GCC unroll 16
-    for (int i = 0; i < kMapWords; ++i) {
-      const uint64_t word = e.map[i].load(std::memory_order_acquire);
-      std::memcpy(map + 8 * i, &word, 8);
-    }
-    if (e.seq.load(std::memory_order_relaxed) != seq) continue;  // overwritten meanwhile
-    return true;
-  }
-  return false;
-}
-
-// The launch path's first try at a descriptor argument, inline: when `slot` has a memo
-// that holds `arg` (a TensorDesc of the slot's rank), copies its map and writes its shape
-// and stride slots -- the very inputs of an earlier encode, which passed every check --
-// and returns true. Otherwise writes nothing that PackDesc does not write over (at most
-// part of the map) and returns false: PackDesc then checks and encodes.
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackKnownDesc(const DescSlot& slot, const Arg& arg,
-                                                       std::byte* buf) {
-  if (slot.memo == nullptr || arg.kind() != Arg::Kind::kTensorDesc) return false;
-  const TensorDesc& d = arg.tensor_desc();
-  const int rank = slot.rank;
-  if (d.rank != rank || !slot.memo->Find(d, buf + slot.first)) return false;
-  for (int i = 0; i < rank; ++i) {
-    const int32_t n = static_cast<int32_t>(d.shape[i] << (i == rank - 1 && slot.fp4_padded));
-    std::memcpy(buf + slot.shape[i], &n, 4);
-    std::memcpy(buf + slot.strides[i], &d.strides[i], 8);
-  }
-  return true;
-}
+// map of a descriptor it encoded before (DescMemo) and stores what it encodes.
+DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, std::byte* buf);
 
 // The INVALID_ARGUMENT for a refused descriptor, naming the kernel, the variant, the
 // argument and what is wrong with the values it has.

@@ -135,9 +135,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
     const size_t i = more[g];
     const ArgSlot& slot = v.arg_slots[i];
     if (slot.type == ParamType::kTensorDesc) {  // PackOne's first case, without the call
-      const DescSlot& desc = v.desc_slots[slot.desc];
-      if (PackKnownDesc(desc, args[i], buf)) continue;  // its map copied from the memo
-      const DescResult r = PackDesc(*driver_, desc, args[i], buf, /*look_up=*/false);
+      const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], args[i], buf);
       if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) {
         return BadDesc(*driver_, v, i, args[i], r);
       }
