@@ -42,7 +42,11 @@
 // BoundLaunch keeps its own copy. At launch kpack checks it as Triton's TensorDescriptor
 // and launcher do (rank, last stride 1, 16-byte aligned base and positive strides, shape
 // within i32, NaN padding only for floating-point elements) and, for a variant that lowered it to
-// TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer.
+// TMA, encodes the CUtensorMap with cuTensorMapEncodeTiled into the parameter buffer. Each
+// TMA parameter of a variant remembers the last 4 descriptors it encoded, compared field
+// by field: a launch with one of those copies its 128-byte map instead of checking and
+// encoding it again (a map depends only on these fields, so nothing ever needs to be
+// invalidated; see DescMemo in src/launch/tensordesc.h).
 
 #ifndef KPACK_ARG_H_
 #define KPACK_ARG_H_

@@ -26,13 +26,15 @@
 // INVALID_ARGUMENT naming the parameter, and nothing is launched. A `tensordesc`
 // parameter takes a kpack::TensorDesc, checked as Triton checks a TensorDescriptor and
 // encoded at launch (a CUtensorMap, for a variant that uses TMA: one cuTensorMapEncodeTiled
-// per descriptor; a BoundLaunch encodes at Bind and Set only). Triton's hidden scratch
+// per descriptor that parameter did not encode among its last 4, else a copy of the map it
+// encoded then; a BoundLaunch encodes at Bind and Set only). Triton's hidden scratch
 // parameters are filled by kpack (see `ReserveScratch`).
 //
 // Cost: a launch through `Kernel` or `BoundLaunch` does no heap allocation, takes no lock,
 // formats no string and logs nothing; error messages are built only on failure. It makes
 // one driver call besides cuLaunchKernelEx (cuCtxGetId, a thread-local read), plus one
-// cuTensorMapEncodeTiled per TMA descriptor argument through `Kernel`; a kernel
+// cuTensorMapEncodeTiled per TMA descriptor argument through `Kernel` that its parameter
+// has not encoded among its last 4 (arg.h); a kernel
 // with Triton scratch memory from kpack's arenas one more (the stream's capture status)
 // and, on a stream of your own, a third (its id). The
 // first launch of a variant in a context (loading) and the growth of a stream's scratch
@@ -192,8 +194,10 @@ struct Options {
 // again and repacks if it changes, so a BoundLaunch never launches a variant whose
 // assumptions do not hold. `Launch` sends the buffer. Tensor descriptors: the BoundLaunch
 // keeps copies of those it was bound or Set with (the caller's may go away), encodes them
-// at Bind, and re-encodes only the one a Set changes (all, when Set changes the variant);
-// a Set refused leaves the previous value bound. Not thread-safe: one thread at a
+// at Bind, and re-encodes only the one a Set changes (all, when Set changes the variant;
+// a map its parameter encoded lately is copied instead, arg.h); a Set refused leaves the
+// previous value bound. A grid from the kernel's grid expressions is evaluated once after
+// each Bind, Set or set_grid, not at every Launch. Not thread-safe: one thread at a
 // time per BoundLaunch. Valid while its Runtime lives. Move-only.
 class BoundLaunch {
  public:
