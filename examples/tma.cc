@@ -9,6 +9,7 @@ absl::Status MatmulTma(const kpack::Kernel& mm, CUstream stream, CUdeviceptr a,
   const kpack::TensorDesc da = kpack::TensorDesc::RowMajor(a, {M, K});
   const kpack::TensorDesc db = kpack::TensorDesc::RowMajor(b, {K, N});
   const kpack::TensorDesc dc = kpack::TensorDesc::RowMajor(c, {M, N});
-  // Grid: min(num_sms, tiles), from the manifest. Three CUtensorMaps are encoded.
+  // Grid: min(num_sms, tiles), from the manifest. Three CUtensorMaps are encoded, or
+  // copied when these descriptors were launched lately.
   return mm.Launch(stream, da, db, dc, M, N, K, num_sms);
 }

@@ -97,8 +97,8 @@ static_assert(sizeof(TensorDesc) == 8 * DescMemo::kKeyWords && offsetof(TensorDe
               "DescMemo's key is TensorDesc's layout");
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void MemoKey(const TensorDesc& d, uint64_t* key) {
   std::memcpy(key, &d, sizeof(TensorDesc));
-  key[1] &= 0xffffffffu;                          // rank (int)
-  key[DescMemo::kKeyWords - 1] &= 0xffu;          // padding (uint8_t enum)
+  key[1] &= 0xffffffffu;                  // rank (int)
+  key[DescMemo::kKeyWords - 1] &= 0xffu;  // padding (uint8_t enum)
 }
 
 }  // namespace

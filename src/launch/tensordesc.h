@@ -33,7 +33,7 @@ namespace kpack::internal {
 
 // The maps a TMA descriptor parameter of one variant encoded last, so that a launch whose
 // descriptor did not change copies 128 bytes instead of checking it and calling
-// cuTensorMapEncodeTiled (each ~0.1 µs on the H200).
+// cuTensorMapEncodeTiled (about 0.1 µs each on the H200).
 //
 // Key: the caller's TensorDesc as given -- base, rank, shape, strides, padding -- compared
 // in full, word by word. Everything else the encode reads (element type, box, element
