@@ -68,11 +68,7 @@ absl::Status RuntimeImpl::PackOne(const VariantData& v, size_t i, const Arg& a,
                                   std::byte* buf) const {
   const ArgSlot& slot = v.arg_slots[i];
   if (slot.offset == ArgSlot::kDropped) return absl::OkStatus();  // eq1: dispatch checked it
-  if (slot.type == ParamType::kTensorDesc) {
-    const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], a, buf);
-    if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
-    return absl::OkStatus();
-  }
+  if (slot.type == ParamType::kTensorDesc) return PackDescArg(v, i, a, buf);
   if (ABSL_PREDICT_FALSE(!PackArg(slot.type, a, buf + slot.offset))) return BadArg(v, i, a);
   return absl::OkStatus();
 }

@@ -51,6 +51,13 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status LaunchError(const Driver& d, const VariantD
 ABSL_ATTRIBUTE_NOINLINE absl::Status NoContextError(const Driver& d, const VariantData& v,
                                                     CUresult r);
 
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackDescArg(
+    const VariantData& v, size_t i, const Arg& a, std::byte* buf) const {
+  const DescResult r = PackDesc(*driver_, v.desc_slots[v.arg_slots[i].desc], a, buf);
+  if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) return BadDesc(*driver_, v, i, a, r);
+  return absl::OkStatus();
+}
+
 // PackArgs runs the variant's plan (PackOp, built at Open). Its four loops store every
 // argument of their group without a branch and fold their checks into `bad_kind` and
 // `bad_value`, which stay zero while every check passes. When some check fails, PackEach
@@ -133,15 +140,10 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   if (ABSL_PREDICT_FALSE((bad_kind | bad_value) != 0)) return PackEach(v, args, buf);
   for (uint32_t g = 0; g < v.num_generic; ++g) {
     const size_t i = more[g];
-    const ArgSlot& slot = v.arg_slots[i];
-    if (slot.type == ParamType::kTensorDesc) {  // PackOne's first case, without the call
-      const DescResult r = PackDesc(*driver_, v.desc_slots[slot.desc], args[i], buf);
-      if (ABSL_PREDICT_FALSE(r.problem != DescProblem::kOk)) {
-        return BadDesc(*driver_, v, i, args[i], r);
-      }
-      continue;
-    }
-    KPACK_RETURN_IF_ERROR(PackOne(v, i, args[i], buf));
+    // A descriptor without the PackOne call (which makes the same one).
+    KPACK_RETURN_IF_ERROR(v.arg_slots[i].type == ParamType::kTensorDesc
+                              ? PackDescArg(v, i, args[i], buf)
+                              : PackOne(v, i, args[i], buf));
   }
   return absl::OkStatus();
 }

@@ -254,6 +254,9 @@ class RuntimeImpl {
   // Argument `i` through PackArg (or PackDesc for a tensor descriptor), or nothing for a
   // dropped (eq1) one; the error names it.
   absl::Status PackOne(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
+  // Tensor descriptor argument `i` through PackDesc; the error names it. Inline (launch.h):
+  // PackOne and PackArgs' loop over the other arguments share it.
+  absl::Status PackDescArg(const VariantData& v, size_t i, const Arg& a, std::byte* buf) const;
   // The grid from the variant's grid expressions (the launch path computes it inline,
   // GridOf in launch.h, and calls this for the error).
   absl::StatusOr<Grid> EvalGrid(const VariantData& v, std::span<const Arg> args) const;
