@@ -245,31 +245,23 @@ absl::StatusOr<GridExpr> GridExpr::Compile(absl::string_view text, const Resolve
           absl::StrCat("grid expression '", text, "' is nested too deeply"));
     }
   }
-  // A constant right operand becomes the operator's immediate: one instruction less to
-  // dispatch, no stack traffic. Kept when it is the whole program or a left operand.
+  // One pass of two rewrites. A constant right operand becomes its operator's immediate
+  // (one instruction less to dispatch, no stack traffic; kept when it is the whole program
+  // or a left operand). Then an argument followed by a cdiv by a positive immediate becomes
+  // one kArgCdiv.
   if (expr.form_ == Form::kProgram) {
     int n = 0;
     for (int i = 0; i < expr.size_; ++i) {
-      const Instr in = expr.code_[i];
+      Instr in = expr.code_[i];
       const bool binary = in.op != Op::kConst && in.op != Op::kArg && in.op != Op::kNeg;
-      if (binary && n > 0 && expr.code_[n - 1].op == Op::kConst && !expr.code_[n - 1].imm) {
-        expr.code_[n - 1] = {in.op, true, 0, expr.code_[n - 1].operand};
-      } else {
-        expr.code_[n++] = in;
+      if (binary && n > 0 && expr.code_[n - 1].op == Op::kConst) {
+        in = {in.op, true, 0, expr.code_[--n].operand};
       }
-    }
-    expr.size_ = n;
-    // Then an argument followed by a cdiv by a positive immediate becomes one kArgCdiv.
-    n = 0;
-    for (int i = 0; i < expr.size_; ++i) {
-      const Instr in = expr.code_[i];
       if (in.op == Op::kCdiv && in.imm && in.operand > 0 && n > 0 &&
           expr.code_[n - 1].op == Op::kArg) {
-        expr.code_[n - 1] = {Op::kArgCdiv, false,
-                             static_cast<uint32_t>(expr.code_[n - 1].operand), in.operand};
-      } else {
-        expr.code_[n++] = in;
+        in = {Op::kArgCdiv, false, static_cast<uint32_t>(expr.code_[--n].operand), in.operand};
       }
+      expr.code_[n++] = in;
     }
     expr.size_ = n;
   }
