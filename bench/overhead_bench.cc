@@ -6,6 +6,7 @@
 //
 //   KPACK_FAKE_LAUNCH_NOOP=1 KPACK_CUDA_DRIVER=.../libkpack_fake_cuda.so \
 //     kpack_overhead_bench [--launches N] [--rounds R] [--path NAME] [--evict-kb K]
+//                          [--evict-code-kb C]
 //
 // Prints one line per path: `NAME ns_per_launch` (the best of R rounds of N launches:
 // the least disturbed round on a shared machine). Under
@@ -21,6 +22,8 @@
 #define CALLGRIND_ZERO_STATS
 #define CALLGRIND_DUMP_STATS_AT(name) ((void)(name))
 #endif
+
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   long launches = 20000;
   int rounds = 15;
   long evict_kb = 0;
+  long evict_code_kb = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -61,9 +65,12 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (a == "--evict-kb" && i + 1 < argc) {
       evict_kb = std::atol(argv[++i]);
+    } else if (a == "--evict-code-kb" && i + 1 < argc) {
+      evict_code_kb = std::atol(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--launches N] [--rounds R] [--path NAME] [--evict-kb K]\n",
+                   "usage: %s [--launches N] [--rounds R] [--path NAME] [--evict-kb K] "
+                   "[--evict-code-kb C]\n",
                    argv[0]);
       return 2;
     }
@@ -191,9 +198,34 @@ int main(int argc, char** argv) {
   // (its work evicts the launcher's data from L1/L2); the time of the eviction is in
   // every path, raw included, so differences from raw show kpack's cost with cold data.
   std::vector<char> evict(static_cast<size_t>(evict_kb) * 1024);
+  // --evict-code-kb: between launches, also run C KiB of code, as the driver's launch
+  // runs its own (evicting the launcher's code from the L1 instruction cache): a chain
+  // of 2-byte jumps, one at the start of each 64-byte line to the next, then a return.
+  void (*evict_code)() = nullptr;
+  if (evict_code_kb > 0) {
+    const size_t bytes = static_cast<size_t>(evict_code_kb) * 1024;
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      std::perror("kpack_overhead_bench: mmap");
+      return 1;
+    }
+    auto* code = static_cast<unsigned char*>(mem);
+    std::memset(code, 0xcc, bytes);  // int3 between the jumps: never reached
+    for (size_t line = 0; line + 64 < bytes; line += 64) {
+      code[line] = 0xeb;  // jmp rel8
+      code[line + 1] = 62;
+    }
+    code[bytes - 64] = 0xc3;  // ret
+    if (mprotect(mem, bytes, PROT_READ | PROT_EXEC) != 0) {
+      std::perror("kpack_overhead_bench: mprotect");
+      return 1;
+    }
+    evict_code = reinterpret_cast<void (*)()>(mem);
+  }
   auto launch_and_evict = [&](const Path& p) {
     bool ok = p.launch();
     for (size_t i = 0; i < evict.size(); i += 64) evict[i] = static_cast<char>(i);
+    if (evict_code != nullptr) evict_code();
     return ok;
   };
   bool found = only.empty();
