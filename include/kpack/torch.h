@@ -96,11 +96,45 @@ inline const char* TritonElementType(at::ScalarType type) {
   }
 }
 
+// Whether a pointer parameter of Triton type `type` (`*fp32`, `*k fp16`...) takes tensors
+// of dtype `dtype`: its element type is the dtype's (TritonElementType; `*i1` and `*u1`
+// both take bool tensors). A pointer to a type Triton has but torch lacks takes none.
+inline bool PointerTakes(std::string_view type, at::ScalarType dtype) {
+  std::string_view element = type.substr(type.empty() ? 0 : 1);
+  if (element.size() > 1 && element[0] == 'k') element.remove_prefix(1);  // `*k`: const
+  const char* expected = TritonElementType(dtype);
+  return expected != nullptr &&
+         (element == expected || (dtype == at::kBool && element == "i1"));
+}
+
+// What is wrong with tensor `t` as the argument of a pointer parameter of Triton type
+// `type` for a launch on CUDA device `device` (current for the launch), or "" if nothing:
+// not a CUDA tensor, on another device, or of a dtype the parameter does not take. `wrong_dtype` (optional) is
+// set when the dtype is the problem. The text follows "kernel 'k': argument 2 ('out',
+// *fp32): ". Shared by TensorArg and kpack.torch's C++ ops (src/python/torch_ops.cc).
+inline std::string TensorMismatch(std::string_view type, const at::Tensor& t, int device,
+                                  bool* wrong_dtype = nullptr) {
+  if (wrong_dtype != nullptr) *wrong_dtype = false;
+  if (!t.is_cuda()) {
+    return "the tensor is on " + t.device().str() + "; kpack launches on CUDA devices";
+  }
+  if (t.device().index() != device) {
+    return "the tensor is on " + t.device().str() + " but the current device is cuda:" +
+           std::to_string(device);
+  }
+  if (!PointerTakes(type, t.scalar_type())) {
+    if (wrong_dtype != nullptr) *wrong_dtype = true;
+    return "the tensor's dtype is " + std::string(c10::toString(t.scalar_type())) +
+           " but the kernel was compiled for " + std::string(type);
+  }
+  return "";
+}
+
 // The Arg for call parameter `index` of `kernel` from tensor `t`: the parameter must be a
-// pointer whose element type is t's dtype (`*fp32` for a float tensor; `*i1` and `*u1`
-// both take bool tensors), and t must be a CUDA tensor on the current CUDA device.
-// INVALID_ARGUMENT naming the kernel, the parameter and what is wrong otherwise. The
-// pointer is t.data_ptr() (storage offset included); t must outlive the launch's use of it.
+// pointer whose element type is t's dtype (PointerTakes), and t must be a CUDA tensor on
+// the current CUDA device. INVALID_ARGUMENT naming the kernel, the parameter and what is
+// wrong otherwise. The pointer is t.data_ptr() (storage offset included); t must outlive
+// the launch's use of it.
 inline absl::StatusOr<Arg> TensorArg(const Kernel& kernel, size_t index, const at::Tensor& t) {
   // Built only for a message: the success path formats nothing.
   auto label = [&] {
@@ -118,24 +152,9 @@ inline absl::StatusOr<Arg> TensorArg(const Kernel& kernel, size_t index, const a
   if (type.empty() || type[0] != '*') {
     return absl::InvalidArgumentError(label() + ": got a tensor for a scalar parameter");
   }
-  if (!t.is_cuda()) {
-    return absl::InvalidArgumentError(label() + ": the tensor is on " + t.device().str() +
-                                      "; kpack launches on CUDA devices");
-  }
-  const int current = c10::cuda::current_device();
-  if (t.device().index() != current) {
-    return absl::InvalidArgumentError(label() + ": the tensor is on " + t.device().str() +
-                                      " but the current device is cuda:" +
-                                      std::to_string(current));
-  }
-  std::string_view element = type.substr(1);
-  if (element.size() > 1 && element[0] == 'k') element.remove_prefix(1);  // `*k`: const
-  const char* expected = TritonElementType(t.scalar_type());
-  const bool bool_alias = t.scalar_type() == at::kBool && element == "i1";
-  if (expected == nullptr || (element != expected && !bool_alias)) {
-    return absl::InvalidArgumentError(label() + ": the tensor's dtype is " +
-                                      std::string(c10::toString(t.scalar_type())) +
-                                      " but the kernel was compiled for " + std::string(type));
+  if (std::string problem = TensorMismatch(type, t, c10::cuda::current_device());
+      !problem.empty()) {
+    return absl::InvalidArgumentError(label() + ": " + problem);
   }
   return Arg(static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(t.data_ptr())));
 }

@@ -223,16 +223,21 @@ PyStructSequence_Desc g_variant_stats_desc = {"kpack.VariantStats", "Launch coun
 
 // ---------------------------------------------------------------- shared with bind
 
-bool MaybePreload(RuntimeState* rt, int device) {
+absl::Status PreloadOnFirstUse(RuntimeState* rt, int device) {
   if (ABSL_PREDICT_TRUE(!rt->preload_on_first_use) || device < 0 || device >= 64 ||
-      (rt->preloaded_devices >> device & 1) != 0) {
-    return true;
+      (rt->preloaded_devices.load(std::memory_order_relaxed) >> device & 1) != 0) {
+    return absl::OkStatus();
   }
-  if (absl::Status s = rt->runtime.Preload(); !s.ok()) {
+  if (absl::Status s = rt->runtime.Preload(); !s.ok()) return s;
+  rt->preloaded_devices.fetch_or(uint64_t{1} << device, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+bool MaybePreload(RuntimeState* rt, int device) {
+  if (absl::Status s = PreloadOnFirstUse(rt, device); ABSL_PREDICT_FALSE(!s.ok())) {
     RaiseStatus(s);
     return false;
   }
-  rt->preloaded_devices |= uint64_t{1} << device;
   return true;
 }
 
@@ -366,6 +371,11 @@ void InitKernel(nb::module_& m) {
             return k.scratch.is_valid() ? k.scratch : nb::none();
           },
           "the default scratch= allocator (with_scratch), or None")
+      .def(
+          "_native_handle",
+          [](const KernelObj& k) { return reinterpret_cast<uintptr_t>(&k); },
+          "_native_handle() -> int: this kernel's handle for _kpack._native_api()'s "
+          "entries (src/python/native_api.h), valid while this object lives.")
       .def("__repr__", [](const KernelObj& k) {
         const KernelPlan& p = *k.plan;
         return "<kpack kernel '" + p.name + "'(" + p.meta.signature + ")>";

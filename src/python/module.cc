@@ -17,6 +17,7 @@
 //   dropin      the drop-in's C half (kpack._kpack.DropIn)
 //   meta        kpack.Param, kpack.Variant and the meta dict of a callable grid
 //   tensordesc  Triton TensorDescriptors as tensordesc arguments
+//   native      the launch entry for native code (kpack.torch's C++ ops): native_api.h
 // Test-only code (tensor stand-ins) is not here: tests/python/kpack_testing.cc.
 
 #include <nanobind/nanobind.h>
@@ -37,6 +38,7 @@
 #include "graph.h"
 #include "interned.h"
 #include "kernel.h"
+#include "native.h"
 #include "kpack/kpack.h"
 #include "runtime_state.h"
 #include "streams.h"
@@ -97,6 +99,7 @@ NB_MODULE(_kpack, m) {
   InitBound(m);
   InitGraph(m);
   InitDropIn(m);
+  InitNative(m);
 
   nb::class_<RuntimeState>(m, "Runtime",
                            "An open pack (kpack::Runtime). Use kpack.open(), which wraps it.")

@@ -4,6 +4,14 @@ torch ops, under torch.compile and CUDA graphs, scratch memory from torch's cach
 allocator, and the drop-in for Triton calls (kpack.install).
 
 Sections, each printing what it measured; every failure is collected and printed at the end:
+  native     the ops' CUDA implementations are kpack's C++ ones (libkpack_torch_ops.so,
+             registered from torch_ops.cc, not Python); every example-pack case and the
+             test pack's scalars kernel (int, i64, fp32, bf16, fp16, bool arguments, grid=)
+             bit-identical through the C++ op, the Python-implemented op
+             (register(native=False)) and the kernel object; wrong dtype (TypeError),
+             device, grid, descriptor rank and refused values (ValueError) name the kernel
+             and argument and launch nothing; a thread with no CUDA call yet; a plain
+             torch.cuda.graph capture and replay
   ops        every example-pack kernel and shape (python_cases.py) through
              torch.ops.kpack_example.<kernel>: outputs bit-identical to Triton's JIT
   opcheck    torch.library.opcheck on every op of the example pack
@@ -37,7 +45,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-SECTIONS = ("ops", "opcheck", "compile", "cudagraph", "scratch", "dropin", "dynamo")
+SECTIONS = ("native", "ops", "opcheck", "compile", "cudagraph", "scratch", "dropin", "dynamo")
 
 
 class Check:
@@ -55,6 +63,124 @@ def op_args(case):
     over whole tensors) is its tensor, as the op's schema takes it."""
     return [getattr(a, "base", a) if type(a).__name__ == "TensorDescriptor" else a
             for a in case.call]
+
+
+def section_native(c, torch, ctx):
+    import threading
+    import triton
+    import kpack.torch as kt
+    pc, pack, ops, testpack = ctx["pc"], ctx["pack"], ctx["ops"], ctx["testpack"]
+    print(f"native ops available: {kt.native_ops_available()} ({kt.native_ops_error()}); "
+          f"kpack_example ops.native={ops.native}")
+    c.expect(ops.native and kt.native_ops_available(),
+             f"native: the ops are not C++: {kt.native_ops_error()}")
+    dump = torch._C._dispatch_dump("kpack_example::vector_add")
+    cuda = [line for line in dump.splitlines() if line.startswith("CUDA")]
+    print(f"native: dispatcher's CUDA kernel of kpack_example::vector_add: {cuda}")
+    c.expect(len(cuda) == 1 and "torch_ops.cc" in cuda[0],
+             f"native: the CUDA kernel is not torch_ops.cc's: {cuda}")
+    py = kt.register(pack, "kpack_example_py", native=False)
+    c.expect(not py.native, "native: register(native=False) gave C++ implementations")
+
+    for case in ctx["cases"]:
+        extra = {"grid": list(case.grid)} if case.grid else {}
+        runs = {"kernel": lambda: pack[case.name](*case.call, grid=case.grid),
+                "native op": lambda: ops[case.name](*op_args(case), **extra),
+                "python op": lambda: py[case.name](*op_args(case), **extra)}
+        outs = {}
+        for label, run in runs.items():
+            case.reset_outputs()
+            run()
+            torch.cuda.synchronize()
+            outs[label] = {o: case.args[o].clone() for o in case.spec.outputs}
+        same = all(pc.same_bits(outs[label][o], outs["kernel"][o])
+                   for label in ("native op", "python op") for o in case.spec.outputs)
+        print(f"native {case.name:14} {str(case.shape):38} C++ op == Python op == kernel "
+              f"object, bitwise: {same}")
+        c.expect(same, f"native: {case.name} {case.shape}: the ops differ from the kernel object")
+
+    scalars, k = torch.ops.kpack_test.scalars, testpack.scalars
+    x = torch.randn(1000, device="cuda")
+    for flag, big in ((True, 2**40 + 3), (False, -(2**40))):
+        values = (1000, 1.5, -2.0, 0.25, flag, big)
+        want, got = torch.zeros_like(x), torch.zeros_like(x)
+        k(x, want, *values, grid=(triton.cdiv(1000, 256),))
+        scalars(x, got, *values, grid=[triton.cdiv(1000, 256)])
+        torch.cuda.synchronize()
+        formula = x * 1.5 + (-2.0) + 0.25 + (3.0 if flag else -1.0)
+        same = torch.equal(got, want) and torch.allclose(got, formula)
+        print(f"native scalars flag={flag} big={big}: C++ op == kernel object == formula: {same}")
+        c.expect(same, f"native: scalars flag={flag}: the op differs from the kernel object")
+
+    n = 4096
+    a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.zeros_like(a)
+    tma = next((cs for cs in ctx["cases"] if cs.name == "matmul_tma"), None)
+    bad = [
+        ("dtype", TypeError, r"kernel 'vector_add': argument 0 \('x_ptr', \*fp32\): the "
+         r"tensor's dtype is Half but the kernel was compiled for \*fp32",
+         lambda: ops.vector_add(a.half(), b, out, n)),
+        ("device", ValueError, r"kernel 'vector_add': argument 1 \('y_ptr', \*fp32\): the "
+         r"tensor is on cpu; kpack launches on CUDA devices",
+         lambda: ops.vector_add(a, b.cpu(), out, n)),
+        ("value", ValueError, r"'n'.*2147483648", lambda: ops.vector_add(a, b, out, 2**31)),
+        ("grid axes", ValueError, r"kernel 'scalars': grid must have 1 to 3 axes, got 4",
+         lambda: scalars(a, out, n, 1.0, 1.0, 1.0, True, 0, grid=[1, 1, 1, 1])),
+        ("grid value", ValueError, r"kernel 'scalars': grid: axis 0 is -1",
+         lambda: scalars(a, out, n, 1.0, 1.0, 1.0, True, 0, grid=[-1])),
+    ]
+    if tma is not None:
+        first = op_args(tma)[0]
+        bad.append(("descriptor rank", ValueError, r"kernel 'matmul_tma': argument 0 .*: the "
+                    r"tensor has 1 dimensions but the descriptor's block has 2",
+                    lambda: ops.matmul_tma(first.flatten(), *op_args(tma)[1:],
+                                           **({"grid": list(tma.grid)} if tma.grid else {}))))
+    if torch.cuda.device_count() > 1:
+        other = b.to("cuda:1")
+        bad.append(("other device", ValueError, r"argument 1 \('y_ptr', \*fp32\): the tensor "
+                    r"is on cuda:1 but the current device is cuda:0",
+                    lambda: ops.vector_add(a, other, out, n)))
+    import re
+    for what, error, pattern, call in bad:
+        out.zero_()
+        try:
+            call()
+            torch.cuda.synchronize()
+            c.expect(False, f"native: {what}: no error")
+        except error as e:
+            ok = re.search(pattern, str(e)) is not None
+            print(f"native error {what}: {type(e).__name__}: {str(e).splitlines()[0]}")
+            c.expect(ok, f"native: {what}: message {str(e).splitlines()[0]!r} does not match "
+                         f"{pattern!r}")
+        except Exception as e:  # noqa: BLE001 -- the wrong type is the failure reported
+            c.expect(False, f"native: {what}: {type(e).__name__} instead of {error.__name__}: {e}")
+        torch.cuda.synchronize()
+        c.expect(not out.any().item(), f"native: {what}: raised but something was written")
+
+    result = []
+
+    def on_thread():
+        o = torch.zeros_like(a)
+        ops.vector_add(a, b, o, n)
+        torch.cuda.synchronize()
+        result.append(torch.equal(o, a + b))
+    t = threading.Thread(target=on_thread)
+    t.start()
+    t.join()
+    print(f"native op on a fresh thread: {result}")
+    c.expect(result == [True], f"native: the op on a fresh thread: {result}")
+
+    out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.vector_add(a, b, out, n)
+    c.expect(not out.any().item(), "native: captured, yet ran during the capture")
+    graph.replay()
+    torch.cuda.synchronize()
+    same = torch.equal(out, a + b)
+    print(f"native op under torch.cuda.graph: replay == a + b: {same}")
+    c.expect(same, "native: the captured op's replay computed a wrong result")
+    del graph
 
 
 def section_ops(c, torch, ctx):
@@ -404,7 +530,7 @@ def main():
     testpack = kpack.open(repo / "kernels" / "testpack")
     ctx = {"pc": pc, "pack": pack, "testpack": testpack,
            "ops": kpack.torch.register(pack, "kpack_example")}
-    kpack.torch.register(testpack, "kpack_test", kernels=["scratch"])
+    kpack.torch.register(testpack, "kpack_test", kernels=["scratch", "scalars"])
     print(f"registered {ctx['ops']}")
     ctx["cases"] = list(pc.cases(pack, specs, chosen))  # Triton's JIT outputs, before install
     c = Check()

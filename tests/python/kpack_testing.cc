@@ -11,11 +11,24 @@
 // device=0). FakeManagedTensor is the same through a table without
 // `dltensor_from_py_object_no_sync` (the managed, owning export instead). counters()
 // counts the calls of every table function; reset_counters() zeroes them.
+//
+// native_launch(capsule, handle, args, grid=None, stream=0, device=0, scratch=0) launches
+// through kpack._kpack's native entry (src/python/native_api.h) as kpack.torch's C++ ops
+// do, without torch: `capsule` is _kpack._native_api(), `handle` a kernel's
+// _native_handle(), `args` a list of (kind, value) with kind "p" (pointer), "i", "u"
+// (int64, uint64), "f" (double) or "b" (bool); `scratch` a device address a
+// ScratchAllocator hands out (0: none given). Returns (status code, message, scratch
+// allocator calls).
 
 #include <Python.h>
 
 #include <cstdint>
 #include <map>
+#include <vector>
+
+#include "kpack/arg.h"
+#include "kpack/runtime.h"
+#include "native_api.h"
 
 #include "dlpack.h"
 
@@ -166,7 +179,115 @@ PyObject* ResetCounters(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+struct TestScratch {
+  uint64_t address = 0;
+  int calls = 0;
+  static CUdeviceptr Allocate(size_t, size_t, CUstream, void* self) {
+    auto* s = static_cast<TestScratch*>(self);
+    ++s->calls;
+    return static_cast<CUdeviceptr>(s->address);
+  }
+};
+
+PyObject* NativeLaunch(PyObject*, PyObject* args, PyObject* kwargs) {
+  static const char* kw[] = {"capsule", "handle", "args", "grid", "stream", "device", "scratch",
+                             nullptr};
+  PyObject *capsule, *list, *grid_obj = Py_None;
+  unsigned long long handle = 0, stream = 0, scratch_address = 0;
+  int device = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKO|OKiK", const_cast<char**>(kw), &capsule,
+                                   &handle, &list, &grid_obj, &stream, &device,
+                                   &scratch_address)) {
+    return nullptr;
+  }
+  const auto* api = static_cast<const KpackNativeApi*>(
+      PyCapsule_GetPointer(capsule, KPACK_NATIVE_API_CAPSULE));
+  if (api == nullptr) return nullptr;
+  std::vector<kpack::Arg> packed;
+  const Py_ssize_t n = PySequence_Size(list);
+  if (n < 0) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_GetItem(list, i);
+    if (item == nullptr) return nullptr;
+    const char* kind;
+    PyObject* value;
+    const bool ok = PyArg_ParseTuple(item, "sO", &kind, &value);
+    Py_DECREF(item);
+    if (!ok) return nullptr;
+    switch (kind[0]) {
+      case 'p':
+        packed.emplace_back(static_cast<CUdeviceptr>(PyLong_AsUnsignedLongLong(value)));
+        break;
+      case 'i':
+        packed.emplace_back(static_cast<int64_t>(PyLong_AsLongLong(value)));
+        break;
+      case 'u':
+        packed.emplace_back(static_cast<uint64_t>(PyLong_AsUnsignedLongLong(value)));
+        break;
+      case 'f':
+        packed.emplace_back(PyFloat_AsDouble(value));
+        break;
+      case 'b':
+        packed.emplace_back(PyObject_IsTrue(value) == 1);
+        break;
+      default:
+        PyErr_Format(PyExc_ValueError, "native_launch: unknown kind %s", kind);
+        return nullptr;
+    }
+    if (PyErr_Occurred()) return nullptr;
+  }
+  kpack::Grid grid;
+  const kpack::Grid* grid_ptr = nullptr;
+  if (grid_obj != Py_None) {
+    if (!PyArg_ParseTuple(grid_obj, "I|II", &grid.x, &grid.y, &grid.z)) return nullptr;
+    grid_ptr = &grid;
+  }
+  TestScratch scratch{scratch_address};
+  const kpack::ScratchAllocator allocator{&TestScratch::Allocate, &scratch};
+  char error[256];
+  error[0] = '\0';
+  const int code = api->launch(reinterpret_cast<const void*>(static_cast<uintptr_t>(handle)),
+                               packed.data(), packed.size(), grid_ptr,
+                               reinterpret_cast<CUstream>(static_cast<uintptr_t>(stream)),
+                               device, scratch_address != 0 ? &allocator : nullptr, error,
+                               sizeof(error));
+  return Py_BuildValue("isi", code, error, scratch.calls);
+}
+
+// The native entry's descriptive half: (version, size == sizeof(KpackNativeApi), kernel
+// name, [(param name, param type)]) for `handle`.
+PyObject* NativeDescribe(PyObject*, PyObject* args) {
+  PyObject* capsule;
+  unsigned long long handle;
+  if (!PyArg_ParseTuple(args, "OK", &capsule, &handle)) return nullptr;
+  const auto* api = static_cast<const KpackNativeApi*>(
+      PyCapsule_GetPointer(capsule, KPACK_NATIVE_API_CAPSULE));
+  if (api == nullptr) return nullptr;
+  const void* k = reinterpret_cast<const void*>(static_cast<uintptr_t>(handle));
+  PyObject* params = PyList_New(0);
+  if (params == nullptr) return nullptr;
+  for (size_t i = 0; i < api->num_params(k); ++i) {
+    PyObject* p = Py_BuildValue("(ss)", api->param_name(k, i), api->param_type(k, i));
+    if (p == nullptr || PyList_Append(params, p) != 0) {
+      Py_XDECREF(p);
+      Py_DECREF(params);
+      return nullptr;
+    }
+    Py_DECREF(p);
+  }
+  const bool out_of_range_is_null = api->param_name(k, api->num_params(k)) == nullptr &&
+                                    api->param_type(k, api->num_params(k)) == nullptr;
+  return Py_BuildValue("(IOsNO)", api->version,
+                       api->size == sizeof(KpackNativeApi) ? Py_True : Py_False,
+                       api->kernel_name(k), params,
+                       out_of_range_is_null ? Py_True : Py_False);
+}
+
 PyMethodDef g_methods[] = {
+    {"native_launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(NativeLaunch)),
+     METH_VARARGS | METH_KEYWORDS,
+     "native_launch(capsule, handle, args, grid=None, stream=0, device=0, scratch=0)"},
+    {"native_describe", NativeDescribe, METH_VARARGS, "native_describe(capsule, handle)"},
     {"set_current_stream", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(SetCurrentStream)),
      METH_VARARGS | METH_KEYWORDS, "set_current_stream(handle, device=0)"},
     {"counters", GetCounters, METH_NOARGS, "calls of each exchange-API function"},

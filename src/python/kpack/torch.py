@@ -22,15 +22,34 @@ element ``ptrs.0`` is argument ``ptrs_0``; constexprs are compiled in and absent
 ``grid`` (1 to 3 ints) overrides the manifest's grid expressions and is required for
 kernels that have none. The op returns nothing: it writes into the tensors it is given.
 
-The CUDA implementation is the kpack kernel object itself (no Python frame between torch's
-dispatcher and kpack's launch); it launches on torch's current stream, so it works under
-``torch.cuda.graph`` capture and cudagraph trees. The fake (meta) implementation returns
-nothing, which is all a mutating op needs for ``torch.compile``, ``torch.library.opcheck``
-and fake tensors. Kernels with Triton global scratch take it from torch's caching allocator
-(:func:`caching_allocator_scratch`) on the launch's stream and free it right after the
-launch, stream-ordered, so that a capture puts it in the graph's memory pool rather than
-kpack's own arenas. ``register`` also makes the pack load every variant into a device's
-context at its first launch there (``preload="first_use"``): a capture may not load.
+The CUDA implementation is C++ (``libkpack_torch_ops.so``, src/python/torch_ops.cc): a
+boxed kernel registered with torch's dispatcher that reads the op's arguments off torch's
+stack and launches the very kernel object of the pack, through the runtime it belongs to
+(``_kpack``'s native launch entry; no second copy of kpack, no Python frame): the first
+tensor's device made current, torch's current stream of that device, each tensor checked
+against its parameter's Triton type (wrong dtype: ``TypeError``; wrong device: ``ValueError``;
+messages naming the kernel and the argument). So an op costs the eager ``kernel(...)``
+call plus torch's own dispatch from Python, without the 5-9 µs torch adds for a Python
+implementation (``bench/python_launch_bench.py`` measures both).
+The library is built when kpack is installed with torch importable in the build's Python
+(``pip install --no-build-isolation .`` into the environment that has torch), against that
+torch; it is used only under the same torch version. When it is missing or cannot be
+loaded, :func:`register` warns (:class:`NativeOpsWarning`, naming why) and registers the
+kernel objects themselves as Python implementations -- the same results, slower; the
+``native`` argument of :func:`register` requires (``True``) or refuses (``False``) the
+C++ implementations, :func:`native_ops_available` and :func:`native_ops_error` tell whether
+they load and why not, and ``ops.native`` which kind a registration got. The environment
+variable ``KPACK_TORCH_NATIVE=0`` turns them off.
+
+Either implementation launches on torch's current stream, so the ops work under
+``torch.cuda.graph`` capture and cudagraph trees. The fake (meta) implementation is Python
+and returns nothing, which is all a mutating op needs for ``torch.compile``,
+``torch.library.opcheck`` and fake tensors. Kernels with Triton global scratch take it from
+torch's caching allocator on the launch's stream and free it right after the launch,
+stream-ordered (:func:`caching_allocator_scratch` for the Python implementation), so that a
+capture puts it in the graph's memory pool rather than kpack's own arenas. ``register`` also
+makes the pack load every variant into a device's context at its first launch there
+(``preload="first_use"``): a capture may not load.
 
 This module imports torch only in the functions that need it; :func:`op_schema` works
 without.
@@ -45,7 +64,8 @@ from typing import Dict, Iterable, List, Optional
 from kpack import _dropin
 
 __all__ = ["op_schema", "op_name", "register", "TorchOps", "caching_allocator_scratch",
-           "install", "uninstall"]
+           "install", "uninstall", "native_ops_available", "native_ops_error",
+           "NativeOpsWarning"]
 
 _INT_TYPES = {"i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64"}
 _FLOAT_TYPES = {"fp16", "bf16", "fp32", "fp64"}
@@ -145,15 +165,148 @@ class _CachingBlock:
         _CachingBlock._delete(self.base)
 
 
+# ---------------------------------------------------------------- the C++ implementations
+
+
+class NativeOpsWarning(UserWarning):
+    """``register`` could not use kpack's C++ op implementations (the message says why) and
+    registered Python implementations: correct, but each call costs torch's Python-kernel
+    boundary (5-9 µs) more."""
+
+
+class _Native:
+    """libkpack_torch_ops.so, loaded, and _kpack's native launch entry."""
+
+    def __init__(self, lib, api: int, capsule):
+        self.lib = lib
+        self.api = api
+        self._capsule = capsule  # owns nothing, but keeps the pointer's provenance alive
+
+    def register(self, namespace: str, name: str, kernel, dispatch_key: str = "CUDA") -> int:
+        """Registers ``kernel`` as the ``dispatch_key`` implementation of
+        ``namespace::name``; the registration's handle (``release`` undoes it). The caller
+        keeps ``kernel`` alive. (Only tests use another key than CUDA: the implementation
+        refuses tensors that are not CUDA tensors.)"""
+        import ctypes  # noqa: PLC0415
+        error = ctypes.create_string_buffer(1024)
+        handle = self.lib.kpack_torch_ops_register(namespace.encode(), name.encode(),
+                                                   dispatch_key.encode(),
+                                                   self.api, kernel._native_handle(), error,
+                                                   len(error))
+        if not handle:
+            raise RuntimeError(f"kpack.torch: registering op {namespace}::{name}: "
+                               f"{error.value.decode(errors='replace')}")
+        return handle
+
+    def register_noop(self, namespace: str, name: str, num_args: int,
+                      dispatch_key: str = "CUDA") -> int:
+        """Registers a C++ implementation of ``namespace::name`` (``num_args`` arguments)
+        that does nothing: torch's own cost of a C++ op, for the launch benchmark."""
+        import ctypes  # noqa: PLC0415
+        error = ctypes.create_string_buffer(1024)
+        handle = self.lib.kpack_torch_ops_register_noop(namespace.encode(), name.encode(),
+                                                        dispatch_key.encode(), num_args, error,
+                                                        len(error))
+        if not handle:
+            raise RuntimeError(f"kpack.torch: registering op {namespace}::{name}: "
+                               f"{error.value.decode(errors='replace')}")
+        return handle
+
+    def release(self, handle: int) -> None:
+        self.lib.kpack_torch_ops_release(handle)
+
+
+_native_state = None  # a _Native, or why there is none (str); None: not tried yet
+_native_warned = False
+
+
+def _load_native():
+    """A _Native, or why the C++ implementations cannot be used (str)."""
+    import ctypes  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from kpack import _kpack  # noqa: PLC0415
+    if os.environ.get("KPACK_TORCH_NATIVE", "1") == "0":
+        return "turned off by KPACK_TORCH_NATIVE=0"
+    try:
+        from kpack import _build_config  # noqa: PLC0415
+    except ImportError:
+        return "this kpack was not installed by pip (kpack._build_config is missing)"
+    name = getattr(_build_config, "TORCH_OPS", "")
+    if not name:
+        why = getattr(_build_config, "TORCH_OPS_WHY", "") or "no torch at build time"
+        return (f"libkpack_torch_ops.so was not built when kpack was installed ({why}); "
+                "`pip install --no-build-isolation .` in an environment whose Python imports "
+                "torch builds it")
+    built_for = getattr(_build_config, "TORCH_OPS_TORCH_VERSION", "")
+    if built_for != torch.__version__:
+        return (f"libkpack_torch_ops.so was built against torch {built_for}, but this is torch "
+                f"{torch.__version__}: reinstall kpack (`pip install --no-build-isolation .`)")
+    path = os.path.join(os.path.dirname(os.path.abspath(_build_config.__file__)), name)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        return f"loading {path} failed: {e}"
+    lib.kpack_torch_ops_torch_version.restype = ctypes.c_char_p
+    lib.kpack_torch_ops_register.restype = ctypes.c_void_p
+    lib.kpack_torch_ops_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p,
+                                             ctypes.c_size_t]
+    lib.kpack_torch_ops_register_noop.restype = ctypes.c_void_p
+    lib.kpack_torch_ops_register_noop.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                                  ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.c_char_p, ctypes.c_size_t]
+    lib.kpack_torch_ops_release.argtypes = [ctypes.c_void_p]
+    lib.kpack_torch_ops_release.restype = None
+    linked = lib.kpack_torch_ops_torch_version().decode()
+    if linked != torch.__version__:
+        return f"{path} was built against torch {linked}, but this is torch {torch.__version__}"
+    capsule = _kpack._native_api()
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return _Native(lib, get_pointer(capsule, b"kpack._kpack.native_api"), capsule)
+
+
+def _native():
+    """The loaded C++ implementations, or why there are none (str); tried once."""
+    global _native_state
+    if _native_state is None:
+        _native_state = _load_native()
+    return _native_state
+
+
+def native_ops_available() -> bool:
+    """Whether :func:`register` can give ops C++ implementations (loads
+    libkpack_torch_ops.so on the first call; imports torch)."""
+    return isinstance(_native(), _Native)
+
+
+def native_ops_error() -> Optional[str]:
+    """Why :func:`register` cannot give ops C++ implementations, or None when it can."""
+    state = _native()
+    return None if isinstance(state, _Native) else state
+
+
 class TorchOps:
     """The ops ``register`` made: ``ops.<kernel>`` (or ``ops[kernel]``) is the op
-    (``torch.ops.<namespace>.<op name>``), ``ops.names`` maps kernel names to op names."""
+    (``torch.ops.<namespace>.<op name>``), ``ops.names`` maps kernel names to op names,
+    ``ops.native`` whether their CUDA implementations are C++ (else the kernel objects, from
+    Python)."""
 
-    def __init__(self, pack, namespace: str, names: Dict[str, str], library):
+    def __init__(self, pack, namespace: str, names: Dict[str, str], library, native):
         self.pack = pack
         self.namespace = namespace
         self.names = names
         self._library = library  # the registrations live as long as it does
+        self._native = native    # a _Native, or None: Python implementations
+        self.native = native is not None
+        # The C++ registrations: (handle, kernel object), the object kept alive for the
+        # handle, which launches through it. Never released: the ops live in torch's
+        # dispatcher until the interpreter exits, like the Python library's definitions.
+        self._impls: List[tuple] = []
         self._views: Dict[tuple, str] = {}  # (kernel, variants, ignore_buckets) -> op name
 
     def view_op(self, target):
@@ -168,7 +321,7 @@ class TorchOps:
         name = self._views.get(key)
         if name is None:
             name = f"{self.names[kernel.name]}__v{len(self._views)}"
-            _define(self._library, self.namespace, name, target.view)
+            _define(self._library, self.namespace, name, target.view, self._native, self._impls)
             self._views[key] = name
         return getattr(getattr(torch.ops, self.namespace), name).default
 
@@ -189,12 +342,19 @@ _registered: Dict[str, TorchOps] = {}
 
 
 def register(pack, namespace: Optional[str] = None,
-             kernels: Optional[Iterable[str]] = None) -> TorchOps:
+             kernels: Optional[Iterable[str]] = None,
+             native: Optional[bool] = None) -> TorchOps:
     """Register the pack's kernels (or those named in ``kernels``) as
     ``torch.ops.<namespace>.<kernel>``; see the module's documentation. ``namespace``
     defaults to the pack directory's name. Registering the same pack under the same
-    namespace again returns the ops already registered; another pack there is a
-    ``ValueError``."""
+    namespace again returns the ops already registered (a ``ValueError`` if ``native``
+    asks for the other kind of implementation than they have); another pack there is a
+    ``ValueError``.
+
+    ``native``: None (the default) gives the ops C++ implementations when
+    :func:`native_ops_available`, else Python ones with a :class:`NativeOpsWarning` (once
+    per process) naming why; True requires the C++ ones (``RuntimeError`` naming why not);
+    False registers the Python ones (for comparison)."""
     import os  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -206,6 +366,11 @@ def register(pack, namespace: Optional[str] = None,
     existing = _registered.get(namespace)
     if existing is not None:
         if existing.pack is pack and set(names) <= set(existing.names):
+            if native is not None and native != existing.native:
+                kind = "C++" if existing.native else "Python"
+                raise ValueError(f"torch op namespace '{namespace}' already holds this pack's "
+                                 f"kernels with {kind} implementations (native={native} asks "
+                                 "for the other kind: use another namespace)")
             return existing
         raise ValueError(f"torch op namespace '{namespace}' already holds the kernels of "
                          f"{existing.pack.dir} ({', '.join(existing.names)})")
@@ -215,26 +380,56 @@ def register(pack, namespace: Optional[str] = None,
         if name in op_names.values():
             raise ValueError(f"kernels '{kernel_name}' and another both make op '{name}'")
         op_names[kernel_name] = name
+    impl = _choose_native(native)
     library = torch.library.Library(namespace, "DEF")
-    for kernel_name, name in op_names.items():
-        _define(library, namespace, name, pack[kernel_name])
+    ops = TorchOps(pack, namespace, op_names, library, impl)
+    try:
+        for kernel_name, name in op_names.items():
+            _define(library, namespace, name, pack[kernel_name], impl, ops._impls)
+    except BaseException:
+        for handle, _ in ops._impls:  # the definitions go with `library`; so do these
+            impl.release(handle)
+        raise
     pack._runtime.preload_on_first_use = True
-    ops = TorchOps(pack, namespace, op_names, library)
     _registered[namespace] = ops
     return ops
 
 
-def _define(library, namespace: str, name: str, kernel) -> None:
-    """Defines op ``namespace::name`` launching ``kernel`` (see the module's documentation)."""
+def _choose_native(native: Optional[bool]):
+    """The _Native to register with (None: Python implementations), as ``register``'s
+    ``native`` asks."""
+    import warnings  # noqa: PLC0415
+    global _native_warned
+    if native is False:
+        return None
+    state = _native()
+    if isinstance(state, _Native):
+        return state
+    if native:
+        raise RuntimeError(f"kpack.torch: C++ op implementations unavailable: {state}")
+    if not _native_warned:
+        _native_warned = True
+        warnings.warn(f"kpack.torch: the ops get Python implementations (correct, but each "
+                      f"call costs 5-9 µs more): {state}", NativeOpsWarning, stacklevel=3)
+    return None
+
+
+def _define(library, namespace: str, name: str, kernel, native, impls: list) -> None:
+    """Defines op ``namespace::name`` launching ``kernel`` (see the module's documentation):
+    its CUDA implementation C++ through ``native`` (a _Native; the registration goes to
+    ``impls``), or the kernel object itself when ``native`` is None."""
     import torch  # noqa: PLC0415
     library.define(op_schema(kernel, name))
+    torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
+    if native is not None:
+        impls.append((native.register(namespace, name, kernel), kernel))
+        return
     impl = kernel.with_scratch(caching_allocator_scratch) if kernel.has_scratch else kernel
     call = [p for p in kernel.params if not p.constexpr]
     descriptors = [i for i, p in enumerate(call) if p.type.startswith("tensordesc<")]
     if descriptors:
         impl = _whole_tensor_descriptors(impl, descriptors)
     library.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"{namespace}::{name}", _fake, lib=library)
 
 
 class _WholeTensor:
