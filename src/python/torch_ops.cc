@@ -1,6 +1,6 @@
 // libkpack_torch_ops.so: the CUDA implementations of kpack.torch's ops in C++, so that
-// torch's dispatcher calls kpack's launch without entering Python (a Python op
-// implementation costs torch 5-9 us a call before it does anything).
+// torch's dispatcher calls kpack's launch without entering Python (torch's call into a
+// Python implementation costs more than into a C++ one: bench/python_launch_bench.py).
 //
 // Built against the installed torch (src/python/CMakeLists.txt, when torch imports in the
 // build's Python) and loaded by kpack.torch with ctypes; it links torch (c10, c10_cuda,

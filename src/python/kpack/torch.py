@@ -29,8 +29,9 @@ stack and launches the very kernel object of the pack, through the runtime it be
 tensor's device made current, torch's current stream of that device, each tensor checked
 against its parameter's Triton type (wrong dtype: ``TypeError``; wrong device: ``ValueError``;
 messages naming the kernel and the argument). So an op costs the eager ``kernel(...)``
-call plus torch's own dispatch from Python, without the 5-9 µs torch adds for a Python
-implementation (``bench/python_launch_bench.py`` measures both).
+call plus torch's own dispatch from Python, without what torch adds for a Python
+implementation (on the H200, 0.3-2.8 µs per call with 4 to 14 arguments in two runs;
+``bench/python_launch_bench.py`` measures both).
 The library is built when kpack is installed with torch importable in the build's Python
 (``pip install --no-build-isolation .`` into the environment that has torch), against that
 torch; it is used only under the same torch version. When it is missing or cannot be
@@ -171,7 +172,7 @@ class _CachingBlock:
 class NativeOpsWarning(UserWarning):
     """``register`` could not use kpack's C++ op implementations (the message says why) and
     registered Python implementations: correct, but each call costs torch's Python-kernel
-    boundary (5-9 µs) more."""
+    boundary more (0.3-2.8 µs on the H200, growing with the argument count)."""
 
 
 class _Native:
@@ -410,7 +411,7 @@ def _choose_native(native: Optional[bool]):
     if not _native_warned:
         _native_warned = True
         warnings.warn(f"kpack.torch: the ops get Python implementations (correct, but each "
-                      f"call costs 5-9 µs more): {state}", NativeOpsWarning, stacklevel=3)
+                      f"call costs more): {state}", NativeOpsWarning, stacklevel=3)
     return None
 
 
