@@ -201,7 +201,14 @@ int main(int argc, char** argv) {
   // --evict-code-kb: between launches, also run C KiB of code, as the driver's launch
   // runs its own (evicting the launcher's code from the L1 instruction cache): a chain
   // of 2-byte jumps, one at the start of each 64-byte line to the next, then a return.
+  // The jumps are x86-64 machine code; elsewhere the option is refused.
   void (*evict_code)() = nullptr;
+#if !defined(__x86_64__)
+  if (evict_code_kb > 0) {
+    std::fprintf(stderr, "kpack_overhead_bench: --evict-code-kb needs an x86-64 build\n");
+    return 2;
+  }
+#else
   if (evict_code_kb > 0) {
     const size_t bytes = static_cast<size_t>(evict_code_kb) * 1024;
     void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -222,6 +229,7 @@ int main(int argc, char** argv) {
     }
     evict_code = reinterpret_cast<void (*)()>(mem);
   }
+#endif
   auto launch_and_evict = [&](const Path& p) {
     bool ok = p.launch();
     for (size_t i = 0; i < evict.size(); i += 64) evict[i] = static_cast<char>(i);
