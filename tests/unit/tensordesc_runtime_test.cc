@@ -404,8 +404,7 @@ TEST_F(TensorDescRuntimeTest, MemoAnyChangedDescriptorFieldIsEncoded) {
     KP_ASSERT_OK(k.Launch(nullptr, changed, out, 100, 200));
     ASSERT_EQ(fake::TensorMapEncodeCount() - before, 1) << c.name << ": in_desc only";
     const fake::TensorMapEncode e = fake::GetTensorMapEncode(before);
-    fake::TensorMapEncode launched{};
-    ASSERT_TRUE(fake::DecodeTensorMap(LastLaunch().params.data() + kInMap, &launched));
+    const fake::TensorMapEncode launched = MapAt(LastLaunch(), kInMap);
     EXPECT_EQ(launched.address, e.address) << c.name;
     EXPECT_EQ(launched.dims, e.dims) << c.name;
     EXPECT_EQ(launched.strides, e.strides) << c.name;
@@ -445,9 +444,7 @@ TEST_F(TensorDescRuntimeTest, MemoARefusedOrFailedEncodeIsNotKept) {
   // The fake records the calls it carries out: not the one FailNext failed.
   EXPECT_EQ(fake::TensorMapEncodeCount() - before, 2 + 2) << "in_desc encoded again, out_desc too";
   EXPECT_EQ(fake::LaunchCount(), launches + 1);
-  fake::TensorMapEncode launched{};
-  ASSERT_TRUE(fake::DecodeTensorMap(LastLaunch().params.data() + kInMap, &launched));
-  EXPECT_EQ(launched.address, kIn);
+  EXPECT_EQ(MapAt(LastLaunch(), kInMap).address, kIn);
 }
 
 // kWays bases in turn are each encoded once; kWays + 1 in turn evict each other (first
@@ -462,9 +459,7 @@ TEST_F(TensorDescRuntimeTest, MemoACycleLongerThanTheCapacityAlwaysEncodes) {
     for (int i = 0; i < launches; ++i) {
       const TensorDesc in = TensorDesc::RowMajor(first + 0x1000 * (i % cycle), {100, 200});
       EXPECT_TRUE(k.Launch(nullptr, in, out, 100, 200).ok());
-      fake::TensorMapEncode launched{};
-      EXPECT_TRUE(fake::DecodeTensorMap(LastLaunch().params.data() + kInMap, &launched));
-      EXPECT_EQ(launched.address, in.base);
+      EXPECT_EQ(MapAt(LastLaunch(), kInMap).address, in.base);
     }
     return fake::TensorMapEncodeCount() - before;
   };
@@ -505,9 +500,7 @@ TEST_F(TensorDescRuntimeTest, MemoConcurrentLaunchesGetTheirOwnMaps) {
   ASSERT_LE(total, fake::kLaunchRingCapacity);
   for (int64_t i = first; i < first + total; ++i) {
     const fake::LaunchRecord r = fake::GetLaunch(i);
-    fake::TensorMapEncode in{}, out{};
-    ASSERT_TRUE(fake::DecodeTensorMap(r.params.data() + kInMap, &in)) << i;
-    ASSERT_TRUE(fake::DecodeTensorMap(r.params.data() + kOutMap, &out)) << i;
+    const fake::TensorMapEncode in = MapAt(r, kInMap), out = MapAt(r, kOutMap);
     const uint64_t b = (in.address - kIn) / 0x10000;
     EXPECT_EQ(in.dims[1], 64 + b) << "launch " << i << ": the map of another descriptor";
     EXPECT_EQ(testing::At<int32_t>(r, kInShape), static_cast<int32_t>(64 + b)) << "shape slot";
@@ -533,9 +526,7 @@ TEST_F(TensorDescRuntimeTest, MemoSetBackToAKnownDescriptorCopiesIt) {
   KP_ASSERT_OK(bound->Set(0, moved));
   EXPECT_EQ(fake::TensorMapEncodeCount() - before, 1) << "both maps were kept";
   KP_ASSERT_OK(bound->Launch());
-  fake::TensorMapEncode launched{};
-  ASSERT_TRUE(fake::DecodeTensorMap(LastLaunch().params.data() + kInMap, &launched));
-  EXPECT_EQ(launched.address, kIn + 4096);
+  EXPECT_EQ(MapAt(LastLaunch(), kInMap).address, kIn + 4096);
 }
 
 }  // namespace
