@@ -135,42 +135,44 @@ def _kpack_torch_ops_py(torch, pack, kernel, args, out):
     return _called(kpack.torch.register(pack, "kpack_bench_py", native=False)[kernel], args)
 
 
-_floor_library = None
+_floor_libraries = {}
+
+
+def _floor_op(torch, pack, kernel, args, namespace, implement):
+    """The call of an op in `namespace` with the kpack op's schema, defined once and given
+    its CUDA implementation by ``implement(library, name)``."""
+    import kpack.torch  # noqa: PLC0415
+    library = _floor_libraries.get(namespace)
+    if library is None:
+        library = _floor_libraries[namespace] = torch.library.Library(namespace, "DEF")
+    name = kpack.torch.op_name(kernel)
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, name):
+        library.define(kpack.torch.op_schema(pack[kernel], name))
+        implement(library, name)
+    return _called(getattr(ops, name), args)
 
 
 def _torch_ops_floor(torch, pack, kernel, args, out):
     """An op with the kpack op's schema whose CUDA implementation is a Python function that
     does nothing: what torch's dispatcher and its boundary to a Python kernel cost alone."""
-    import kpack.torch  # noqa: PLC0415
-    global _floor_library
-    if _floor_library is None:
-        _floor_library = torch.library.Library("kpack_bench_floor", "DEF")
-    name = kpack.torch.op_name(kernel)
-    if not hasattr(torch.ops.kpack_bench_floor, name):
-        _floor_library.define(kpack.torch.op_schema(pack[kernel], name))
-        _floor_library.impl(name, lambda *a, grid=None: None, "CUDA")
-    return _called(getattr(torch.ops.kpack_bench_floor, name), args)
-
-
-_floor_cpp_library = None
+    def implement(library, name):
+        library.impl(name, lambda *a, grid=None: None, "CUDA")
+    return _floor_op(torch, pack, kernel, args, "kpack_bench_floor", implement)
 
 
 def _torch_ops_floor_cpp(torch, pack, kernel, args, out):
     """An op with the kpack op's schema whose CUDA implementation is C++ that only drops its
     arguments: what calling a C++ op from Python costs in torch alone."""
     import kpack.torch  # noqa: PLC0415
-    global _floor_cpp_library
-    if _floor_cpp_library is None:
-        _floor_cpp_library = torch.library.Library("kpack_bench_floor_cpp", "DEF")
-    name = kpack.torch.op_name(kernel)
-    if not hasattr(torch.ops.kpack_bench_floor_cpp, name):
-        _floor_cpp_library.define(kpack.torch.op_schema(pack[kernel], name))
+
+    def implement(library, name):
         native = kpack.torch._native()
         if isinstance(native, str):
             raise RuntimeError(f"the C++ floor needs libkpack_torch_ops.so: {native}")
         num_args = sum(1 for p in pack[kernel].params if not p.constexpr) + 1  # and grid
         native.register_noop("kpack_bench_floor_cpp", name, num_args)
-    return _called(getattr(torch.ops.kpack_bench_floor_cpp, name), args)
+    return _floor_op(torch, pack, kernel, args, "kpack_bench_floor_cpp", implement)
 
 
 _dropin_packs = {}
