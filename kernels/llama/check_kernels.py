@@ -17,10 +17,10 @@ Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unles
 ``--device cpu`` runs Triton's interpreter (``TRITON_INTERPRET=1``, torch CPU tensors,
 ``USE_PDL`` off) at the tiny model's shapes and odd sizes, with one config per code path
 (the GEMV with K in one tile and with a K loop, the products of a few rows kept per k
-with K in one tile and with a K loop, ``tl.dot``; ``llama_rmsnorm`` with a row in one
-tile and in a loop). ``--device cuda`` compiles them
+with K in one tile and with a K loop, ``tl.dot`` as x · wᵀ and as w · xᵀ (``SWAP``);
+``llama_rmsnorm`` with a row in one tile and in a loop). ``--device cuda`` compiles them
 (``USE_PDL`` on, launched with PDL): the same cases with every bucket's default config
-(every config for attention), the Llama-3.2-1B shapes of every bucket, then the timing
+and the committed pack's (every config for attention), the Llama-3.2-1B shapes of every bucket, then the timing
 tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
 (µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
 bytes in the same kind of graph and the kernel's speed relative to it, µs with the
@@ -271,14 +271,19 @@ CPU_PROJ = {
     "rows8": dict(BLOCK_M=8, BLOCK_N=16, BLOCK_K=64),
     "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
     "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
+    # tl.dot as w · xᵀ (SWAP): K in one tile and in a loop.
+    "dot16_t": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, SWAP=1),
+    "dot64_t": dict(BLOCK_M=64, BLOCK_N=16, BLOCK_K=64, SWAP=1),
     # The o and down projections' K split over programs (llama_proj_residual's SPLIT):
     # runs of one and two K tiles, and (K = 256 in 3) one split with none.
     "split4": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, SPLIT=4),
     "split3_64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64, SPLIT=3),
+    "split4_t": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, SPLIT=4, SWAP=1),
     # The LM head above one row, a program's rows in tl.dot tiles of _LM_TILE // BLOCK_K:
     # 8 tiles of 32 (K in one tile), 2 of 128 (a K loop).
     "tiles16": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256),
     "tiles64_k64": dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
+    "tiles16_t": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256, SWAP=1),
 }
 SPLIT_KERNELS = ("llama_o_proj", "llama_down_proj")
 
@@ -331,8 +336,9 @@ def cases(device):
     if cpu:
         # The GEMV with its whole K in the first tile (loaded before gdc_wait) and with
         # more tiles after it (the K loop and, under RMSNorm, the rest of the row).
-        plan = {1: ("gemv", "gemv_k64", "rows4"), 3: ("rows4", "rows2_whole", "dot16"),
-                17: ("gemv", "rows8", "dot16"), 70: ("dot64",)}
+        plan = {1: ("gemv", "gemv_k64", "rows4"),
+                3: ("rows4", "rows2_whole", "dot16", "dot16_t"),
+                17: ("gemv", "rows8", "dot16"), 70: ("dot64", "dot64_t")}
         for kernel in proj_kernels:
             for m, paths in plan.items():
                 for path in paths:
@@ -347,6 +353,7 @@ def cases(device):
             if kernel in SPLIT_KERNELS:
                 for shape, path in ((dict(tiny, M=3), "split4"), (dict(tiny, M=17), "split4"),
                                     (dict(odd, M=17), "split3_64"),
+                                    (dict(odd, M=17), "split4_t"),
                                     (dict(tiny, M=70), "split3_64")):
                     out.append((kernel, dict(shape, CAP=128), _proj_cfg(kernel, path), True,
                                 None))
@@ -355,14 +362,16 @@ def cases(device):
                 out.append(("llama_lm_head", shape, _proj_cfg("llama_lm_head", path), True,
                             None))
         for path, shape in (("tiles16", dict(tiny, M=3)), ("tiles16", dict(odd, M=17)),
+                            ("tiles16_t", dict(odd, M=17)),
                             ("tiles64_k64", dict(tiny, M=70))):
             out.append(("llama_lm_head", dict(shape, CAP=128), _proj_cfg("llama_lm_head", path),
                         True, None))
-    else:  # every bucket's default config (the tuner checks every candidate at scale)
+    else:  # every bucket's default config and the committed pack's (the tuner checks
+        # every candidate at scale, at its bucket's representative shape only)
         for kernel in proj_kernels:
             spec = SPECS[kernel]
-            configs = {spec.default_config(i).name: spec.default_config(i)
-                       for i in range(len(spec.representatives))}
+            configs = {c.name: c for i in range(len(spec.representatives))
+                       for c in (spec.default_config(i), _chosen(kernel, i))}
             for config in configs.values():
                 small = config.constexprs["BLOCK_M"] < 16
                 for m in ((1, 3) if small else (3, 17, 70)):

@@ -22,7 +22,8 @@ How they are written:
   GEMV: each ``[BLOCK_N, BLOCK_K]`` weight tile times the row's tile, the fp32 products
   reduced over the tile. ``1 < BLOCK_M < 16`` (small batches) multiplies and adds
   elementwise on ``[BLOCK_M, BLOCK_N, BLOCK_K]`` (each x tile read once per K tile) and
-  reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``. The
+  reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``, as x · wᵀ or,
+  with the constexpr ``SWAP``, as w · xᵀ (transposed after the K loop). The
   first K tile of a program's weights is loaded before ``gdc_wait()``; the K loop after it
   is software-pipelined (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a
   dot only when asked). Above one row the o and down projections may split K over a
@@ -251,33 +252,45 @@ def _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, 
 
 
 @triton.jit
-def _acc_first(x, w, BLOCK_M: tl.constexpr):
+def _acc_first(x, w, BLOCK_M: tl.constexpr, SWAP: tl.constexpr):
     """The accumulator of x · wᵀ over one K tile (x [BLOCK_M, BLOCK_K], w [BLOCK_N,
-    BLOCK_K], bf16): tl.dot's [BLOCK_M, BLOCK_N] from 16 rows; below, the fp32 products
-    [BLOCK_M, BLOCK_N, BLOCK_K], kept per k until _acc_sum."""
+    BLOCK_K], bf16): tl.dot's [BLOCK_M, BLOCK_N] from 16 rows, or with SWAP its transpose
+    w · xᵀ [BLOCK_N, BLOCK_M] (the weight rows as the MMA's M dimension: a few rows of x
+    padded to 16 are then the narrow N side); below 16 rows, the fp32 products [BLOCK_M,
+    BLOCK_N, BLOCK_K], kept per k until _acc_sum."""
     if BLOCK_M >= 16:
-        acc = tl.dot(x, tl.trans(w))
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x))
+        else:
+            acc = tl.dot(x, tl.trans(w))
     else:
+        tl.static_assert(not SWAP, "SWAP is for tl.dot tiles (BLOCK_M >= 16)")
         acc = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     return acc
 
 
 @triton.jit
-def _acc_mac(acc, x, w, BLOCK_M: tl.constexpr):
-    """acc (_acc_first's) += x · wᵀ of the next K tile."""
+def _acc_mac(acc, x, w, BLOCK_M: tl.constexpr, SWAP: tl.constexpr):
+    """acc (_acc_first's) += x · wᵀ of the next K tile (w · xᵀ with SWAP)."""
     if BLOCK_M >= 16:
-        acc = tl.dot(x, tl.trans(w), acc)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
     else:
         acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     return acc
 
 
 @triton.jit
-def _acc_sum(acc, BLOCK_M: tl.constexpr):
-    """The [BLOCK_M, BLOCK_N] fp32 result of an accumulator: below 16 rows, the products
-    reduced over K once."""
+def _acc_sum(acc, BLOCK_M: tl.constexpr, SWAP: tl.constexpr):
+    """The [BLOCK_M, BLOCK_N] fp32 result of an accumulator: with SWAP tl.dot's transposed;
+    below 16 rows, the products reduced over K once."""
     if BLOCK_M >= 16:
-        out = acc
+        if SWAP:
+            out = tl.trans(acc)
+        else:
+            out = acc
     else:
         out = tl.sum(acc, 2)
     return out
@@ -286,7 +299,8 @@ def _acc_sum(acc, BLOCK_M: tl.constexpr):
 @triton.jit
 def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
              NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+             SWAP: tl.constexpr):
     """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for rows row0 ..
     row0 + BLOCK_M of x (those below M). Given, as loaded before gdc_wait (_w_first): wa0,
     wb0, the first K tiles of the weight rows, and g0, the norm weight's first BLOCK_K
@@ -295,7 +309,7 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
     residual stream), else xsrc itself. More rows: x is xsrc, bf16 (normalized before by
     llama_rmsnorm when it is the residual stream's: NORM is for one row only), each K tile
     loaded once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot from 16
-    rows, elementwise below)."""
+    rows, elementwise below; SWAP: _acc_first's)."""
     if BLOCK_M == 1:
         out_a, out_b = _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_N, BLOCK_K,
@@ -308,22 +322,23 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
         cols = tl.arange(0, BLOCK_K)
         x = tl.load(xsrc + x_base + cols[None, :], mask=rows_ok[:, None] & (cols < K)[None, :],
                     other=0.0)
-        acc_a = _acc_first(x, wa0, BLOCK_M)
+        acc_a = _acc_first(x, wa0, BLOCK_M, SWAP)
         if TWO:
-            acc_b = _acc_first(x, wb0, BLOCK_M)
+            acc_b = _acc_first(x, wb0, BLOCK_M, SWAP)
         else:
             acc_b = acc_a
         for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
             cols = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(xsrc + x_base + cols[None, :],
                         mask=rows_ok[:, None] & (cols < K)[None, :], other=0.0)
-            acc_a = _acc_mac(acc_a, x, _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M)
+            acc_a = _acc_mac(acc_a, x, _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M,
+                             SWAP)
             if TWO:
                 acc_b = _acc_mac(acc_b, x, _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K),
-                                 BLOCK_M)
-        out_a = _acc_sum(acc_a, BLOCK_M)
+                                 BLOCK_M, SWAP)
+        out_a = _acc_sum(acc_a, BLOCK_M, SWAP)
         if TWO:
-            out_b = _acc_sum(acc_b, BLOCK_M)
+            out_b = _acc_sum(acc_b, BLOCK_M, SWAP)
         else:
             out_b = out_a
     return out_a, out_b
@@ -378,7 +393,8 @@ def _rope_cos_sin(p, freq):
 def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
                    M, H, NH, NKV, CAP, eps,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
-                   BLOCK_K: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                   BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """rmsnorm -> the q, k, v projections -> RoPE on q and k -> q, and k, v appended to
     the cache at [seq[m], kv head, pos[m]]. A program owns BLOCK_J row pairs (j, j + D/2)
     of the heads, so it rotates what it computed. One row normalizes h itself; more read
@@ -424,7 +440,7 @@ def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
         _pdl_launch_rows(USE_PDL, BLOCK_M)
         a, b = _project(h if NORM else xn, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a,
                         row_b, pairs_ok, H, wa0, wb0, NORM, True, BLOCK_M, BLOCK_J, BLOCK_K,
-                        STAGES)
+                        STAGES, SWAP)
         if BLOCK_M > 1:
             c, sn = _rope_cos_sin(p, freq)
         rotate = (head < NH + NKV)[None, :]
@@ -614,7 +630,8 @@ def llama_attn_prefill(q, k_cache, v_cache, pos, seq, out, M, NH, NKV, CAP, sm_s
 @triton.jit
 def llama_proj_residual(x, w, h, part, counters, M, N, K,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                        SPLIT: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     """h[m, n] += Σ_k x[m, k] · w[n, k] (the o and down projections with the residual
     add). SPLIT == 1: each (m, n) is one program's, so the read-modify-write needs no
     atomics. SPLIT > 1 (more than one row; grid axis 2): program s of a tile sums the s-th
@@ -642,7 +659,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
                 h_old = tl.load(h_ptrs, mask=ok, other=0.0)
             _pdl_launch_rows(USE_PDL, BLOCK_M)
             acc, _ = _project(x, pid_m * BLOCK_M, M, g0, x, 0.0, w, cols, cols, cols_ok, K,
-                              wa0, wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+                              wa0, wa0, False, False, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, SWAP)
             if BLOCK_M >= 16:
                 h_old = tl.load(h_ptrs, mask=ok, other=0.0)
             # A padded grid's third axis (the proof doubles it) must write nothing. Checked
@@ -664,13 +681,14 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
             kk = tl.arange(0, BLOCK_K)
             xt = tl.load(x + x_base + (lo + kk)[None, :],
                          mask=rows_ok[:, None] & (lo + kk < K)[None, :], other=0.0)
-            acc = _acc_first(xt, w0, BLOCK_M)
+            acc = _acc_first(xt, w0, BLOCK_M, SWAP)
             for k0 in tl.range(lo + BLOCK_K, tl.minimum(lo + per, K), BLOCK_K,
                                num_stages=STAGES):
                 xt = tl.load(x + x_base + (k0 + kk)[None, :],
                              mask=rows_ok[:, None] & (k0 + kk < K)[None, :], other=0.0)
-                acc = _acc_mac(acc, xt, _w_tile(w, cols, cols_ok, k0, K, BLOCK_K), BLOCK_M)
-            out = _acc_sum(acc, BLOCK_M)
+                acc = _acc_mac(acc, xt, _w_tile(w, cols, cols_ok, k0, K, BLOCK_K), BLOCK_M,
+                               SWAP)
+            out = _acc_sum(acc, BLOCK_M, SWAP)
             rows64 = rows.to(tl.int64)
             tl.store(part + (pid_s * M + rows64)[:, None] * N + cols[None, :], out, mask=ok)
             tl.debug_barrier()
@@ -689,7 +707,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
 @triton.jit
 def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                  STAGES: tl.constexpr, SWAP: tl.constexpr, USE_PDL: tl.constexpr):
     """out[m, n] = bf16(silu(g) · u), g and u the gate and up projections (rows n and
     I + n of w) of rmsnorm(h[m], norm_w): computed here at one row, read from xn
     (llama_rmsnorm's) at more."""
@@ -711,7 +729,7 @@ def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
         _pdl_launch_rows(USE_PDL, BLOCK_M)
         gate, up = _project(h if NORM else xn, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols,
                             cols + I, cols_ok, H, wa0, wb0, NORM, True, BLOCK_M, BLOCK_N,
-                            BLOCK_K, STAGES)
+                            BLOCK_K, STAGES, SWAP)
         act = gate / (1.0 + tl.exp(-gate)) * up
         tl.store(out + rows.to(tl.int64)[:, None] * I + cols[None, :], act.to(tl.bfloat16),
                  mask=rows_ok[:, None] & cols_ok[None, :])
@@ -721,7 +739,7 @@ def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
 def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                   M, V, H, eps, advance,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                  STAGES: tl.constexpr, SWAP: tl.constexpr, USE_PDL: tl.constexpr):
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
     rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
     rows (counted in counters[its first row]) reduces them in program order, writes
@@ -740,14 +758,15 @@ def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens
     else:
         _lm_head_block(h if BLOCK_M == 1 else xn, norm_w, w, logits, part_max, part_idx,
                        counters, tokens, pos, M, V, H, eps, advance, pid_n, pid_m, BLOCK_M,
-                       BLOCK_N, BLOCK_K, TILE_N, STAGES, USE_PDL)
+                       BLOCK_N, BLOCK_K, TILE_N, STAGES, SWAP, USE_PDL)
 
 
 @triton.jit
 def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                    M, V, H, eps, advance, pid_n, pid_m,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   TILE_N: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+                   TILE_N: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """The LM head of rows pid_m·BLOCK_M .. + BLOCK_M over vocabulary rows pid_n·BLOCK_N
     .. + BLOCK_N (_project); x the fp32 residual stream at one row (normalized here),
     llama_rmsnorm's bf16 rows at more. At one row all BLOCK_N at once; at more, a program
@@ -771,7 +790,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
     if live:
         _pdl_launch_rows(USE_PDL, BLOCK_M)
         y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, cols_ok, H, wa0,
-                        wa0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES)
+                        wa0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])
@@ -785,7 +804,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
                 ok = cols < end
                 wt0 = _w_tile(w, cols, ok, 0, H, BLOCK_K)
                 y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, ok, H,
-                                wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES)
+                                wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
                 tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                          mask=rows_ok[:, None] & ok[None, :])
                 y = tl.where(ok[None, :], y, float("-inf"))

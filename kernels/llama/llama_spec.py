@@ -41,9 +41,11 @@ def _bucket(m):
 
 def _config(name, warps, stages, **blocks):
     """A config; the projection kernels' K loop takes its pipelining depth as the
-    constexpr STAGES (Triton pipelines a loop without tl.dot only when told)."""
+    constexpr STAGES (Triton pipelines a loop without tl.dot only when told), and their
+    tl.dot's operand order as SWAP (0 unless given: x · wᵀ)."""
     if name.startswith("p"):
         blocks["STAGES"] = stages
+        blocks.setdefault("SWAP", 0)
     return Config(name, blocks, num_warps=warps, num_stages=stages)
 
 
@@ -51,7 +53,9 @@ def _proj_configs(n_name, split=False):
     """Projection candidates, BLOCK_N named `n_name` (BLOCK_J for the QKV pairs). Names:
     p<M>_<n>_k<K>_w<warps>_s<stages>; BLOCK_M 1 and < 16 multiply-add without tl.dot.
     With `split` (the o and down projections), every config sets SPLIT: 1, and the
-    SPLIT_K configs split K over SPLIT programs (names ending _x<SPLIT>)."""
+    SPLIT_K configs split K over SPLIT programs (names ending _x<SPLIT>). The SWAPPED
+    (and, with `split`, SWAPPED_SPLIT_K) tiles compute tl.dot as w · xᵀ (SWAP: 1, names
+    ending _t)."""
     table = [  # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
         # M = 1: whole 2048-wide rows in one tile (loaded before gdc_wait, no K loop) ...
         (1, 1, 8192, 4, 1), (1, 2, 2048, 4, 1), (1, 4, 2048, 4, 1), (1, 4, 2048, 8, 1),
@@ -90,10 +94,14 @@ def _proj_configs(n_name, split=False):
     configs = [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k,
                        **({"SPLIT": 1} if split else {}))
                for m, n, k, w, s in table]
+    configs += [_config(f"p{m}_{n}_k{k}_w{w}_s{s}_t", w, s, BLOCK_M=m, **{n_name: n},
+                        BLOCK_K=k, SWAP=1, **({"SPLIT": 1} if split else {}))
+                for m, n, k, w, s in SWAPPED]
     if split:
-        configs += [_config(f"p{m}_{n}_k{k}_w{w}_s{s}_x{x}", w, s, BLOCK_M=m, **{n_name: n},
-                            BLOCK_K=k, SPLIT=x)
-                    for m, n, k, w, s, x in SPLIT_K]
+        configs += [_config(f"p{m}_{n}_k{k}_w{w}_s{s}_x{x}{'_t' * t}", w, s, BLOCK_M=m,
+                            **{n_name: n}, BLOCK_K=k, SPLIT=x, SWAP=t)
+                    for t, table in ((0, SPLIT_K), (1, SWAPPED_SPLIT_K))
+                    for m, n, k, w, s, x in table]
     return configs
 
 
@@ -107,11 +115,25 @@ def _proj_configs(n_name, split=False):
 SPLIT_K = [(16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 6, 4),
            (16, 32, 128, 4, 6, 2), (64, 32, 128, 4, 3, 2), (64, 32, 128, 4, 3, 4),
            (64, 64, 128, 4, 6, 4), (64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 6, 2)]
+# tl.dot as w · xᵀ ("swap AB": the weight rows are the MMA's M side, 64 or more of them
+# the H100/H200 warpgroup MMA's, and the 4-64 rows of x its narrow N side, instead of x's
+# rows padded to an M of 16 or 64). Session 8's probe of plain GEMMs at these shapes
+# (bench/llama_results/split_k_probe_s8.md) had it fastest unsplit at 4 and 16 rows for
+# QKV, o, gate/up and the LM head, and split for down. (BLOCK_M, BLOCK_N, BLOCK_K, warps,
+# stages); the LM head's BLOCK_N 256-512 are programs of _LM_TILE-element tiles.
+SWAPPED = [(16, 16, 128, 4, 4), (16, 32, 128, 4, 4), (16, 32, 128, 4, 6), (16, 64, 128, 4, 4),
+           (16, 64, 128, 4, 6), (16, 64, 64, 4, 4), (16, 512, 128, 4, 4),
+           (16, 256, 128, 4, 4), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
+           (64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (64, 512, 64, 4, 4),
+           (64, 512, 128, 4, 4)]
+SWAPPED_SPLIT_K = [(16, 64, 256, 4, 3, 4), (16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4),
+                   (64, 64, 128, 4, 4, 4), (32, 64, 128, 4, 4, 2), (32, 64, 128, 4, 4, 4)]
 SPLIT_MAX = 8
 SPLIT_MAX_ROWS = 64
 # The engines' counters: one per (rows, columns) tile at M <= SPLIT_MAX_ROWS, tiles of at
 # least 16 rows and 32 columns.
-assert all(x <= SPLIT_MAX and m >= 16 and n >= 32 for m, n, k, w, s, x in SPLIT_K)
+assert all(x <= SPLIT_MAX and m >= 16 and n >= 32
+           for m, n, k, w, s, x in SPLIT_K + SWAPPED_SPLIT_K)
 
 
 def _candidate_cap():
@@ -170,9 +192,11 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
 }
 # M = 2-4 of the o and down projections (QKV, gate/up and the LM head: _XN below): BLOCK_M
 # 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (one reduction over K
-# at the end), BLOCK_M 16 is tl.dot with 12 of its rows masked. o is pinned to the [4, 4,
-# 256] tile (chosen inside the step graph, above); down's list: the first tuning's winner,
-# the tl.dot tile that won 5-16, then the others. A GEMV per row (each row's tile times a
+# at the end), BLOCK_M 16 is tl.dot with 12 of its rows masked. o's list is the [4, 4,
+# 256] tile chosen inside the step graph (above); down's: the first tuning's winner, the
+# tl.dot tile that won 5-16, then the others. Split K (_SPLIT_FIRST) and the swapped tiles
+# (_SWAP_CANDIDATES) join both lists, and the H200 tuning of 2026-12-03 chose from all of
+# them (_TUNED_SMALL). A GEMV per row (each row's tile times a
 # weight tile shared by the rows) lost to both, twice: 2026-12-01, and 2026-12-02 without
 # spills (bench/llama_results/m4_rows_gemv_s7.md).
 _M4 = {
@@ -181,16 +205,17 @@ _M4 = {
                         "p4_4_k512_w8_s2", "p4_8_k128_w4_s3", "p16_32_k128_w4_s4"],
 }
 # Buckets 2-4, 5-16 and 17-64 of the kernels that read llama_rmsnorm's bf16 rows above one
-# row (QKV, gate/up, the LM head: plain GEMMs there since 2026-12-02). Each list leads with
+# row (QKV, gate/up, the LM head: plain GEMMs there since 2026-12-02). Each list held first
 # the config of the fastest plain GEMM of the kernel's weight shape timed on the H200
 # (bench/llama_results/prenorm_probe_s7.md; QKV's BLOCK_J and gate/up's BLOCK_N are half
 # the GEMM's BLOCK_N: a program owns row pairs, or gate and up rows), then the runners-up
-# and the earlier normalizing kernels' winners. The LM head's lead with programs of 512
-# vocabulary rows taken in tiles of the probe's fastest width (session 8: 251 programs,
-# not 4008, reduce their argmax partials; bench/llama_results/split_k_probe_s8.md).
-# Normalizing inside these kernels at 2-4 rows instead (no llama_rmsnorm launches: the
-# rows' rstd scaling the products at the end) was 110 µs per batch-4 step slower on the
-# H200 (2026-12-02, bench/llama_results/norm_rows_s10.md).
+# and the earlier normalizing kernels' winners; the H200 tuning's winners (_TUNED_SMALL)
+# lead now. The LM head's programs of 512 vocabulary rows take them in tiles of the
+# probe's fastest width (session 8: 251 programs, not 4008, reduce their argmax partials;
+# bench/llama_results/split_k_probe_s8.md). Normalizing inside these kernels at 2-4 rows
+# instead (no llama_rmsnorm launches: the rows' rstd scaling the products at the end) was
+# 110 µs per batch-4 step slower on the H200 (2026-12-02,
+# bench/llama_results/norm_rows_s10.md).
 _XN = {
     "llama_qkv_rope": [
         ["p16_16_k128_w4_s4", "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p16_16_k256_w4_s3"],
@@ -262,15 +287,63 @@ _SPLIT_FIRST = {
 }
 
 
+# Buckets 2-4, 5-16 and 17-64: the swapped tiles (SWAPPED) each projection's tuning tries
+# besides the lists above.
+_SWAP_CANDIDATES = {
+    "llama_qkv_rope": [["p16_32_k128_w4_s6_t", "p16_16_k128_w4_s4_t", "p16_64_k64_w4_s4_t"],
+                       ["p16_32_k128_w4_s6_t", "p16_16_k128_w4_s4_t", "p16_64_k64_w4_s4_t"],
+                       ["p32_32_k128_w4_s4_t", "p64_32_k128_w4_s4_t", "p16_32_k128_w4_s4_t"]],
+    "llama_o_proj": [["p16_64_k256_w4_s3_x4_t", "p16_64_k128_w4_s6_t", "p16_64_k128_w4_s4_x4_t"],
+                     ["p16_64_k256_w4_s3_x4_t", "p16_64_k128_w4_s6_t", "p16_64_k128_w4_s4_x4_t"],
+                     ["p64_64_k128_w4_s4_x4_t", "p32_64_k128_w4_s4_x2_t", "p32_64_k128_w4_s4_t"]],
+    "llama_gate_up": [["p16_32_k128_w4_s4_t", "p16_64_k128_w4_s4_t", "p16_64_k64_w4_s4_t"],
+                      ["p16_32_k128_w4_s4_t", "p16_64_k128_w4_s4_t", "p16_64_k64_w4_s4_t"],
+                      ["p64_64_k64_w4_s4_t", "p32_64_k128_w4_s4_t", "p64_32_k128_w4_s4_t"]],
+    "llama_down_proj": [["p16_64_k256_w4_s3_x4_t", "p16_64_k128_w4_s4_x4_t",
+                         "p16_32_k128_w4_s4_x4_t"],
+                        ["p16_64_k256_w4_s3_x4_t", "p16_64_k128_w4_s4_x4_t",
+                         "p16_32_k128_w4_s4_x4_t"],
+                        ["p64_64_k128_w4_s4_x4_t", "p32_64_k128_w4_s4_x4_t",
+                         "p32_64_k128_w4_s4_x2_t"]],
+    "llama_lm_head": [["p16_512_k128_w4_s4_t", "p16_256_k128_w4_s4_t"],
+                      ["p16_512_k128_w4_s4_t", "p16_256_k128_w4_s4_t"],
+                      ["p64_512_k64_w4_s4_t", "p64_512_k128_w4_s4_t"]],
+}
+
+
+# The first H200 tuning of buckets 2-4, 5-16 and 17-64 with the swapped tiles among the
+# candidates (2026-12-03, session 13; before it these buckets were built with the lists'
+# heads, untuned): each bucket's default, so that a build without tuning makes the same
+# choice. Batch 4's step 9% faster, 16's 4% (bench/RESULTS.md, session 13).
+_TUNED_SMALL = {
+    "llama_qkv_rope": ["p4_4_k256_w4_s3", "p16_32_k256_w4_s3", "p64_16_k128_w4_s3"],
+    "llama_o_proj": ["p16_64_k128_w4_s4_x4_t", "p16_64_k128_w4_s4_x4", "p64_32_k128_w4_s3_x2"],
+    "llama_gate_up": ["p16_64_k128_w4_s4_t", "p16_64_k128_w4_s4_t", "p64_64_k64_w4_s4"],
+    "llama_down_proj": ["p16_64_k128_w4_s4_x4_t", "p16_64_k128_w4_s4_x4_t",
+                        "p64_64_k128_w4_s4_x4"],
+    "llama_lm_head": ["p16_512_k128_w4_s4_t", "p16_512_k128_w4_s4_t", "p64_512_k64_w4_s4"],
+}
+
+
+def _small_batches(name, lists):
+    """`lists` with the kernel's swapped candidates added to buckets 1-3, each of those
+    led by its H200 winner (_TUNED_SMALL)."""
+    out = list(lists)
+    for bucket, names in enumerate(_SWAP_CANDIDATES[name], start=1):
+        out[bucket] = out[bucket] + names
+    out[1:4] = _winner_first(out[1:4], _TUNED_SMALL[name])
+    return out
+
+
 def _proj_buckets(name, later):
     """Bucket lists of a projection: its M = 1 and M = 2-4 lists, then `later` (buckets
     5-16 on), each led by the first tuning's winner; the o and down projections' split-K
-    configs lead buckets 2-4 to 17-64 (and appear nowhere else)."""
+    configs in buckets 2-4 to 17-64 only; the swapped tiles there too (_small_batches)."""
     tail = _winner_first(later, _TUNED[name])
     if name in _XN:
         # These read llama_rmsnorm's rows exactly when BLOCK_M > 1; the engines write them
         # at M > 1 only, so bucket 0 (M <= 1) must offer BLOCK_M 1 alone, the others none.
-        lists = [_M1[name]] + _XN[name] + tail[2:]
+        lists = _small_batches(name, [_M1[name]] + _XN[name] + tail[2:])
         for bucket, names in enumerate(lists):
             assert all(n.startswith("p1_") == (bucket == 0) for n in names), (name, bucket)
         return lists
@@ -278,6 +351,7 @@ def _proj_buckets(name, later):
     if name in _SPLIT_FIRST:
         for bucket, first in enumerate(_SPLIT_FIRST[name], start=1):
             lists[bucket] = (first + lists[bucket])[:6]  # a tuning costs each a compile
+    lists = _small_batches(name, lists)
     for bucket, names in enumerate(lists):
         split = [n for n in names if "_x" in n]
         assert not split or (1 <= bucket and BUCKET_M[bucket] <= SPLIT_MAX_ROWS), (name, bucket)
@@ -352,7 +426,7 @@ QKV = _spec(
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("inv_freq", "*fp32")
     + _p("pos seq", "*i32") + _p("q k_cache v_cache", "*bf16")
     + _p("M H NH NKV CAP", "i32") + _p("eps", "fp32")
-    + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES USE_PDL", "constexpr"),
+    + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES SWAP USE_PDL", "constexpr"),
     _proj_configs("BLOCK_J"), _proj_buckets("llama_qkv_rope", PROJ_BUCKETS),
     ["cdiv((NH + 2 * NKV) * HEAD_DIM / 2, BLOCK_J)", "cdiv(M, BLOCK_M)"],
     ["q", "k_cache", "v_cache"], ["h", "xn", "norm_w", "w", "inv_freq", "pos", "seq"],
@@ -408,7 +482,7 @@ def _proj_residual(name):
         name, lk.llama_proj_residual,
         _p("x w", "*bf16") + _p("h part", "*fp32") + _p("counters", "*i32")
         + _p("M N K", "i32")
-        + _p("BLOCK_M BLOCK_N BLOCK_K SPLIT STAGES USE_PDL", "constexpr"),
+        + _p("BLOCK_M BLOCK_N BLOCK_K SPLIT STAGES SWAP USE_PDL", "constexpr"),
         _proj_configs("BLOCK_N", split=True), _proj_buckets(name, PROJ1_BUCKETS),
         ["cdiv(N, BLOCK_N)", "cdiv(M, BLOCK_M)", "SPLIT"], ["h", "counters"], ["x", "w"],
         ["x", "w", "h", "part", "N", "K"], [_shape(m) for m in BUCKET_M],
@@ -422,7 +496,7 @@ GATE_UP = _spec(
     "llama_gate_up", lk.llama_gate_up,
     _p("h", "*fp32") + _p("xn norm_w w out", "*bf16") + _p("M H I", "i32")
     + _p("eps", "fp32")
-    + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
+    + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP USE_PDL", "constexpr"),
     _proj_configs("BLOCK_N"), _proj_buckets("llama_gate_up", PROJ_BUCKETS),
     ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "xn", "norm_w", "w"],
     ["h", "xn", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
@@ -431,7 +505,7 @@ LM_HEAD = _spec(
     "llama_lm_head", lk.llama_lm_head,
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
-    + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES USE_PDL", "constexpr"),
+    + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP USE_PDL", "constexpr"),
     _proj_configs("BLOCK_N"), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
     ["h", "xn", "norm_w", "w"],
