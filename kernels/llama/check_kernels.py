@@ -299,6 +299,18 @@ def _proj_cfg(kernel, path):
     return _cfg(f"p_{path}", 4, 2, **blocks)
 
 
+def _tie_row(xn_row):
+    """A weight row whose logit with the normalized row xn_row is one product: 8 (signed)
+    at xn_row's largest entry, zeros elsewhere. Far ahead of the random rows, and the same
+    bits in every summation order, so the rows that share it tie exactly wherever they
+    sit in a tile (a row of 0.05 · xn did not: the interpreter's tl.dot, numpy's matmul,
+    summed identical rows at two places of one tile differently)."""
+    j = int(xn_row.abs().argmax())
+    w = torch.zeros_like(xn_row, dtype=lt.BF16)
+    w[j] = 8.0 if xn_row[j] > 0 else -8.0
+    return w
+
+
 def _lm_ties(args):
     """Exact ties: row 0's winner at 260 and 261 (one tile), 300 (a later tile of the same
     streaming program) and V - 3 (another program); row 1's in the next column (same
@@ -306,12 +318,12 @@ def _lm_ties(args):
     v, m = args["V"], args["M"]
     xn = lt.rmsnorm(args["h"], args["norm_w"], args["eps"]).float()
     w = args["w"]
-    w[300] = (xn[0] * 0.05).to(lt.BF16)
+    w[300] = _tie_row(xn[0])
     w[v - 3] = w[300]
     w[260] = w[300]
     w[261] = w[300]
     if m > 1:
-        w[500] = (xn[1] * 0.05).to(lt.BF16)
+        w[500] = _tie_row(xn[1])
         w[501] = w[500]
 
 
