@@ -20,8 +20,8 @@ Exits 77 (skipped) without torch or, for ``--device cuda``, without a GPU, unles
 with K in one tile and with a K loop, ``tl.dot`` as x · wᵀ and as w · xᵀ (``SWAP``);
 ``llama_rmsnorm`` with a row in one tile and in a loop). ``--device cuda`` compiles them
 (``USE_PDL`` on, launched with PDL): the same cases with every bucket's default config
-and the committed pack's (every config for attention), the Llama-3.2-1B shapes of every bucket, then the timing
-tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
+and the committed pack's (every config for attention), the Llama-3.2-1B shapes of every
+bucket, then the timing tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
 (µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
 bytes in the same kind of graph and the kernel's speed relative to it, µs with the
 weights in L2) and decode attention at contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec

@@ -196,9 +196,9 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
 # 256] tile chosen inside the step graph (above); down's: the first tuning's winner, the
 # tl.dot tile that won 5-16, then the others. Split K (_SPLIT_FIRST) and the swapped tiles
 # (_SWAP_CANDIDATES) join both lists, and the H200 tuning of 2026-12-03 chose from all of
-# them (_TUNED_SMALL). A GEMV per row (each row's tile times a
-# weight tile shared by the rows) lost to both, twice: 2026-12-01, and 2026-12-02 without
-# spills (bench/llama_results/m4_rows_gemv_s7.md).
+# them (_TUNED_SMALL). A GEMV per row (each row's tile times a weight tile shared by the
+# rows) lost to both, twice: 2026-12-01, and 2026-12-02 without spills
+# (bench/llama_results/m4_rows_gemv_s7.md).
 _M4 = {
     "llama_o_proj": ["p4_4_k256_w4_s3"],
     "llama_down_proj": ["p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_1_k8192_w4_s1",
