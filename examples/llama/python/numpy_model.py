@@ -5,7 +5,10 @@ the CPU-tier oracle that the C++ engine's emulated run is compared against, with
 fp32 everywhere, rounded to bf16 exactly where the contract stores bf16 (the normalized
 activations, q, the KV cache, the attention output, the SwiGLU output); the residual
 stream h and the logits stay fp32. Summation order is numpy's (the kernels' is theirs), so
-a kernel result and this one agree to fp32 rounding, not bit for bit.
+a kernel result and this one agree to fp32 rounding, not bit for bit. A row's result does
+not depend on the other rows of its call: the projections multiply one row at a time
+(`project`), since BLAS's matrix product sums in an order that changes with the number of
+rows and the CPU, and a bf16 rounding then turns the last bit into 1e-3 of a logit.
 
     numpy_model.py --checkpoint DIR --batch B --prompt-lens 32,17 --steps N --seed S \
         [--capacity C] [--teacher-force] --out DIR
@@ -44,6 +47,12 @@ def rmsnorm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
     ms = np.mean(x * x, axis=-1, dtype=F32, keepdims=True)
     r = F32(1.0) / np.sqrt(ms + F32(eps))
     return bf16.round_f32(bf16.round_f32(x * r) * g)
+
+
+def project(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [M, K] times w [N, K] transposed, fp32 [M, N], one row at a time (a matrix-vector
+    product each), so that each row's bits are the same whatever else is in x."""
+    return np.stack([w @ row for row in x]).astype(F32, copy=False)
 
 
 def silu(g: np.ndarray) -> np.ndarray:
@@ -119,7 +128,7 @@ class NumpyLlama:
         h = self.embed[tokens].astype(F32)
         for li, layer in enumerate(self.layers):
             xn = rmsnorm(h, layer.ln1, cfg.eps)
-            y = (xn @ layer.wqkv.T).reshape(M, NH + 2 * NKV, D)
+            y = project(xn, layer.wqkv).reshape(M, NH + 2 * NKV, D)
             q = bf16.round_f32(self._rope(y[:, :NH], pos))
             k = bf16.round_f32(self._rope(y[:, NH:NH + NKV], pos))
             v = bf16.round_f32(y[:, NH + NKV:])
@@ -134,12 +143,12 @@ class NumpyLlama:
                 p = np.exp(s - s.max(axis=-1, keepdims=True))
                 o = np.einsum("gqt,gtd->gqd", p, vals, dtype=F32) / p.sum(axis=-1, keepdims=True)
                 attn[m] = o.reshape(NH, D)
-            h = h + bf16.round_f32(attn).reshape(M, NH * D) @ layer.wo.T
+            h = h + project(bf16.round_f32(attn).reshape(M, NH * D), layer.wo)
             xn = rmsnorm(h, layer.ln2, cfg.eps)
-            gu = xn @ layer.wgu.T
+            gu = project(xn, layer.wgu)
             act = bf16.round_f32(silu(gu[:, :cfg.I]) * gu[:, cfg.I:])
-            h = h + act @ layer.wd.T
-        return rmsnorm(h, self.norm_f, cfg.eps) @ self.lm_head.T
+            h = h + project(act, layer.wd)
+        return project(rmsnorm(h, self.norm_f, cfg.eps), self.lm_head)
 
 
 def generate(model: NumpyLlama, batch: int, prompt_lens: Sequence[int], steps: int, seed: int,
