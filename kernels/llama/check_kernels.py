@@ -29,6 +29,7 @@ candidate of the projection kernels' M = 2-4 bucket at the tiny shapes.
 """
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -516,15 +517,22 @@ def copy_bandwidth():
     return 2 * n / best
 
 
+@functools.cache
+def _committed_choices():
+    """{kernel: the chosen config name of each bucket} of the committed pack's tuning.json
+    (half a megabyte: read once), empty without one."""
+    path = REPO / "kernels" / "llamapack" / "tuning.json"
+    if not path.is_file():
+        return {}
+    return {k["name"]: [b["chosen"] for b in k["buckets"]]
+            for k in json.loads(path.read_text())["kernels"]}
+
+
 def _chosen(name, bucket):
     """The config the committed pack uses for `bucket` (tuning.json), else the default."""
-    path = REPO / "kernels" / "llamapack" / "tuning.json"
     spec = SPECS[name]
-    if path.is_file():
-        for kernel in json.loads(path.read_text())["kernels"]:
-            if kernel["name"] == name:
-                return spec.config(kernel["buckets"][bucket]["chosen"])
-    return spec.default_config(bucket)
+    choices = _committed_choices().get(name)
+    return spec.config(choices[bucket]) if choices else spec.default_config(bucket)
 
 
 def _rotations(nbytes):
