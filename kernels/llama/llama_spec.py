@@ -196,7 +196,7 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
 # 256] tile chosen inside the step graph (above); down's: the first tuning's winner, the
 # tl.dot tile that won 5-16, then the others. Split K (_SPLIT_FIRST) and the swapped tiles
 # (_SWAP_CANDIDATES) join both lists, and the H200 tuning of 2026-12-03 chose from all of
-# them (_TUNED_SMALL). A GEMV per row (each row's tile times a weight tile shared by the
+# them (_TUNED). A GEMV per row (each row's tile times a weight tile shared by the
 # rows) lost to both, twice: 2026-12-01, and 2026-12-02 without spills
 # (bench/llama_results/m4_rows_gemv_s7.md).
 _M4 = {
@@ -209,7 +209,7 @@ _M4 = {
 # the config of the fastest plain GEMM of the kernel's weight shape timed on the H200
 # (bench/llama_results/prenorm_probe_s7.md; QKV's BLOCK_J and gate/up's BLOCK_N are half
 # the GEMM's BLOCK_N: a program owns row pairs, or gate and up rows), then the runners-up
-# and the earlier normalizing kernels' winners; the H200 tuning's winners (_TUNED_SMALL)
+# and the earlier normalizing kernels' winners; the H200 tuning's winners (_TUNED)
 # lead now. The LM head's programs of 512 vocabulary rows take them in tiles of the
 # probe's fastest width (session 8: 251 programs, not 4008, reduce their argmax partials;
 # bench/llama_results/split_k_probe_s8.md). Normalizing inside these kernels at 2-4 rows
@@ -248,22 +248,6 @@ PROJ_BUCKETS = [
 # o/down and the LM head read one row set: BLOCK_N up to 128 in the prefill buckets.
 PROJ1_BUCKETS = PROJ_BUCKETS[:2] + [PROJ_BUCKETS[2] + ["p64_128_k64_w8_s3"],
                                     PROJ_BUCKETS[3] + ["p64_128_k64_w8_s3"]]
-
-
-# The first H200 tuning's winners of buckets 5-16 on (its tuning.json): each bucket's
-# default, so that a pack built --no-tune starts from them.
-_TUNED = {
-    "llama_qkv_rope": ["p16_32_k128_w4_s4", "p16_32_k128_w4_s4", "p64_32_k128_w4_s3",
-                       "p64_64_k64_w8_s3"],
-    "llama_o_proj": ["p16_32_k128_w4_s4", "p64_32_k128_w4_s3", "p64_64_k64_w8_s3",
-                     "p128_64_k64_w8_s3"],
-    "llama_gate_up": ["p16_64_k64_w4_s4", "p64_64_k64_w4_s4", "p128_64_k64_w8_s3",
-                      "p128_64_k64_w8_s3"],
-    "llama_down_proj": ["p16_32_k128_w4_s4", "p64_32_k128_w4_s3", "p64_32_k128_w4_s3",
-                        "p128_64_k64_w8_s3"],
-    "llama_lm_head": ["p16_64_k64_w4_s4", "p64_64_k64_w4_s4", "p64_128_k64_w8_s3",
-                      "p64_128_k64_w8_s3"],
-}
 
 
 def _winner_first(lists, winners):
@@ -311,47 +295,46 @@ _SWAP_CANDIDATES = {
 }
 
 
-# The first H200 tuning of buckets 2-4, 5-16 and 17-64 with the swapped tiles among the
-# candidates (2026-12-03, session 13; before it these buckets were built with the lists'
-# heads, untuned): each bucket's default, so that a build without tuning makes the same
-# choice. Batch 4's step 9% faster, 16's 4% (bench/RESULTS.md, session 13).
-_TUNED_SMALL = {
-    "llama_qkv_rope": ["p4_4_k256_w4_s3", "p16_32_k256_w4_s3", "p64_16_k128_w4_s3"],
-    "llama_o_proj": ["p16_64_k128_w4_s4_x4_t", "p16_64_k128_w4_s4_x4", "p64_32_k128_w4_s3_x2"],
-    "llama_gate_up": ["p16_64_k128_w4_s4_t", "p16_64_k128_w4_s4_t", "p64_64_k64_w4_s4"],
+# H200 tunings' winners of buckets 2-4, 5-16, 17-64, 65-256 and 257+: each bucket's
+# default, so that a build without tuning starts from them (what a pack runs is its
+# tuning.json's choice). Buckets 65-256 and 257+: the first tuning's (the committed pack's
+# but for QKV's, retuned since); 2-4, 5-16 and 17-64: the first tuning of those buckets,
+# with the swapped tiles among the candidates (2026-12-03, session 13; before it they were
+# built from each list's head, untuned: batch 4's step 9% faster, 16's 4%,
+# bench/RESULTS.md), the committed pack's.
+_TUNED = {
+    "llama_qkv_rope": ["p4_4_k256_w4_s3", "p16_32_k256_w4_s3", "p64_16_k128_w4_s3",
+                       "p64_32_k128_w4_s3", "p64_64_k64_w8_s3"],
+    "llama_o_proj": ["p16_64_k128_w4_s4_x4_t", "p16_64_k128_w4_s4_x4", "p64_32_k128_w4_s3_x2",
+                     "p64_64_k64_w8_s3", "p128_64_k64_w8_s3"],
+    "llama_gate_up": ["p16_64_k128_w4_s4_t", "p16_64_k128_w4_s4_t", "p64_64_k64_w4_s4",
+                      "p128_64_k64_w8_s3", "p128_64_k64_w8_s3"],
     "llama_down_proj": ["p16_64_k128_w4_s4_x4_t", "p16_64_k128_w4_s4_x4_t",
-                        "p64_64_k128_w4_s4_x4"],
-    "llama_lm_head": ["p16_512_k128_w4_s4_t", "p16_512_k128_w4_s4_t", "p64_512_k64_w4_s4"],
+                        "p64_64_k128_w4_s4_x4", "p64_32_k128_w4_s3", "p128_64_k64_w8_s3"],
+    "llama_lm_head": ["p16_512_k128_w4_s4_t", "p16_512_k128_w4_s4_t", "p64_512_k64_w4_s4",
+                      "p64_128_k64_w8_s3", "p64_128_k64_w8_s3"],
 }
 
 
-def _small_batches(name, lists):
-    """`lists` with the kernel's swapped candidates added to buckets 1-3, each of those
-    led by its H200 winner (_TUNED_SMALL)."""
-    out = list(lists)
-    for bucket, names in enumerate(_SWAP_CANDIDATES[name], start=1):
-        out[bucket] = out[bucket] + names
-    out[1:4] = _winner_first(out[1:4], _TUNED_SMALL[name])
-    return out
-
-
 def _proj_buckets(name, later):
-    """Bucket lists of a projection: its M = 1 and M = 2-4 lists, then `later` (buckets
-    5-16 on), each led by the first tuning's winner; the o and down projections' split-K
-    configs in buckets 2-4 to 17-64 only; the swapped tiles there too (_small_batches)."""
-    tail = _winner_first(later, _TUNED[name])
+    """Bucket lists of a projection: its M = 1 list, then its M = 2-4 list and `later`
+    (buckets 5-16 on); the o and down projections' split-K configs and every projection's
+    swapped tiles in buckets 2-4 to 17-64 only; buckets 2-4 on each led by its H200
+    winner (_TUNED)."""
+    if name in _XN:
+        lists = [_M1[name]] + _XN[name] + later[2:]
+    else:
+        lists = [_M1[name], _M4[name]] + later
+        for bucket, first in enumerate(_SPLIT_FIRST.get(name, []), start=1):
+            lists[bucket] = (first + lists[bucket])[:6]  # a tuning costs each a compile
+    for bucket, names in enumerate(_SWAP_CANDIDATES[name], start=1):
+        lists[bucket] = lists[bucket] + names
+    lists[1:] = _winner_first(lists[1:], _TUNED[name])
     if name in _XN:
         # These read llama_rmsnorm's rows exactly when BLOCK_M > 1; the engines write them
         # at M > 1 only, so bucket 0 (M <= 1) must offer BLOCK_M 1 alone, the others none.
-        lists = _small_batches(name, [_M1[name]] + _XN[name] + tail[2:])
         for bucket, names in enumerate(lists):
             assert all(n.startswith("p1_") == (bucket == 0) for n in names), (name, bucket)
-        return lists
-    lists = [_M1[name], _M4[name]] + tail
-    if name in _SPLIT_FIRST:
-        for bucket, first in enumerate(_SPLIT_FIRST[name], start=1):
-            lists[bucket] = (first + lists[bucket])[:6]  # a tuning costs each a compile
-    lists = _small_batches(name, lists)
     for bucket, names in enumerate(lists):
         split = [n for n in names if "_x" in n]
         assert not split or (1 <= bucket and BUCKET_M[bucket] <= SPLIT_MAX_ROWS), (name, bucket)
