@@ -316,6 +316,28 @@ _TUNED = {
 }
 
 
+# Buckets pinned to one config chosen inside the step graph after the tuning of 2026-12-03
+# (bench/llama_variant_sweep.py, as for _M1's pins above; session 14,
+# bench/llama_results/sweep_s14.md): {kernel: {bucket: config}}, each replacing the
+# bucket's whole list, so that a later tuning keeps it. o at M = 2-4: the [4, 4, 256]
+# multiply-add tile again (session 12's pin; session 13's tuning had chosen the swapped
+# split-K tile, 6.8 µs alone against 7.5, but it is 3.6 µs per batch-4 step slower in the
+# graph). Decode attention at M = 5-16: 64 positions per tile (the tuner's pick at context
+# 1024 had 128; 8.1 µs per batch-16 step faster in the protocol).
+_PINS = {
+    "llama_o_proj": {1: "p4_4_k256_w4_s3"},
+    "llama_attn_decode": {2: "n64_w4_s3"},
+}
+
+
+def _pinned(name, lists):
+    """`lists` with the buckets _PINS names for kernel `name` reduced to their pin."""
+    lists = list(lists)
+    for bucket, config in _PINS.get(name, {}).items():
+        lists[bucket] = [config]
+    return lists
+
+
 def _proj_buckets(name, later):
     """Bucket lists of a projection: its M = 1 list, then its M = 2-4 list and `later`
     (buckets 5-16 on); the o and down projections' split-K configs and every projection's
@@ -330,6 +352,7 @@ def _proj_buckets(name, later):
     for bucket, names in enumerate(_SWAP_CANDIDATES[name], start=1):
         lists[bucket] = lists[bucket] + names
     lists[1:] = _winner_first(lists[1:], _TUNED[name])
+    lists = _pinned(name, lists)
     if name in _XN:
         # These read llama_rmsnorm's rows exactly when BLOCK_M > 1; the engines write them
         # at M > 1 only, so bucket 0 (M <= 1) must offer BLOCK_M 1 alone, the others none.
@@ -428,10 +451,10 @@ ATTN_DECODE = _spec(
     _ATTN_DECODE_CONFIGS,
     # Small batches: contexts up to 4 tiles in one program per kv head (n128: 512
     # positions), its tiles' loads in flight together (s4: 3 tiles ahead).
-    _winner_first([["n64_w4_s3", "n128_w4_s2", "n64_w4_s4", "n128_w8_s3", "n32_w4_s3"]] * 3
-                  + [["n64_w4_s3", "n128_w4_s2", "n64_w8_s3", "n128_w8_s3"]] * 3,
-                  ["n64_w4_s3", "n128_w4_s2", "n128_w4_s2", "n64_w4_s3", "n128_w4_s2",
-                   "n64_w4_s3"]),
+    _pinned("llama_attn_decode", _winner_first(
+        [["n64_w4_s3", "n128_w4_s2", "n64_w4_s4", "n128_w8_s3", "n32_w4_s3"]] * 3
+        + [["n64_w4_s3", "n128_w4_s2", "n64_w8_s3", "n128_w8_s3"]] * 3,
+        ["n64_w4_s3", "n128_w4_s2", "n128_w4_s2", "n64_w4_s3", "n128_w4_s2", "n64_w4_s3"])),
     ["S", "NKV", "M"], ["out", "counters"], ["q", "k_cache", "v_cache", "pos", "seq"],
     ["q", "k_cache", "v_cache", "o_part", "ml_part", "out", "CAP"],
     [_shape(m, CAP=1024, ctx=1024) for m in BUCKET_M[:-1]] + [_shape(512, CAP=1024, ctx=1024)],
