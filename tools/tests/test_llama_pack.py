@@ -104,6 +104,24 @@ def test_pack_is_valid_and_matches_the_spec(specs, manifest, tuning):
                 assert "assumptions" not in variant
 
 
+def test_pinned_buckets_offer_only_their_pin_and_the_pack_runs_it(specs, tuning, monkeypatch):
+    """A pin (a config chosen by the step graph's time, llama_spec._PINS) is its bucket's
+    only candidate, so a tuning that adds candidates elsewhere cannot replace it (session
+    13's did, to o's cost at batch 4), and the committed pack runs it."""
+    monkeypatch.syspath_prepend(str(SPEC.parent))
+    import llama_spec  # noqa: PLC0415
+
+    chosen = {k["name"]: [b["chosen"] for b in k["buckets"]] for k in tuning["kernels"]}
+    assert llama_spec._PINS, "no pins: drop this test with the mechanism"
+    for name, pins in llama_spec._PINS.items():
+        spec = specs[name]
+        for bucket, config in pins.items():
+            shape = spec.representatives[bucket]
+            assert [c.name for c in spec.configs if spec.allowed(shape, c)] == [config], \
+                (name, bucket)
+            assert chosen[name][bucket] == config, (name, bucket)
+
+
 def test_runtime_dispatch_picks_the_bucket_and_the_aligned_variant(manifest):
     """The reference chooser on decode-like arguments (16-aligned pointers)."""
     kernel = next(k for k in manifest["kernels"] if k["name"] == "llama_o_proj")
