@@ -319,7 +319,8 @@ _TUNED = {
 # Buckets pinned to one config chosen inside the step graph after the tuning of 2026-12-03
 # (bench/llama_variant_sweep.py, as for _M1's pins above; session 14,
 # bench/llama_results/sweep_s14.md): {kernel: {bucket: config}}, each replacing the
-# bucket's whole list, so that a later tuning keeps it. o at M = 2-4: the [4, 4, 256]
+# bucket's whole list, so that a later tuning keeps it (the tuner's winners above stay the
+# record of what it chose there). o at M = 2-4: the [4, 4, 256]
 # multiply-add tile again (session 12's pin; session 13's tuning had chosen the swapped
 # split-K tile, 6.8 µs alone against 7.5, but it is 3.6 µs per batch-4 step slower in the
 # graph). Decode attention at M = 5-16: 64 positions per tile (the tuner's pick at context
