@@ -34,6 +34,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || (( seconds < 1 )); then
   exit 2
 fi
 
+timeout_s=${KPACK_FUZZ_TIMEOUT:-10}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/kpack-fuzz.XXXXXX")
 found=0
@@ -58,7 +59,7 @@ for t in "${targets[@]}"; do
     find "$seeds" -maxdepth 1 -type f ! -name 'README*' -exec cp {} "$corpus/" \;
   done
   args=(-max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$artifacts/"
-        -timeout="${KPACK_FUZZ_TIMEOUT:-10}" -rss_limit_mb="${KPACK_FUZZ_RSS_MB:-2048}")
+        -timeout="$timeout_s" -rss_limit_mb="${KPACK_FUZZ_RSS_MB:-2048}")
   [[ -f "$here/dicts/$t.dict" ]] && args+=(-dict="$here/dicts/$t.dict")
 
   echo "== $t: fuzzing for ${seconds}s (log: $log)"
@@ -82,8 +83,8 @@ for t in "${targets[@]}"; do
   for a in "${crashes[@]}"; do
     if (( rc == 0 )) && [[ $(basename "$a") == slow-unit-* ]]; then
       start=$SECONDS
-      if timeout "${KPACK_FUZZ_TIMEOUT:-10}" "$bin" "$a" > /dev/null 2>&1 &&
-         (( SECONDS - start < ${KPACK_FUZZ_TIMEOUT:-10} )); then
+      if timeout "$timeout_s" "$bin" "$a" > /dev/null 2>&1 &&
+         (( SECONDS - start < timeout_s )); then
         stalls=$((stalls + 1))
         echo "-- $t: $a was slow once and replays in $((SECONDS - start)) s: not counted"
         continue
