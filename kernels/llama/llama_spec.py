@@ -167,19 +167,7 @@ def _candidates(per_bucket):
 # at Llama-3.2-1B shapes (registers from the sm_90a SASS): QKV 4 pairs x 2 halves = 8 rows,
 # 384 programs, 182 registers: 2 per SM, 1.45 waves (so are the other QKV tiles); o 4
 # rows, 512 programs, 92 registers: 5 per SM, one wave; gate/up 4 + 4 rows, 2048 programs,
-# 168 registers: 3 per SM.
-#
-# A list of one config is pinned: chosen by the step time of the whole decode step graph
-# (bench/llama_variant_sweep.py: the committed pack with that one kernel's variant
-# swapped, the Llama protocol timed on the H200, every variant twice against the
-# unswapped pack in one process), which the tuner's one-kernel timing cannot see (how a
-# kernel's programs overlap the one before it under PDL). 2026-12-02, µs per step against
-# the pack of the day: down at M = 1, one 8192-wide row per program over 16 warps (the
-# tuner's pick had 4), -7.2; the LM head at M = 1, 256 rows per program over 8 warps (the
-# tuner's: 128 over 4), -5.6; both -13.3; o at M = 2-4 (batch 4), the [4, 4, 256]
-# multiply-add tile (the tuner's: tl.dot over 16 rows), -11.9. The other variants timed
-# (every kernel at M = 1, the five projections at 2-4; bench/RESULTS.md lists them) were
-# slower than these, or within 1 µs (the LM head's 512 rows).
+# 168 registers: 3 per SM. Down's and the LM head's bucket is pinned (_PINS below).
 _M1 = {  # each list: the default, the first H200 tuning's winner, then the others
     "llama_qkv_rope": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
                        "p1_4_k2048_w8_s1", "p1_4_k1024_w4_s2"],
@@ -187,20 +175,23 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
                      "p1_8_k2048_w8_s1", "p1_4_k512_w4_s3"],
     "llama_gate_up": ["p1_4_k2048_w4_s1", "p1_8_k256_w4_s4", "p1_2_k2048_w4_s1",
                       "p1_4_k2048_w8_s1", "p1_8_k1024_w8_s2"],
-    "llama_down_proj": ["p1_1_k8192_w16_s1"],
-    "llama_lm_head": ["p1_256_k2048_w8_s4"],
+    "llama_down_proj": ["p1_4_k2048_w4_s3", "p1_4_k512_w4_s3", "p1_2_k4096_w4_s2",
+                        "p1_1_k8192_w4_s1", "p1_8_k512_w8_s3"],
+    "llama_lm_head": ["p1_64_k2048_w4_s4", "p1_16_k512_w4_s3", "p1_32_k2048_w4_s4",
+                      "p1_128_k2048_w4_s4", "p1_8_k2048_w4_s1"],
 }
 # M = 2-4 of the o and down projections (QKV, gate/up and the LM head: _XN below): BLOCK_M
 # 4 multiplies and adds elementwise on [4, BLOCK_N, BLOCK_K] tiles (one reduction over K
-# at the end), BLOCK_M 16 is tl.dot with 12 of its rows masked. o's list is the [4, 4,
-# 256] tile chosen inside the step graph (above); down's: the first tuning's winner, the
-# tl.dot tile that won 5-16, then the others. Split K (_SPLIT_FIRST) and the swapped tiles
+# at the end), BLOCK_M 16 is tl.dot with 12 of its rows masked. Each list: the first
+# tuning's winner, the tl.dot tile that won 5-16, then the others (o's bucket is pinned:
+# _PINS below). Split K (_SPLIT_FIRST) and the swapped tiles
 # (_SWAP_CANDIDATES) join both lists, and the H200 tuning of 2026-12-03 chose from all of
 # them (_TUNED). A GEMV per row (each row's tile times a weight tile shared by the
 # rows) lost to both, twice: 2026-12-01, and 2026-12-02 without spills
 # (bench/llama_results/m4_rows_gemv_s7.md).
 _M4 = {
-    "llama_o_proj": ["p4_4_k256_w4_s3"],
+    "llama_o_proj": ["p4_8_k128_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w4_s1",
+                     "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1"],
     "llama_down_proj": ["p4_4_k256_w4_s3", "p16_16_k128_w4_s4", "p4_1_k8192_w4_s1",
                         "p4_4_k512_w8_s2", "p4_8_k128_w4_s3", "p16_32_k128_w4_s4"],
 }
@@ -316,16 +307,26 @@ _TUNED = {
 }
 
 
-# Buckets pinned to one config chosen inside the step graph after the tuning of 2026-12-03
-# (bench/llama_variant_sweep.py, as for _M1's pins above; session 14,
-# bench/llama_results/sweep_s14.md): {kernel: {bucket: config}}, each replacing the
-# bucket's whole list, so that a later tuning keeps it (the tuner's winners above stay the
-# record of what it chose there). o at M = 2-4: the [4, 4, 256]
-# multiply-add tile again (session 12's pin; session 13's tuning had chosen the swapped
-# split-K tile, 6.8 µs alone against 7.5, but it is 3.6 µs per batch-4 step slower in the
-# graph). Decode attention at M = 5-16: 64 positions per tile (the tuner's pick at context
-# 1024 had 128; 8.1 µs per batch-16 step faster in the protocol).
+# Buckets pinned to one config, {kernel: {bucket: config}}: chosen by the step time of the
+# whole decode step graph (bench/llama_variant_sweep.py: the committed pack with one
+# kernel's variant swapped in, the Llama protocol timed on the H200, every variant twice
+# against the unswapped pack in one process), which a tuner timing one kernel alone cannot
+# see (how a kernel's programs overlap the one before it under PDL). A pin replaces its
+# bucket's whole list, so a later tuning keeps it; the lists above stay the record of what
+# the tuner chose from. µs per step against the pack of the day:
+# - 2026-12-02 (bench/RESULTS.md): down at M = 1, one 8192-wide row per program over 16
+#   warps (the tuner's pick had 4), -7.2; the LM head at M = 1, 256 rows per program over
+#   8 warps (the tuner's: 128 over 4), -5.6; both -13.3; o at M = 2-4 (batch 4), the
+#   [4, 4, 256] multiply-add tile (the tuner's: tl.dot over 16 rows), -11.9. The other
+#   variants timed (every kernel at M = 1, the five projections at 2-4) were slower, or
+#   within 1 µs (the LM head's 512 rows).
+# - 2026-12-03 (session 14, bench/llama_results/sweep_s14.md): o at M = 2-4 kept (session
+#   13's tuning had chosen the swapped split-K tile, 6.8 µs alone against 7.5, but 3.6 µs
+#   per batch-4 step slower in the graph); decode attention at M = 5-16, 64 positions per
+#   tile (the tuner's pick at context 1024 had 128), -8.1 per batch-16 step.
 _PINS = {
+    "llama_down_proj": {0: "p1_1_k8192_w16_s1"},
+    "llama_lm_head": {0: "p1_256_k2048_w8_s4"},
     "llama_o_proj": {1: "p4_4_k256_w4_s3"},
     "llama_attn_decode": {2: "n64_w4_s3"},
 }
