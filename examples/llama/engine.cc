@@ -168,7 +168,8 @@ int BatchBucket(int batch) {
 int DecodeSplits(int batch, int num_key_value_heads) {
   const int bucket = BatchBucket(batch);
   const int edge = bucket < 4 ? kBatchBucketEdges[static_cast<size_t>(bucket)] : batch;
-  return std::max(1, std::min(kMaxDecodeSplits, 512 / (edge * num_key_value_heads)));
+  const int programs = bucket == 1 ? 384 : 512;
+  return std::max(1, std::min(kMaxDecodeSplits, programs / (edge * num_key_value_heads)));
 }
 
 bool ProgrammaticEdges(int batch) { return batch >= 1; }

@@ -79,8 +79,9 @@ struct EngineOptions {
 inline constexpr std::array<int, 5> kBatchBucketEdges = {1, 4, 16, 64, 256};
 inline constexpr int kBatchBuckets = 6;
 int BatchBucket(int batch);
-// The decode attention's splits for a batch: max(1, min(S_MAX, 512 / (B_edge · NKV))),
-// B_edge the upper edge of the batch's bucket (the batch itself above 64). The kernel
+// The decode attention's splits for a batch: max(1, min(S_MAX, P / (B_edge · NKV))),
+// B_edge the upper edge of the batch's bucket (the batch itself above 64), P = 384 programs
+// at 2-4 rows and 512 otherwise (measured on the H200: docs/llama.md). The kernel
 // itself uses fewer at short contexts (docs/llama.md), so the grid never changes as the
 // context grows.
 int DecodeSplits(int batch, int num_key_value_heads);

@@ -399,13 +399,14 @@ TEST_F(LlamaEngineTest, EngineRefusesAPackThatDoesNotServeTheModel) {
   EXPECT_THAT(e.status().message(), HasSubstr("llama_embed"));
 }
 
-// docs/llama.md: S = max(1, min(S_MAX, 512 / (B_edge · NKV))), B_edge the bucket's upper
-// edge (the batch itself above 64); the Python engine's config.decode_splits agrees.
+// docs/llama.md: S = max(1, min(S_MAX, P / (B_edge · NKV))), B_edge the bucket's upper
+// edge (the batch itself above 64), P 384 at 2-4 rows and 512 otherwise; the Python
+// engine's config.decode_splits agrees.
 TEST(LlamaDecodeSplitsTest, FollowTheBatchBucket) {
-  // Llama-3.2-1B (8 kv heads): 32, 16, 4, 1 over the buckets 1, 2-4, 5-16, 17-64.
+  // Llama-3.2-1B (8 kv heads): 32, 12, 4, 1 over the buckets 1, 2-4, 5-16, 17-64.
   EXPECT_EQ(DecodeSplits(1, 8), 32);
-  EXPECT_EQ(DecodeSplits(2, 8), 16);
-  EXPECT_EQ(DecodeSplits(4, 8), 16);
+  EXPECT_EQ(DecodeSplits(2, 8), 12);  // 384 programs at 2-4 rows
+  EXPECT_EQ(DecodeSplits(4, 8), 12);
   EXPECT_EQ(DecodeSplits(5, 8), 4);
   EXPECT_EQ(DecodeSplits(17, 8), 1);
   EXPECT_EQ(DecodeSplits(64, 8), 1);

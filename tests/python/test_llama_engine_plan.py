@@ -87,7 +87,7 @@ def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
     assert [kernel_of(x.entry) for x in launches] == decode_names(cfg.L)
     assert len(launches) == 7 * cfg.L + 3
     S = config.decode_splits(3, cfg.NKV)
-    assert S == 32  # min(S_MAX, 512 / (4 * NKV 2))
+    assert S == 32  # min(S_MAX, 384 / (4 * NKV 2))
     for call, launch in zip(calls, launches):
         p = params_of(eng, call, launch, layouts)
         want = dict(zip(engine.PARAMS[call.kernel], eng.backend._args(call)))

@@ -192,11 +192,12 @@ def test_prompt_lens_cycle_over_the_batch():
 
 
 def test_decode_splits_follow_the_batch_bucket():
-    # S = max(1, min(32, 512 / (B_edge NKV))), B_edge in 1, 4, 16, 64 (B above 64).
+    # S = max(1, min(32, P / (B_edge NKV))), B_edge in 1, 4, 16, 64 (B above 64), P 384 at
+    # B_edge 4 and 512 otherwise.
     assert [config.bucket_edge(b) for b in (1, 2, 4, 5, 16, 17, 64, 65, 300)] == \
         [1, 4, 4, 16, 16, 64, 64, 65, 300]
-    # Llama-3.2-1B (NKV 8): 32, 16, 4, 1 over the buckets 1, 2-4, 5-16, 17-64.
-    assert [config.decode_splits(b, 8) for b in (1, 3, 8, 64)] == [32, 16, 4, 1]
+    # Llama-3.2-1B (NKV 8): 32, 12, 4, 1 over the buckets 1, 2-4, 5-16, 17-64.
+    assert [config.decode_splits(b, 8) for b in (1, 3, 8, 64)] == [32, 12, 4, 1]
     assert config.decode_splits(1, 2) == 32 and config.decode_splits(3, 2) == 32
     assert config.decode_splits(8, 2) == 16 and config.decode_splits(64, 2) == 4
     assert config.decode_splits(65, 8) == 1 and config.decode_splits(200, 1) == 2

@@ -401,8 +401,11 @@ def bucket_edge(m: int) -> int:
 
 
 def decode_splits(batch: int, nkv: int) -> int:
-    """S = max(1, min(S_MAX, 512 / (B_edge NKV))), integer division (docs/llama.md)."""
-    return max(1, min(S_MAX, 512 // (bucket_edge(batch) * nkv)))
+    """S = max(1, min(S_MAX, P / (B_edge NKV))), integer division, P = 384 programs at 2-4
+    rows and 512 otherwise (docs/llama.md; the C++ engine's DecodeSplits)."""
+    edge = bucket_edge(batch)
+    programs = 384 if edge == 4 else 512
+    return max(1, min(S_MAX, programs // (edge * nkv)))
 
 
 def aligned_capacity(positions: int) -> int:
