@@ -416,6 +416,24 @@ TEST(LlamaDecodeSplitsTest, FollowTheBatchBucket) {
   EXPECT_EQ(DecodeSplits(600, 1), 1);
 }
 
+// The two engines' rules agree wherever a test could reach: batches 1-300, 1-16 kv heads
+// (the fixture writes the Python engine's, tiny_fixture.py).
+TEST(LlamaDecodeSplitsTest, AgreeWithThePythonEngine) {
+  absl::StatusOr<cli::NpyArray> python = cli::ReadNpy(KPACK_LLAMA_DECODE_SPLITS);
+  ASSERT_TRUE(python.ok()) << python.status();
+  ASSERT_EQ(python->dtype, "<i4");
+  ASSERT_EQ(python->shape, (std::vector<int64_t>{300, 16}));
+  ASSERT_EQ(python->data.size(), 300 * 16 * sizeof(int32_t));
+  for (int batch = 1; batch <= 300; ++batch) {
+    for (int nkv = 1; nkv <= 16; ++nkv) {
+      int32_t s = 0;
+      std::memcpy(&s, python->data.data() + ((batch - 1) * 16 + (nkv - 1)) * sizeof(int32_t),
+                  sizeof(s));
+      ASSERT_EQ(DecodeSplits(batch, nkv), s) << "batch " << batch << ", " << nkv << " kv heads";
+    }
+  }
+}
+
 TEST(LlamaProgrammaticEdgesTest, AtEveryBatch) {
   for (int batch : {1, 2, 4, 5, 64, 300}) EXPECT_TRUE(ProgrammaticEdges(batch)) << batch;
 }

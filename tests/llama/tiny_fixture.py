@@ -8,6 +8,10 @@
                  step_logits.npy, inputs.npy, tokens.npy, result.json)
   inv_freq.npy   the Python engine's rotary inverse frequencies for it
                  (config.rope_inv_freq), which the C++ engine must match bit for bit
+  decode_splits.npy
+                 the Python engine's decode-attention splits (config.decode_splits),
+                 int32 [300, 16]: element [B - 1, NKV - 1] for batches 1-300 and 1-16 kv
+                 heads, which the C++ engine's DecodeSplits must match
 
     tiny_fixture.py REPO_ROOT OUT
 
@@ -39,8 +43,11 @@ def main() -> int:
             return 1
     sys.path.insert(0, str(python_dir))
     import numpy as np
-    from config import load_config, rope_inv_freq
+    from config import decode_splits, load_config, rope_inv_freq
     np.save(out / "inv_freq.npy", rope_inv_freq(load_config(out / "tiny" / "config.json")))
+    np.save(out / "decode_splits.npy",
+            np.array([[decode_splits(b, nkv) for nkv in range(1, 17)] for b in range(1, 301)],
+                     dtype=np.int32))
     return 0
 
 
