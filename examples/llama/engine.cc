@@ -168,7 +168,7 @@ int BatchBucket(int batch) {
 int DecodeSplits(int batch, int num_key_value_heads) {
   const int bucket = BatchBucket(batch);
   const int edge = bucket < 4 ? kBatchBucketEdges[static_cast<size_t>(bucket)] : batch;
-  const int programs = bucket == 1 ? 384 : 512;
+  const int programs = kDecodeSplitPrograms[static_cast<size_t>(bucket)];
   return std::max(1, std::min(kMaxDecodeSplits, programs / (edge * num_key_value_heads)));
 }
 

@@ -79,9 +79,14 @@ struct EngineOptions {
 inline constexpr std::array<int, 5> kBatchBucketEdges = {1, 4, 16, 64, 256};
 inline constexpr int kBatchBuckets = 6;
 int BatchBucket(int batch);
+// The programs each bucket's decode attention aims at (P in DecodeSplits): 384 at 2-4
+// rows, 512 elsewhere, measured on the H200 (docs/llama.md). The Python engine's
+// config.DECODE_SPLIT_PROGRAMS.
+inline constexpr std::array<int, kBatchBuckets> kDecodeSplitPrograms = {512, 384, 512,
+                                                                        512, 512, 512};
 // The decode attention's splits for a batch: max(1, min(S_MAX, P / (B_edge · NKV))),
-// B_edge the upper edge of the batch's bucket (the batch itself above 64), P = 384 programs
-// at 2-4 rows and 512 otherwise (measured on the H200: docs/llama.md). The kernel
+// B_edge the upper edge of the batch's bucket (the batch itself above 64), P the bucket's
+// kDecodeSplitPrograms. The kernel
 // itself uses fewer at short contexts (docs/llama.md), so the grid never changes as the
 // context grows.
 int DecodeSplits(int batch, int num_key_value_heads);

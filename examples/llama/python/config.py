@@ -24,6 +24,7 @@ operation in the order written, and pi is the double nearest to pi.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -37,6 +38,10 @@ import numpy as np
 # 257+. A batch's "edge" is the upper end of its bucket (B itself above 64).
 M_BUCKET_EDGES = (1, 4, 16, 64, 256)
 DECODE_EDGES = (1, 4, 16, 64)
+# The programs each DECODE_EDGES bucket's decode attention aims at (P in decode_splits;
+# batches above 64 take the last): 384 at 2-4 rows, 512 elsewhere, measured on the H200
+# (docs/llama.md). The C++ engine's kDecodeSplitPrograms.
+DECODE_SPLIT_PROGRAMS = (512, 384, 512, 512)
 S_MAX = 32
 # The o and down projections' K splits the engines' scratch holds (C++ kMaxProjSplits,
 # kProjSplitMaxRows; docs/llama.md).
@@ -401,11 +406,10 @@ def bucket_edge(m: int) -> int:
 
 
 def decode_splits(batch: int, nkv: int) -> int:
-    """S = max(1, min(S_MAX, P / (B_edge NKV))), integer division, P = 384 programs at 2-4
-    rows and 512 otherwise (docs/llama.md; the C++ engine's DecodeSplits)."""
-    edge = bucket_edge(batch)
-    programs = 384 if edge == 4 else 512
-    return max(1, min(S_MAX, programs // (edge * nkv)))
+    """S = max(1, min(S_MAX, P / (B_edge NKV))), integer division, P the bucket's
+    DECODE_SPLIT_PROGRAMS (docs/llama.md; the C++ engine's DecodeSplits)."""
+    bucket = min(bisect.bisect_left(DECODE_EDGES, batch), len(DECODE_EDGES) - 1)
+    return max(1, min(S_MAX, DECODE_SPLIT_PROGRAMS[bucket] // (bucket_edge(batch) * nkv)))
 
 
 def aligned_capacity(positions: int) -> int:
