@@ -17,7 +17,10 @@
 // Measured, per step size:
 //  - host time: per step, the stream synchronized before and outside the timed region, so
 //    only the host's work is timed: sending (launches / replay) alone, and with the Sets;
-//    median per kernel, eager and graph, and their ratio;
+//    median per kernel, eager and graph, and their ratio; and the driver's own floor for
+//    such a replay: the same kernels in a graph built here without kpack, every node's
+//    parameters set with cuGraphExecKernelNodeSetParams from buffers prepared beforehand
+//    (two, in turn, so the bytes change every step), then cuGraphLaunch;
 //  - GPU time of a step: after a gate (three 4096^3 matmuls, long enough for the host to
 //    enqueue the whole eager step behind it), an event before and after the step; median;
 //  - building and instantiating a bucket graph: StepGraph::Build for 8 bucket signatures
@@ -35,6 +38,7 @@
 // fake driver).
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -187,6 +191,82 @@ class Bench {
   }
   void Sync() { CheckCu(*driver_, driver_->StreamSynchronize(stream_), "cuStreamSynchronize"); }
 
+  // The driver's floor for a replay that patches every node (see the top of the file):
+  // the step's kernels as a chain of kernel nodes built here, with no kpack code between
+  // the calls. Two parameter sets, each from one draw of sizes (the grids of the first:
+  // every kernel masks by its sizes, and the buffers hold the largest).
+  struct RawGraph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::vector<CUgraphNode> nodes;
+    std::vector<std::vector<std::byte>> bytes[2];
+    std::vector<size_t> sizes;
+    std::vector<std::array<void*, 5>> extra[2];
+    std::vector<CUDA_KERNEL_NODE_PARAMS_v2> params[2];
+  };
+  std::unique_ptr<RawGraph> MakeRawGraph(Step& s, std::mt19937& gen) {
+    auto raw = std::make_unique<RawGraph>();
+    const size_t n = s.launches.size();
+    raw->sizes.resize(n);
+    for (int set = 0; set < 2; ++set) {
+      SetSizes(s, gen, false);
+      raw->bytes[set].resize(n);
+      raw->extra[set].resize(n);
+      raw->params[set].resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        absl::StatusOr<PreparedLaunch> p = s.launches[i]->Prepare();
+        Check(p.status(), "BoundLaunch::Prepare");
+        if (p->function == nullptr || p->param_bytes == 0) Fail("an empty launch in the step");
+        const auto* from = static_cast<const std::byte*>(p->params);
+        raw->bytes[set][i].assign(from, from + p->param_bytes);
+        raw->sizes[i] = p->param_bytes;
+        raw->extra[set][i] = {CU_LAUNCH_PARAM_BUFFER_POINTER, raw->bytes[set][i].data(),
+                              CU_LAUNCH_PARAM_BUFFER_SIZE, &raw->sizes[i], CU_LAUNCH_PARAM_END};
+        const CUDA_KERNEL_NODE_PARAMS_v2* first = set == 0 ? nullptr : &raw->params[0][i];
+        CUDA_KERNEL_NODE_PARAMS_v2& q = raw->params[set][i];
+        q.func = p->function;
+        q.gridDimX = first ? first->gridDimX : p->config.gridDimX;
+        q.gridDimY = first ? first->gridDimY : p->config.gridDimY;
+        q.gridDimZ = first ? first->gridDimZ : p->config.gridDimZ;
+        q.blockDimX = p->config.blockDimX;
+        q.blockDimY = p->config.blockDimY;
+        q.blockDimZ = p->config.blockDimZ;
+        q.sharedMemBytes = p->config.sharedMemBytes;
+        q.extra = raw->extra[set][i].data();
+        if (first != nullptr &&
+            (q.func != first->func || q.sharedMemBytes != first->sharedMemBytes)) {
+          Fail("the raw graph's two draws chose different variants");
+        }
+      }
+    }
+    CheckCu(*driver_, driver_->GraphCreate(&raw->graph, 0), "cuGraphCreate");
+    CUgraphNode previous = nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      CUgraphNode node = nullptr;
+      CheckCu(*driver_,
+              driver_->GraphAddKernelNode(&node, raw->graph, previous ? &previous : nullptr,
+                                          previous ? 1 : 0, &raw->params[0][i]),
+              "cuGraphAddKernelNode");
+      raw->nodes.push_back(node);
+      previous = node;
+    }
+    CheckCu(*driver_, driver_->GraphInstantiateWithFlags(&raw->exec, raw->graph, 0),
+            "cuGraphInstantiate");
+    return raw;
+  }
+  void RawReplay(RawGraph& raw, int set) {
+    for (size_t i = 0; i < raw.nodes.size(); ++i) {
+      CheckCu(*driver_,
+              driver_->GraphExecKernelNodeSetParams(raw.exec, raw.nodes[i], &raw.params[set][i]),
+              "cuGraphExecKernelNodeSetParams");
+    }
+    CheckCu(*driver_, driver_->GraphLaunch(raw.exec, stream_), "cuGraphLaunch");
+  }
+  void DestroyRawGraph(RawGraph& raw) {
+    driver_->GraphExecDestroy(raw.exec);
+    driver_->GraphDestroy(raw.graph);
+  }
+
   // The figures of one step size.
   nlohmann::json Run(int layers) {
     const int kernels = 4 * layers;
@@ -200,31 +280,39 @@ class Bench {
     SetSizes(step, gen, false);
     Check(graph->Build(), "StepGraph::Build");
     graph->set_unseen(StepGraph::Unseen::kError);  // the timed loop must not build
+    const std::unique_ptr<RawGraph> raw = MakeRawGraph(step, gen);
 
-    // Host time, each mode's steps interleaved in blocks so that drift hits both alike.
-    std::vector<double> eager_send, eager_all, graph_send, graph_all;
+    // Host time, each mode's steps interleaved in blocks so that drift hits all alike
+    // (mode 2, the driver's floor, sends a prepared set and ignores the Sets).
+    std::vector<double> eager_send, eager_all, graph_send, graph_all, raw_send;
     const int steps = args_.smoke ? 20 : args_.steps;
     for (int i = 0; i < steps; ++i) {
-      for (int mode = 0; mode < 2; ++mode) {
+      for (int mode = 0; mode < 3; ++mode) {
         Sync();
         const Clock::time_point t0 = Clock::now();
         SetSizes(step, gen, false);
         const Clock::time_point t1 = Clock::now();
         if (mode == 0) {
           Eager(step);
-        } else {
+        } else if (mode == 1) {
           Check(graph->Replay(stream_), "StepGraph::Replay");
+        } else {
+          RawReplay(*raw, i % 2);
         }
         const Clock::time_point t2 = Clock::now();
-        (mode == 0 ? eager_send : graph_send).push_back(Micros(t1, t2));
-        (mode == 0 ? eager_all : graph_all).push_back(Micros(t0, t2));
+        (mode == 0 ? eager_send : mode == 1 ? graph_send : raw_send).push_back(Micros(t1, t2));
+        if (mode < 2) (mode == 0 ? eager_all : graph_all).push_back(Micros(t0, t2));
       }
     }
     Sync();
+    DestroyRawGraph(*raw);
     const double es = Median(eager_send) / kernels, ea = Median(eager_all) / kernels,
-                 gs = Median(graph_send) / kernels, ga = Median(graph_all) / kernels;
+                 gs = Median(graph_send) / kernels, ga = Median(graph_all) / kernels,
+                 rs = Median(raw_send) / kernels;
     const StepGraph::Stats stats = graph->stats();
     std::printf("host us/kernel, sending only: eager %.3f, graph %.3f (%.1fx)\n", es, gs, es / gs);
+    std::printf("host us/kernel, the driver alone setting every node's parameters and "
+                "launching the graph: %.3f (kpack's replay %+.3f over it)\n", rs, gs - rs);
     std::printf("host us/kernel, with the Sets: eager %.3f, graph %.3f (%.1fx)\n", ea, ga, ea / ga);
     std::printf("nodes patched per replay: %.1f of %d; graphs built: %llu\n",
                 static_cast<double>(stats.nodes_patched) / std::max<uint64_t>(1, stats.replays),
@@ -323,7 +411,7 @@ class Bench {
     return {{"kernels", kernels},
             {"host_us_per_kernel",
              {{"eager_send", es}, {"graph_send", gs}, {"eager_with_set", ea},
-              {"graph_with_set", ga}, {"ratio_send", es / gs}}},
+              {"graph_with_set", ga}, {"ratio_send", es / gs}, {"driver_floor_send", rs}}},
             {"gpu_us_per_step", {{"eager", ge}, {"graph", gg}, {"ratio", gg / ge}}},
             {"gate_us", gate},
             {"nodes_patched_per_replay",
