@@ -222,20 +222,32 @@ class Bench {
         raw->sizes[i] = p->param_bytes;
         raw->extra[set][i] = {CU_LAUNCH_PARAM_BUFFER_POINTER, raw->bytes[set][i].data(),
                               CU_LAUNCH_PARAM_BUFFER_SIZE, &raw->sizes[i], CU_LAUNCH_PARAM_END};
-        const CUDA_KERNEL_NODE_PARAMS_v2* first = set == 0 ? nullptr : &raw->params[0][i];
+        for (unsigned a = 0; a < p->config.numAttrs; ++a) {
+          // kpack sets the others on its nodes (bucket_graph.cc); a chain of full edges
+          // stands for programmatic serialization here.
+          if (p->config.attrs[a].id != CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) {
+            Fail(absl::StrCat("launch attribute ", p->config.attrs[a].id,
+                              " in the step, which the raw graph does not set"));
+          }
+        }
         CUDA_KERNEL_NODE_PARAMS_v2& q = raw->params[set][i];
         q.func = p->function;
-        q.gridDimX = first ? first->gridDimX : p->config.gridDimX;
-        q.gridDimY = first ? first->gridDimY : p->config.gridDimY;
-        q.gridDimZ = first ? first->gridDimZ : p->config.gridDimZ;
+        q.gridDimX = p->config.gridDimX;
+        q.gridDimY = p->config.gridDimY;
+        q.gridDimZ = p->config.gridDimZ;
         q.blockDimX = p->config.blockDimX;
         q.blockDimY = p->config.blockDimY;
         q.blockDimZ = p->config.blockDimZ;
         q.sharedMemBytes = p->config.sharedMemBytes;
         q.extra = raw->extra[set][i].data();
-        if (first != nullptr &&
-            (q.func != first->func || q.sharedMemBytes != first->sharedMemBytes)) {
-          Fail("the raw graph's two draws chose different variants");
+        if (set == 1) {  // the node's grid stays the first draw's
+          const CUDA_KERNEL_NODE_PARAMS_v2& first = raw->params[0][i];
+          if (q.func != first.func || q.sharedMemBytes != first.sharedMemBytes) {
+            Fail("the raw graph's two draws chose different variants");
+          }
+          q.gridDimX = first.gridDimX;
+          q.gridDimY = first.gridDimY;
+          q.gridDimZ = first.gridDimZ;
         }
       }
     }
