@@ -259,7 +259,8 @@ def _cfg(name, warps, stages, **blocks):
 
 
 # Compact configs for the interpreter, one per code path (the spec's, larger, run on the
-# GPU): the GEMV (BLOCK_M 1), the products of a few rows kept per k (BLOCK_M 2-15), tl.dot.
+# GPU): the GEMV (BLOCK_M 1), the products of a few rows kept per k (BLOCK_M 2-15) or a
+# GEMV per row, tl.dot.
 CPU_PROJ = {
     "gemv": dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=256),
     "gemv_k64": dict(BLOCK_M=1, BLOCK_N=8, BLOCK_K=64),
@@ -269,6 +270,8 @@ CPU_PROJ = {
     "stream_k128": dict(BLOCK_M=1, BLOCK_N=128, BLOCK_K=128),
     "rows4": dict(BLOCK_M=4, BLOCK_N=16, BLOCK_K=128),
     "rows2_whole": dict(BLOCK_M=2, BLOCK_N=16, BLOCK_K=512),  # K in the first tile
+    # A GEMV per row (tiles of _ROWS_GEMV_K columns or more; K in the first tile).
+    "rows4_gemv": dict(BLOCK_M=4, BLOCK_N=4, BLOCK_K=2048),
     "rows8": dict(BLOCK_M=8, BLOCK_N=16, BLOCK_K=64),
     "dot16": dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128),
     "dot64": dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128),
@@ -350,7 +353,7 @@ def cases(device):
         # The GEMV with its whole K in the first tile (loaded before gdc_wait) and with
         # more tiles after it (the K loop and, under RMSNorm, the rest of the row).
         plan = {1: ("gemv", "gemv_k64", "rows4"),
-                3: ("rows4", "rows2_whole", "dot16", "dot16_t"),
+                3: ("rows4", "rows2_whole", "rows4_gemv", "dot16", "dot16_t"),
                 17: ("gemv", "rows8", "dot16"), 70: ("dot64", "dot64_t")}
         for kernel in proj_kernels:
             for m, paths in plan.items():

@@ -22,8 +22,9 @@ How they are written:
   GEMV: each ``[BLOCK_N, BLOCK_K]`` weight tile times the row's tile, the fp32 products
   reduced over the tile. ``1 < BLOCK_M < 16`` (small batches) multiplies and adds
   elementwise on ``[BLOCK_M, BLOCK_N, BLOCK_K]`` (each x tile read once per K tile) and
-  reduces over K once at the end; ``BLOCK_M >= 16`` uses ``tl.dot``, as x · wᵀ or,
-  with the constexpr ``SWAP``, as w · xᵀ (transposed after the K loop). The
+  reduces over K once at the end, or, for tiles of ``_ROWS_GEMV_K`` columns or more, is
+  a GEMV per row over the shared weight tile; ``BLOCK_M >= 16`` uses ``tl.dot``, as
+  x · wᵀ or, with the constexpr ``SWAP``, as w · xᵀ (transposed after the K loop). The
   first K tile of a program's weights is loaded before ``gdc_wait()``; the K loop after it
   is software-pipelined (``tl.range(num_stages=STAGES)``: Triton pipelines loops without a
   dot only when asked). Above one row the o and down projections may split K over a
@@ -42,8 +43,9 @@ How they are written:
   before touching anything the kernel right before it may write, and
   ``gdc_launch_dependents()`` once its dependent reads are issued. Both are no-ops when the launch has no PDL attribute, so
   the kernels are correct either way. Projection programs of more than one row, and
-  decode attention's, do not call ``gdc_launch_dependents()`` (their dependents launch
-  as they exit: ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones
+  decode attention's above one row when the row's context is split, do not call
+  ``gdc_launch_dependents()`` (their dependents launch as they exit:
+  ``_pdl_launch_rows``). Every program calls ``gdc_wait()`` (also the ones
   that then return), so no kernel can complete before the one it follows; and every kernel
   triggers its dependents only after its ``gdc_wait()``, so when a kernel's programs
   start, every kernel before the one it follows has completed. What only those write may
@@ -70,6 +72,11 @@ _DIRECT_TILES = tl.constexpr(4)
 # Decode attention's combine: heads and splits of partials read at once.
 _COMBINE_HEADS = tl.constexpr(4)
 _COMBINE_SPLITS = tl.constexpr(32)
+# Projections of 2-15 rows: a weight tile this many K columns wide or wider is multiplied
+# as a GEMV per row (_project_rows); narrower ones keep the products [BLOCK_M, BLOCK_N,
+# BLOCK_K] per k (at 2048 those would not fit in registers: [4, 4, 2048] fp32 is 256 a
+# thread over 4 warps).
+_ROWS_GEMV_K = tl.constexpr(2048)
 
 
 @triton.jit
@@ -252,6 +259,50 @@ def _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, 
 
 
 @triton.jit
+def _rows_mac(acc_a, acc_b, xsrc, row0, M, k0, K, wa, wb, TWO: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row mi of acc_a (and of acc_b with TWO) += x row row0 + mi's columns [k0,
+    k0 + BLOCK_K) · waᵀ (wbᵀ): _row_mac per row, those at or past M reading zeros."""
+    ridx = tl.arange(0, BLOCK_M)
+    cols = k0 + tl.arange(0, BLOCK_K)
+    for mi in tl.static_range(BLOCK_M):
+        row = row0 + mi
+        xv = tl.load(xsrc + row.to(tl.int64) * K + cols, mask=(row < M) & (cols < K),
+                     other=0.0)
+        acc_a = _row_mac(acc_a, ridx, mi, xv, wa)
+        if TWO:
+            acc_b = _row_mac(acc_b, ridx, mi, xv, wb)
+    return acc_a, acc_b
+
+
+@triton.jit
+def _project_rows(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
+                  TWO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """_project at 2-15 rows with wide K tiles, a GEMV per row: each K tile of the
+    weights (the first one given, loaded before gdc_wait) times each row's tile, the fp32
+    products reduced over the tile. At 4 rows, o's whole 2048-wide weight rows in one
+    tile (p4_4_k2048_w4_s1) with decode attention triggering it early made the batch-4
+    step 34 µs faster; the products kept per k at that tile spill (bench/llama_results/
+    rows_gemv_s17.md). With a K loop it lost (o at [4, 4, 256]: +59 µs per step)."""
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_a, acc_b = _rows_mac(acc_a, acc_b, xsrc, row0, M, 0, K, wa0, wb0, TWO, BLOCK_M,
+                             BLOCK_K)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        wa = _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
+        if TWO:
+            wb = _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
+        else:
+            wb = wa
+        acc_a, acc_b = _rows_mac(acc_a, acc_b, xsrc, row0, M, k0, K, wa, wb, TWO, BLOCK_M,
+                                 BLOCK_K)
+    if not TWO:
+        acc_b = acc_a
+    return acc_a, acc_b
+
+
+@triton.jit
 def _acc_first(x, w, BLOCK_M: tl.constexpr, SWAP: tl.constexpr):
     """The accumulator of x · wᵀ over one K tile (x [BLOCK_M, BLOCK_K], w [BLOCK_N,
     BLOCK_K], bf16): tl.dot's [BLOCK_M, BLOCK_N] from 16 rows, or with SWAP its transpose
@@ -309,11 +360,16 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
     residual stream), else xsrc itself. More rows: x is xsrc, bf16 (normalized before by
     llama_rmsnorm when it is the residual stream's: NORM is for one row only), each K tile
     loaded once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot from 16
-    rows, elementwise below; SWAP: _acc_first's)."""
+    rows, elementwise below; SWAP: _acc_first's), or below 16 rows with tiles of
+    _ROWS_GEMV_K columns or more, _project_rows."""
     if BLOCK_M == 1:
         out_a, out_b = _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_N, BLOCK_K,
                                     STAGES)
+    elif (BLOCK_M < 16) and (BLOCK_K >= _ROWS_GEMV_K):
+        tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
+        out_a, out_b = _project_rows(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0,
+                                     wb0, TWO, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     else:
         tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
         rows = row0 + tl.arange(0, BLOCK_M)
@@ -517,13 +573,17 @@ def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, 
         d = tl.arange(0, HEAD_DIM)
         q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
         qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
-        # One row: the o projection launches now, its weights' loads overlapping this
-        # kernel. More rows: as this kernel's programs exit (early, its programs waited
-        # in gdc_wait on SMs the splits needed: 228 µs per step slower at batch 16,
-        # context 8192, with the step graph's programmatic edges; docs/llama.md).
-        if M == 1:
-            _pdl_launch(USE_PDL)
+        # One row, or a row whose context split 0 attends alone: the o projection
+        # launches now, its weights' loads overlapping this kernel (at 2-4 rows o reads
+        # whole weight rows before gdc_wait: 34 µs per batch-4 step at context 128,
+        # bench/llama_results/rows_gemv_s17.md). A split context: as this kernel's
+        # programs exit (early, o's programs waited in gdc_wait on SMs the splits needed:
+        # 228 µs per step slower at batch 16, context 8192, with the step graph's
+        # programmatic edges; and 35-37 µs at batch 4 where its splits span 4-16 tiles,
+        # bench/llama_results/early_trigger_s16.md; docs/llama.md).
         tiles = tl.cdiv(length, BLOCK_N)
+        if (M == 1) | (tiles <= _DIRECT_TILES):
+            _pdl_launch(USE_PDL)
         per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
         n_split = tl.cdiv(tiles, per)
         if split < n_split:

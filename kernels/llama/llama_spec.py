@@ -188,7 +188,9 @@ _M1 = {  # each list: the default, the first H200 tuning's winner, then the othe
 # (_SWAP_CANDIDATES) join both lists, and the H200 tuning of 2026-12-03 chose from all of
 # them (_TUNED). A GEMV per row (each row's tile times a weight tile shared by the
 # rows) lost to both, twice: 2026-12-01, and 2026-12-02 without spills
-# (bench/llama_results/m4_rows_gemv_s7.md).
+# (bench/llama_results/m4_rows_gemv_s7.md); o over whole rows that way (BLOCK_K 2048)
+# won inside the step graph in 2026-12-04, with decode attention triggering it early
+# (_PINS).
 _M4 = {
     "llama_o_proj": ["p4_8_k128_w4_s3", "p16_16_k128_w4_s4", "p4_4_k2048_w4_s1",
                      "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p4_2_k2048_w4_s1"],
@@ -324,10 +326,15 @@ _TUNED = {
 #   13's tuning had chosen the swapped split-K tile, 6.8 µs alone against 7.5, but 3.6 µs
 #   per batch-4 step slower in the graph); decode attention at M = 5-16, 64 positions per
 #   tile (the tuner's pick at context 1024 had 128), -8.1 per batch-16 step.
+# - 2026-12-04 (session 17, bench/llama_results/rows_gemv_s17.md): o at M = 2-4 as a GEMV
+#   per row over whole 2048-wide weight rows (p4_4_k2048_w4_s1: _project_rows), read
+#   before gdc_wait while decode attention, now triggering early where a row's context is
+#   one split, runs: -33.8 per batch-4 step (the protocol), -34.5 at context 128; the
+#   [4, 4, 256] multiply-add tile it replaces had been -11.9 (2026-12-02, above).
 _PINS = {
     "llama_down_proj": {0: "p1_1_k8192_w16_s1"},
     "llama_lm_head": {0: "p1_256_k2048_w8_s4"},
-    "llama_o_proj": {1: "p4_4_k256_w4_s3"},
+    "llama_o_proj": {1: "p4_4_k2048_w4_s1"},
     "llama_attn_decode": {2: "n64_w4_s3"},
 }
 
