@@ -262,13 +262,11 @@ def _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, 
 def _rows_mac(acc_a, acc_b, xsrc, row0, M, k0, K, wa, wb, TWO: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """Each row mi of acc_a (and of acc_b with TWO) += x row row0 + mi's columns [k0,
-    k0 + BLOCK_K) · waᵀ (wbᵀ): _row_mac per row, those at or past M reading zeros."""
+    k0 + BLOCK_K) · waᵀ (wbᵀ): _row_tile and _row_mac per row, those at or past M reading
+    zeros."""
     ridx = tl.arange(0, BLOCK_M)
-    cols = k0 + tl.arange(0, BLOCK_K)
     for mi in tl.static_range(BLOCK_M):
-        row = row0 + mi
-        xv = tl.load(xsrc + row.to(tl.int64) * K + cols, mask=(row < M) & (cols < K),
-                     other=0.0)
+        xv = _row_tile(xsrc, row0 + mi, M, 0.0, 0.0, k0, K, False, BLOCK_K)
         acc_a = _row_mac(acc_a, ridx, mi, xv, wa)
         if TWO:
             acc_b = _row_mac(acc_b, ridx, mi, xv, wb)

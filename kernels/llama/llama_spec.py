@@ -329,7 +329,7 @@ _TUNED = {
 # - 2026-12-04 (session 17, bench/llama_results/rows_gemv_s17.md): o at M = 2-4 as a GEMV
 #   per row over whole 2048-wide weight rows (p4_4_k2048_w4_s1: _project_rows), read
 #   before gdc_wait while decode attention, now triggering early where a row's context is
-#   one split, runs: -33.8 per batch-4 step (the protocol), -34.5 at context 128; the
+#   one split, runs: -33.8 per batch-4 step (the protocol), -34.7 at context 128; the
 #   [4, 4, 256] multiply-add tile it replaces had been -11.9 (2026-12-02, above).
 _PINS = {
     "llama_down_proj": {0: "p1_1_k8192_w16_s1"},
