@@ -90,6 +90,13 @@ def _proj_configs(n_name, split=False):
         # the LM head above one row: a program's vocabulary rows in tl.dot tiles of
         # _LM_TILE elements (64 rows at BLOCK_K 128, 128 at 64)
         (16, 512, 128, 4, 4), (16, 256, 128, 4, 4), (64, 512, 64, 4, 4), (64, 256, 64, 4, 4),
+        # deeper K pipelines (and wider K tiles) of the tuned tiles above one row, timed
+        # inside the step graph on the H200 (session 18, bench/llama_results/stages_s18.md;
+        # the pins below)
+        (4, 4, 256, 4, 4), (4, 4, 256, 4, 5), (16, 32, 256, 4, 4), (16, 32, 128, 4, 6),
+        (64, 16, 128, 4, 4), (64, 16, 128, 4, 6), (64, 16, 256, 4, 3), (64, 16, 128, 8, 4),
+        (64, 16, 64, 4, 6), (64, 64, 64, 4, 6), (64, 64, 128, 4, 3),
+        (64, 512, 64, 4, 6), (64, 512, 128, 4, 4), (64, 256, 64, 4, 6), (64, 512, 64, 8, 4),
     ]
     configs = [_config(f"p{m}_{n}_k{k}_w{w}_s{s}", w, s, BLOCK_M=m, **{n_name: n}, BLOCK_K=k,
                        **({"SPLIT": 1} if split else {}))
@@ -114,7 +121,8 @@ def _proj_configs(n_name, split=False):
 # size the partials buffer for that: docs/llama.md).
 SPLIT_K = [(16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 6, 4),
            (16, 32, 128, 4, 6, 2), (64, 32, 128, 4, 3, 2), (64, 32, 128, 4, 3, 4),
-           (64, 64, 128, 4, 6, 4), (64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 6, 2)]
+           (64, 64, 128, 4, 6, 4), (64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 6, 2),
+           (64, 64, 128, 4, 4, 8)]
 # tl.dot as w · xᵀ ("swap AB": the weight rows are the MMA's M side, 64 or more of them
 # the H100/H200 warpgroup MMA's, and the 4-64 rows of x its narrow N side, instead of x's
 # rows padded to an M of 16 or 64). Session 8's probe of plain GEMMs at these shapes
@@ -125,9 +133,10 @@ SWAPPED = [(16, 16, 128, 4, 4), (16, 32, 128, 4, 4), (16, 32, 128, 4, 6), (16, 6
            (16, 64, 128, 4, 6), (16, 64, 64, 4, 4), (16, 512, 128, 4, 4),
            (16, 256, 128, 4, 4), (32, 32, 128, 4, 4), (32, 64, 128, 4, 4),
            (64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (64, 512, 64, 4, 4),
-           (64, 512, 128, 4, 4)]
+           (64, 512, 128, 4, 4), (64, 16, 128, 4, 4), (16, 512, 128, 4, 6)]
 SWAPPED_SPLIT_K = [(16, 64, 256, 4, 3, 4), (16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4),
-                   (64, 64, 128, 4, 4, 4), (32, 64, 128, 4, 4, 2), (32, 64, 128, 4, 4, 4)]
+                   (64, 64, 128, 4, 4, 4), (32, 64, 128, 4, 4, 2), (32, 64, 128, 4, 4, 4),
+                   (16, 64, 128, 4, 6, 4)]
 SPLIT_MAX = 8
 SPLIT_MAX_ROWS = 64
 # The engines' counters: one per (rows, columns) tile at M <= SPLIT_MAX_ROWS, tiles of at
@@ -331,11 +340,18 @@ _TUNED = {
 #   before gdc_wait while decode attention, now triggering early where a row's context is
 #   one split, runs: -33.8 per batch-4 step (the protocol), -34.7 at context 128; the
 #   [4, 4, 256] multiply-add tile it replaces had been -11.9 (2026-12-02, above).
+# - 2026-12-04 (session 18, bench/llama_results/stages_s18.md): the tuned tiles with deeper
+#   K pipelines (the tuner had no such candidates): at M = 17-64 QKV's 6 stages (3 before)
+#   -46.1, gate/up's 6 (4) -11.5, the LM head's 6 (4) -12.2 per batch-64 step, together
+#   -41 to -71 in the batch-64 grid cells (128 to 8K, paired); QKV at M = 2-4 4 stages (3)
+#   -5.4 per batch-4 step, at M = 5-16 4 stages (3) -5.9 per batch-16 step.
 _PINS = {
     "llama_down_proj": {0: "p1_1_k8192_w16_s1"},
-    "llama_lm_head": {0: "p1_256_k2048_w8_s4"},
+    "llama_lm_head": {0: "p1_256_k2048_w8_s4", 3: "p64_512_k64_w4_s6"},
     "llama_o_proj": {1: "p4_4_k2048_w4_s1"},
     "llama_attn_decode": {2: "n64_w4_s3"},
+    "llama_qkv_rope": {1: "p4_4_k256_w4_s4", 2: "p16_32_k256_w4_s4", 3: "p64_16_k128_w4_s6"},
+    "llama_gate_up": {3: "p64_64_k64_w4_s6"},
 }
 
 

@@ -300,9 +300,13 @@ def _config_json(config: Config) -> Mapping[str, Any]:
             "num_ctas": config.num_ctas}
 
 
-def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path) -> List[Dict[str, Any]]:
+def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
+                    retune: Collection[Tuple[int, ...]] = ()) -> List[Dict[str, Any]]:
     """The buckets of a previous tuning.json entry for ``spec``, if they still describe
-    it: same buckets, and every chosen config still in the spec with the same values."""
+    it: same buckets, and every chosen config still in the spec with the same values and,
+    outside the ``retune`` buckets, still a candidate of its bucket (``config_allowed`` at
+    the bucket's representative shape: a bucket pinned to another config since is not
+    silently built with the old choice)."""
     where = f"--reuse-tuning {path}: kernel '{spec.name}'"
     buckets = old.get("buckets", [])
     ranges = [describe_bucket(spec, index) for index in spec.bucket_indices()]
@@ -311,11 +315,16 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path) -> List[Dict
                          f"spec's {ranges}")
     configs = {c["name"]: c for c in old.get("configs", [])}
     results = []
-    for bucket in buckets:
+    for bucket, index, shape in zip(buckets, spec.bucket_indices(), spec.representatives):
         config = spec.config(bucket["chosen"])
         if configs.get(config.name) != _config_json(config):
             raise BuildError(f"{where}: config '{config.name}' is {configs.get(config.name)} "
                              f"there and {_config_json(config)} in the spec")
+        if tuple(index) not in retune and not spec.allowed(shape, config):
+            raise BuildError(f"{where}: bucket {list(index)} ({bucket.get('range')}) chose "
+                             f"'{config.name}' there, which the spec no longer offers for "
+                             f"that bucket; tune it again (--retune-buckets "
+                             f"{'_'.join(str(i) for i in index)})")
         results.append({key: bucket.get(key) for key in (
             "bucket", "range", "representative", "chosen", "times_us", "checked_against")})
         results[-1].update({key: bucket.get(key, {}) for key in ("errors", "mismatches",
@@ -369,7 +378,7 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
                                  f"{list(unknown[0])}; its buckets are "
                                  f"{[list(i) for i in spec.bucket_indices()]}")
             reused_results[spec.name] = _reused_results(spec, reused[spec.name][0],
-                                                        reuse_tuning)
+                                                        reuse_tuning, retune)
 
     why_not = "--no-tune was given"
     if tune and backend is None:

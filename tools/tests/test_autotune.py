@@ -284,6 +284,28 @@ def test_retune_buckets_tunes_only_those_and_reuses_the_others(tmp_path):
                                  f"{tuned_path} but buckets [[1]]: the spec's default configs")
 
 
+def test_reuse_tuning_refuses_a_choice_the_spec_no_longer_offers(tmp_path):
+    """A bucket pinned to another config after the tuning: the old choice is refused,
+    naming the bucket, until that bucket is tuned again (here on the CPU: the pin, the
+    bucket's default)."""
+    spec = write_spec(tmp_path)
+    tuned_path = tmp_path / "tuned" / "tuning.json"
+    builder.build([spec], tmp_path / "tuned", backend=ModelBackend(FAST_SMALL), log=None)
+    pinned = write_spec(tmp_path, name="pinned", default='["b128", "b512", "b512"]',
+                        extra="config_allowed=lambda shape, c: shape['N'] <= 128 or "
+                              "shape['N'] > 256 or c.name == 'b512',")
+    with pytest.raises(builder.BuildError,
+                       match=r"kernel 'rms_norm': bucket \[1\] \(129 <= N <= 256\) chose "
+                             r"'b256' there, which the spec no longer offers for that "
+                             r"bucket; tune it again \(--retune-buckets 1\)"):
+        builder.build([pinned], tmp_path / "p1", tune=False, log=None,
+                      reuse_tuning=tuned_path)
+    assert not (tmp_path / "p1").exists()
+    _, again = builder.build([pinned], tmp_path / "p2", tune=False, log=None,
+                             reuse_tuning=tuned_path, retune_buckets=[(1,)])
+    assert [b["chosen"] for b in again["kernels"][0]["buckets"]] == ["b128", "b512", "b512"]
+
+
 def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
     spec = write_spec(tmp_path)
     with pytest.raises(builder.BuildError, match="needs --reuse-tuning"):
