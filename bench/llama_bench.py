@@ -284,7 +284,17 @@ def plot(results, out_png: Path) -> None:
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    panels = [key for key in ("protocol", "grid") if results.get(key)]
+    if not panels:
+        return
+    # One panel per part that ran (a grid-only run draws no empty protocol panel).
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    left = right = None
+    for key, ax in zip(panels, axes[0]):
+        if key == "protocol":
+            left = ax
+        else:
+            right = ax
     p = results.get("protocol")
     if p:
         arms = [a for a, r in p["arms"].items() if "error" not in r]
