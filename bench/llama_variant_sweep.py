@@ -141,7 +141,7 @@ def build_one(v: dict, tuning: dict, out: Path, python: str) -> tuple[str, int, 
         shutil.rmtree(dest, ignore_errors=True)
         env = dict(os.environ, LLAMA_SPEC_KERNELS=v["kernel"], PYTHONPATH=str(REPO / "tools"))
         r = subprocess.run([python, "-m", "kpack_tools.build", str(spec), "--out", str(dest),
-                            "--reuse-tuning", str(tmp / "tuning.json")],
+                            "--reuse-tuning", str(tmp / "tuning.json"), "--reuse-unlisted"],
                            env=env, capture_output=True, text=True)
     return v["tag"], r.returncode, r.stderr[-1500:]
 

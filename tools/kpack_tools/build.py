@@ -301,12 +301,13 @@ def _config_json(config: Config) -> Mapping[str, Any]:
 
 
 def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
-                    retune: Collection[Tuple[int, ...]] = ()) -> List[Dict[str, Any]]:
+                    retune: Collection[Tuple[int, ...]] = (),
+                    unlisted: bool = False) -> List[Dict[str, Any]]:
     """The buckets of a previous tuning.json entry for ``spec``, if they still describe
     it: same buckets, and every chosen config still in the spec with the same values and,
-    outside the ``retune`` buckets, still a candidate of its bucket (``config_allowed`` at
-    the bucket's representative shape: a bucket pinned to another config since is not
-    silently built with the old choice)."""
+    outside the ``retune`` buckets and unless ``unlisted``, still a candidate of its bucket
+    (``config_allowed`` at the bucket's representative shape: a bucket pinned to another
+    config since is not silently built with the old choice)."""
     where = f"--reuse-tuning {path}: kernel '{spec.name}'"
     buckets = old.get("buckets", [])
     ranges = [describe_bucket(spec, index) for index in spec.bucket_indices()]
@@ -320,7 +321,7 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
         if configs.get(config.name) != _config_json(config):
             raise BuildError(f"{where}: config '{config.name}' is {configs.get(config.name)} "
                              f"there and {_config_json(config)} in the spec")
-        if tuple(index) not in retune and not spec.allowed(shape, config):
+        if not unlisted and tuple(index) not in retune and not spec.allowed(shape, config):
             raise BuildError(f"{where}: bucket {list(index)} ({bucket.get('range')}) chose "
                              f"'{config.name}' there, which the spec no longer offers for "
                              f"that bucket; tune it again (--retune-buckets "
@@ -334,7 +335,8 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
 
 def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
           reps: int = 25, log: Optional[Callable[[str], None]] = print, backend=None,
-          reuse_tuning=None, jobs: int = 1, retune_buckets: Sequence[Sequence[int]] = ()):
+          reuse_tuning=None, jobs: int = 1, retune_buckets: Sequence[Sequence[int]] = (),
+          reuse_unlisted: bool = False):
     """Build a pack from spec files; return ``(manifest, tuning)``.
 
     ``tune`` asks for tuning; it happens only with a backend (default: torch
@@ -342,7 +344,9 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
     from there instead; ``retune_buckets`` (bucket indices) excepts those buckets
     of every kernel it lists, which are tuned (or given the spec's defaults) as
-    if unlisted.  Raises ``BuildError`` for a bucket where no candidate
+    if unlisted; ``reuse_unlisted`` takes reused choices that their bucket's candidates
+    no longer include (experiments that build a bucket with a config outside its list,
+    e.g. ``bench/llama_variant_sweep.py``), which are refused otherwise.  Raises ``BuildError`` for a bucket where no candidate
     passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
     (``precompile``).
     """
@@ -378,7 +382,7 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
                                  f"{list(unknown[0])}; its buckets are "
                                  f"{[list(i) for i in spec.bucket_indices()]}")
             reused_results[spec.name] = _reused_results(spec, reused[spec.name][0],
-                                                        reuse_tuning, retune)
+                                                        reuse_tuning, retune, reuse_unlisted)
 
     why_not = "--no-tune was given"
     if tune and backend is None:
@@ -555,7 +559,13 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
                              "names: 1, or 0_2 with two bucket parameters) of the kernels it "
                              "lists, or give them the spec's defaults without a GPU, and take "
                              "only their other buckets from it")
+    parser.add_argument("--reuse-unlisted", action="store_true",
+                        help="with --reuse-tuning: take its choices even where the spec no "
+                             "longer lists them among the bucket's candidates (experiments; "
+                             "refused otherwise)")
     args = parser.parse_args(argv)
+    if args.reuse_unlisted and not args.reuse_tuning:
+        parser.error("--reuse-unlisted needs --reuse-tuning")
     if args.retune_buckets and not args.reuse_tuning:
         parser.error("--retune-buckets needs --reuse-tuning (where the other buckets' configs "
                      "come from)")
@@ -566,7 +576,7 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
     try:
         build(args.specs, args.out, target=args.target, tune=not args.no_tune,
               reps=args.tune_reps, reuse_tuning=args.reuse_tuning, jobs=args.jobs,
-              retune_buckets=args.retune_buckets)
+              retune_buckets=args.retune_buckets, reuse_unlisted=args.reuse_unlisted)
     except (SpecError, BuildError, ValueError) as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 1

@@ -304,6 +304,12 @@ def test_reuse_tuning_refuses_a_choice_the_spec_no_longer_offers(tmp_path):
     _, again = builder.build([pinned], tmp_path / "p2", tune=False, log=None,
                              reuse_tuning=tuned_path, retune_buckets=[(1,)])
     assert [b["chosen"] for b in again["kernels"][0]["buckets"]] == ["b128", "b512", "b512"]
+    # An experiment asks for the old choice outside the list (llama_variant_sweep.py).
+    manifest, kept = builder.build([pinned], tmp_path / "p3", tune=False, log=None,
+                                   reuse_tuning=tuned_path, reuse_unlisted=True)
+    assert [b["chosen"] for b in kept["kernels"][0]["buckets"]] == ["b128", "b256", "b512"]
+    assert [v["constexprs"]["BLOCK_SIZE"] for v in manifest["kernels"][0]["variants"]] == \
+        [128, 256, 512]
 
 
 def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
