@@ -344,9 +344,10 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
     from there instead; ``retune_buckets`` (bucket indices) excepts those buckets
     of every kernel it lists, which are tuned (or given the spec's defaults) as
-    if unlisted; ``reuse_unlisted`` takes reused choices that their bucket's candidates
-    no longer include (experiments that build a bucket with a config outside its list,
-    e.g. ``bench/llama_variant_sweep.py``), which are refused otherwise.  Raises ``BuildError`` for a bucket where no candidate
+    if unlisted; ``reuse_unlisted`` takes reused choices that their bucket's
+    candidates no longer include (experiments that build a bucket with a config
+    outside its list, e.g. ``bench/llama_variant_sweep.py``), which are refused
+    otherwise.  Raises ``BuildError`` for a bucket where no candidate
     passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
     (``precompile``).
     """

@@ -331,6 +331,10 @@ def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         builder.main([str(spec), "--out", str(tmp_path / "p3"), "--retune-buckets", "1"])
     assert exit_.value.code == 2
+    with pytest.raises(SystemExit) as exit_:
+        builder.main([str(spec), "--out", str(tmp_path / "p4"), "--reuse-unlisted"])
+    assert exit_.value.code == 2
+    assert not (tmp_path / "p3").exists() and not (tmp_path / "p4").exists()
 
 
 def test_jit_tasks_cover_the_tuned_buckets_and_the_proof_configs(tmp_path):
