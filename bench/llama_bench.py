@@ -289,12 +289,8 @@ def plot(results, out_png: Path) -> None:
         return
     # One panel per part that ran (a grid-only run draws no empty protocol panel).
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
-    left = right = None
-    for key, ax in zip(panels, axes[0]):
-        if key == "protocol":
-            left = ax
-        else:
-            right = ax
+    axes = dict(zip(panels, axes[0]))
+    left, right = axes.get("protocol"), axes.get("grid")
     p = results.get("protocol")
     if p:
         arms = [a for a, r in p["arms"].items() if "error" not in r]

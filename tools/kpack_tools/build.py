@@ -56,11 +56,16 @@ def check_triton_version(version: str) -> None:
                          f"triton=={SUPPORTED_TRITON_VERSIONS[-1]}")
 
 
+def bucket_label(index: Sequence[int]) -> str:
+    """A bucket index as variant names and ``--retune-buckets`` write it: ``1``, ``0_2``."""
+    return "_".join(str(i) for i in index)
+
+
 def variant_name(spec: KernelSpec, index: Sequence[int], special: Specialization) -> str:
     """``b<i>[_<j>...]_<specialization>``, or the specialization alone without buckets."""
     if not spec.buckets:
         return special.name
-    return "b" + "_".join(str(i) for i in index) + "_" + special.name
+    return "b" + bucket_label(index) + "_" + special.name
 
 
 _TT_FUNC = re.compile(r"tt\.func public @\w+\((.*)\) attributes")
@@ -325,7 +330,7 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
             raise BuildError(f"{where}: bucket {list(index)} ({bucket.get('range')}) chose "
                              f"'{config.name}' there, which the spec no longer offers for "
                              f"that bucket; tune it again (--retune-buckets "
-                             f"{'_'.join(str(i) for i in index)})")
+                             f"{bucket_label(index)})")
         results.append({key: bucket.get(key) for key in (
             "bucket", "range", "representative", "chosen", "times_us", "checked_against")})
         results[-1].update({key: bucket.get(key, {}) for key in ("errors", "mismatches",
