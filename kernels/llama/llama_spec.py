@@ -122,7 +122,10 @@ def _proj_configs(n_name, split=False):
 SPLIT_K = [(16, 64, 128, 4, 4, 4), (16, 32, 128, 4, 4, 4), (16, 64, 128, 4, 6, 4),
            (16, 32, 128, 4, 6, 2), (64, 32, 128, 4, 3, 2), (64, 32, 128, 4, 3, 4),
            (64, 64, 128, 4, 6, 4), (64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 6, 2),
-           (64, 64, 128, 4, 4, 8)]
+           (64, 64, 128, 4, 4, 8),
+           # deeper, or over more warps, at 17-64 rows: timed inside the step graph
+           # (session 19; the pins below)
+           (64, 32, 128, 4, 6, 2), (64, 64, 128, 8, 4, 4)]
 # tl.dot as w · xᵀ ("swap AB": the weight rows are the MMA's M side, 64 or more of them
 # the H100/H200 warpgroup MMA's, and the 4-64 rows of x its narrow N side, instead of x's
 # rows padded to an M of 16 or 64). Session 8's probe of plain GEMMs at these shapes
@@ -345,10 +348,13 @@ _TUNED = {
 #   -46.1, gate/up's 6 (4) -11.5, the LM head's 6 (4) -12.2 per batch-64 step, together
 #   -41 to -71 in the batch-64 grid cells (128 to 8K, paired); QKV at M = 2-4 4 stages (3)
 #   -5.4 per batch-4 step, at M = 5-16 4 stages (3) -5.9 per batch-16 step.
+# - 2026-12-04 (session 19, bench/llama_results/down_warps_s19.md): at M = 17-64 o's
+#   split-K tile with 6 stages (3) -26.7 (session 18's sweep) and down's over 8 warps (4)
+#   -37.0 per batch-64 step (-36.9 in a second sweep on another machine).
 _PINS = {
-    "llama_down_proj": {0: "p1_1_k8192_w16_s1"},
+    "llama_down_proj": {0: "p1_1_k8192_w16_s1", 3: "p64_64_k128_w8_s4_x4"},
     "llama_lm_head": {0: "p1_256_k2048_w8_s4", 3: "p64_512_k64_w4_s6"},
-    "llama_o_proj": {1: "p4_4_k2048_w4_s1"},
+    "llama_o_proj": {1: "p4_4_k2048_w4_s1", 3: "p64_32_k128_w4_s6_x2"},
     "llama_attn_decode": {2: "n64_w4_s3"},
     "llama_qkv_rope": {1: "p4_4_k256_w4_s4", 2: "p16_32_k256_w4_s4", 3: "p64_16_k128_w4_s6"},
     "llama_gate_up": {3: "p64_64_k64_w4_s6"},
