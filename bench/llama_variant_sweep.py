@@ -33,8 +33,11 @@ policy; session 6 measured the trigger-at-exit kernels at batch 4-64 that way).
     python3 bench/llama_variant_sweep.py splice --variants-dir DIR --tags TAG+TAG --out DIR
 
 A chosen config goes into the spec as its bucket's only candidate (a pinned list, so that
-a later tuning keeps it) and the pack is rebuilt with ``tools/gpu_tier.sh llama-tune``
-for that bucket (the correctness check and the grid-tolerance proof).
+a later tuning keeps it); the pack is rebuilt with the pin on any machine
+(``kpack_tools.build ... --no-tune --reuse-tuning kernels/llamapack/tuning.json
+--retune-buckets KERNEL:BUCKET``, docs/build-spec.md), then proven on the GPU with
+``LLAMA_TUNE_GROUPS=KERNEL LLAMA_TUNE_BUCKETS=none tools/gpu_tier.sh llama-tune`` (the
+grid-tolerance proof; the correctness check is the Llama tier's).
 """
 
 from __future__ import annotations

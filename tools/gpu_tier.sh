@@ -28,7 +28,8 @@
 #             LLAMA_SPEC_CANDIDATES=N tunes each bucket's first N candidates only;
 #             LLAMA_TUNE_BUCKETS="1" (kpack-build's --retune-buckets) tunes only those M
 #             buckets of the named kernels, their other buckets kept from the committed
-#             pack's tuning.json; LLAMA_TUNE_BUCKETS=none tunes none: the named kernels
+#             pack's tuning.json (bucket indices: KERNEL:B would be refused by each
+#             group's build that lacks KERNEL; LLAMA_TUNE_GROUPS picks the kernels); LLAMA_TUNE_BUCKETS=none tunes none: the named kernels
 #             recompiled from the current source with the committed configs, their grid
 #             tolerance proven again (after a change to a kernel's code, not its configs;
 #             their correctness is then the llama stage's kernel check)

@@ -4,14 +4,15 @@
 
     python -m kpack_tools.build SPEC.py [SPEC.py ...] --out PACK
         [--target 90] [--no-tune] [--tune-reps N] [--reuse-tuning TUNING.json
-        [--retune-buckets B,...]] [--jobs N]
+        [--retune-buckets [KERNEL:]B,...]] [--jobs N]
 
 Each spec file defines ``KPACK_KERNELS`` (``docs/build-spec.md``).  For every
 kernel and bucket the builder picks a config -- when torch sees a CUDA GPU, the
 fastest of the candidates whose outputs pass the check against the spec's
 reference (``kpack_tools.autotune``); else (or with ``--no-tune``) the spec's
 declared default, recorded as untuned; or, with ``--reuse-tuning``, what an
-earlier ``tuning.json`` chose (except in the ``--retune-buckets`` buckets) --
+earlier ``tuning.json`` chose (except in the ``--retune-buckets`` buckets, of every
+kernel or, written ``KERNEL:B``, of one) --
 then compiles one variant per (bucket, specialization) with ``triton.compile``
 for ``sm_<target>`` and writes the pack: manifest (layouts read back from the
 cubins, each kernel's ``source``), cubins with sha256, and ``tuning.json``
@@ -175,17 +176,19 @@ def _warm_in_worker(spec_paths, name, bucket, config_names) -> float:
 
 
 def jit_tasks(specs: Sequence[KernelSpec], reused: Mapping[str, List[Dict[str, Any]]],
-              retune: Collection[Tuple[int, ...]]) -> List[Tuple[str, int, List[str]]]:
+              retune: Mapping[str, Collection[Tuple[int, ...]]]
+              ) -> List[Tuple[str, int, List[str]]]:
     """(kernel, bucket number, config names) that a tuning build JIT-compiles: every
     candidate of the buckets it tunes (all buckets of a kernel not in ``reused``, a
     reused kernel's ``retune`` buckets) and, for the grid proof, the reused config of
     each other bucket of a grid-tolerant reused kernel. ``reused``: per kernel name, its
-    bucket results from ``--reuse-tuning``."""
+    bucket results from ``--reuse-tuning``; ``retune``: per kernel name, the buckets
+    retuned (``retune_sets``)."""
     tasks = []
     for spec in specs:
         for number, (index, shape) in enumerate(zip(spec.bucket_indices(),
                                                     spec.representatives)):
-            if spec.name not in reused or index in retune:
+            if spec.name not in reused or index in retune.get(spec.name, ()):
                 names = [c.name for c in spec.configs if spec.allowed(shape, c)]
             else:
                 names = [reused[spec.name][number]["chosen"]] if spec.grid_tolerant else []
@@ -347,12 +350,13 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     ``tune`` asks for tuning; it happens only with a backend (default: torch
     and a CUDA GPU), otherwise the defaults are used and ``tuning.json`` says
     why.  ``reuse_tuning`` (a tuning.json path) takes each kernel it lists
-    from there instead; ``retune_buckets`` (bucket indices) excepts those buckets
-    of every kernel it lists, which are tuned (or given the spec's defaults) as
-    if unlisted; ``reuse_unlisted`` takes reused choices that their bucket's
-    candidates no longer include (experiments that build a bucket with a config
-    outside its list, e.g. ``bench/llama_variant_sweep.py``), which are refused
-    otherwise.  Raises ``BuildError`` for a bucket where no candidate
+    from there instead; ``retune_buckets`` excepts buckets, which are tuned (or
+    given the spec's defaults) as if unlisted: an item ``(i, ...)`` (a bucket
+    index) that bucket of every kernel the file lists, an item ``(name, (i, ...))``
+    that bucket of kernel ``name`` only (``retune_sets``); ``reuse_unlisted``
+    takes reused choices that their bucket's candidates no longer include
+    (experiments that build a bucket with a config outside its list, e.g.
+    ``bench/llama_variant_sweep.py``), which are refused otherwise.  Raises ``BuildError`` for a bucket where no candidate
     passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
     (``precompile``).
     """
@@ -375,20 +379,16 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
         reused = {k["name"]: (k, k.get("tuned", previous.get("tuned")),
                               k.get("device", previous.get("device")))
                   for k in previous.get("kernels", [])}
-    retune = {tuple(int(i) for i in index) for index in retune_buckets}
-    if retune and reuse_tuning is None:
+    if retune_buckets and reuse_tuning is None:
         raise BuildError("retuning buckets (--retune-buckets) needs --reuse-tuning: the "
                          "tuning.json the other buckets' configs come from")
+    retune = retune_sets(specs, reused, retune_buckets, reuse_tuning)
     reused_results = {}
     for spec in specs:
         if spec.name in reused:
-            unknown = sorted(retune - set(spec.bucket_indices()))
-            if unknown:
-                raise BuildError(f"--retune-buckets: kernel '{spec.name}' has no bucket "
-                                 f"{list(unknown[0])}; its buckets are "
-                                 f"{[list(i) for i in spec.bucket_indices()]}")
             reused_results[spec.name] = _reused_results(spec, reused[spec.name][0],
-                                                        reuse_tuning, retune, reuse_unlisted)
+                                                        reuse_tuning, retune[spec.name],
+                                                        reuse_unlisted)
 
     why_not = "--no-tune was given"
     if tune and backend is None:
@@ -409,18 +409,19 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     chosen = []  # per spec: (bucket results, grid tolerance entry)
     for spec in specs:
         entry = {"name": spec.name, "configs": [_config_json(c) for c in spec.configs]}
-        if spec.name in reused and retune:
+        if spec.name in reused and retune[spec.name]:
             old, was_tuned, _ = reused[spec.name]
-            fresh = (_tuned_results(spec, backend, reps, log, only=retune) if device is not None
+            mine = retune[spec.name]
+            fresh = (_tuned_results(spec, backend, reps, log, only=mine) if device is not None
                      else _untuned_results(spec))
             fresh = {tuple(r["bucket"]): r for r in fresh}
-            results = [fresh[tuple(r["bucket"])] if tuple(r["bucket"]) in retune else r
+            results = [fresh[tuple(r["bucket"])] if tuple(r["bucket"]) in mine else r
                        for r in reused_results[spec.name]]
             tuned = bool(was_tuned) and device is not None
             entry.update(tuned=tuned, device=device if tuned else None,
                          reused_from=str(reuse_tuning),
-                         retuned_buckets=[list(i) for i in sorted(retune)])
-            log(f"kernel '{spec.name}': buckets {[list(i) for i in sorted(retune)]} "
+                         retuned_buckets=[list(i) for i in sorted(mine)])
+            log(f"kernel '{spec.name}': buckets {[list(i) for i in sorted(mine)]} "
                 f"{'tuned' if device is not None else 'at the spec defaults'}, the others' "
                 f"configs from {reuse_tuning}")
         elif spec.name in reused:
@@ -494,15 +495,23 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
 
 def _configs_from(specs, reused, reuse_tuning, retune) -> str:
     """Where an untuned build's configs come from: ``--reuse-tuning``'s file for the
-    kernels it lists (but their ``retune`` buckets), the spec's default configs for the
-    others."""
+    kernels it lists (but their ``retune`` buckets, per kernel name), the spec's default
+    configs for the others."""
     taken = [spec.name for spec in specs if spec.name in reused]
     default = [spec.name for spec in specs if spec.name not in reused]
     parts = []
     if taken:
+        # One list when every listed kernel retunes the same buckets, else one per kernel.
+        sets = {name: [list(i) for i in sorted(retune[name])] for name in taken
+                if retune[name]}
+        if not sets:
+            but = ""
+        elif len(sets) == len(taken) and len({str(v) for v in sets.values()}) == 1:
+            but = f" but buckets {next(iter(sets.values()))}"
+        else:
+            but = " but buckets " + ", ".join(f"{v} of {name}" for name, v in sets.items())
         parts.append(f"configs of {', '.join(taken)} from {reuse_tuning}"
-                     + (f" but buckets {[list(i) for i in sorted(retune)]}: the spec's default "
-                        f"configs" if retune else ""))
+                     + (f"{but}: the spec's default configs" if but else ""))
     if default:
         parts.append(("each bucket uses the spec's default config" if not taken else
                       f"the spec's default configs for {', '.join(default)}"))
@@ -527,16 +536,57 @@ def _log_summary(manifest, tuning, out_dir, log) -> None:
         f"{'tuned on ' + tuning['device'] if tuning['tuned'] else tuning['reason']}")
 
 
-def _bucket_list(text: str) -> List[Tuple[int, ...]]:
-    """``1,3`` or ``0_2,1_0``: bucket indices as variant names write them."""
-    try:
-        indices = [tuple(int(i) for i in item.split("_")) for item in text.split(",")]
-    except ValueError:
-        indices = None
-    if not indices or any(i < 0 for index in indices for i in index):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of bucket indices (1 or 0_2)")
-    return indices
+def retune_sets(specs: Sequence[KernelSpec], reused: Mapping[str, Any],
+                retune_buckets: Sequence, reuse_tuning=None) -> Dict[str, set]:
+    """Per kernel of ``specs``, the bucket indices ``retune_buckets`` excepts from the
+    reused tuning: an item ``(i, ...)`` names a bucket of every kernel ``reused`` lists, an
+    item ``(name, (i, ...))`` (``--retune-buckets name:i``) one of kernel ``name``, which
+    must be among the specs and listed there. A bucket a kernel does not have is
+    refused."""
+    out = {spec.name: set() for spec in specs}
+    everywhere = set()
+    for item in retune_buckets:
+        if item and isinstance(item[0], str):
+            name, index = item[0], tuple(int(i) for i in item[1])
+            if name not in out:
+                raise BuildError(f"--retune-buckets {name}:{bucket_label(index)}: no kernel "
+                                 f"'{name}' in the specs ({', '.join(out) or 'none'})")
+            if name not in reused:
+                raise BuildError(f"--retune-buckets {name}:{bucket_label(index)}: "
+                                 f"--reuse-tuning {reuse_tuning} does not list kernel "
+                                 f"'{name}' (its buckets are all tuned, or defaulted)")
+            out[name].add(index)
+        else:
+            everywhere.add(tuple(int(i) for i in item))
+    for spec in specs:
+        if spec.name not in reused:
+            continue
+        out[spec.name] |= everywhere
+        unknown = sorted(out[spec.name] - set(spec.bucket_indices()))
+        if unknown:
+            raise BuildError(f"--retune-buckets: kernel '{spec.name}' has no bucket "
+                             f"{list(unknown[0])}; its buckets are "
+                             f"{[list(i) for i in spec.bucket_indices()]}")
+    return out
+
+
+def _bucket_list(text: str) -> List[Tuple]:
+    """``1,3`` or ``0_2,1_0``: bucket indices as variant names write them, each of
+    every kernel; ``KERNEL:1``: that bucket of one kernel, as ``(KERNEL, (1,))``."""
+    items = []
+    for item in text.split(","):
+        name, colon, index = item.rpartition(":")
+        try:
+            parsed = tuple(int(i) for i in index.split("_"))
+        except ValueError:
+            parsed = None
+        if (parsed is None or any(i < 0 for i in parsed) or index.strip() != index
+                or (colon and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name))):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of bucket indices (1 or 0_2, "
+                f"or KERNEL:1 for one kernel's)")
+        items.append((name, parsed) if colon else parsed)
+    return items
 
 
 def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
@@ -560,11 +610,13 @@ def main(argv=None, prog: str = "python -m kpack_tools.build") -> int:
     parser.add_argument("--reuse-tuning", metavar="TUNING_JSON",
                         help="take the configs of every kernel this tuning.json lists from it "
                              "(e.g. the pack's own, to add a kernel without retuning the rest)")
-    parser.add_argument("--retune-buckets", metavar="B[,B...]", type=_bucket_list, default=[],
+    parser.add_argument("--retune-buckets", metavar="[KERNEL:]B[,...]", type=_bucket_list,
+                        default=[],
                         help="with --reuse-tuning: tune these buckets (indices as in variant "
                              "names: 1, or 0_2 with two bucket parameters) of the kernels it "
-                             "lists, or give them the spec's defaults without a GPU, and take "
-                             "only their other buckets from it")
+                             "lists, or of one kernel written KERNEL:1, or give them the "
+                             "spec's defaults without a GPU, and take only their other "
+                             "buckets from it")
     parser.add_argument("--reuse-unlisted", action="store_true",
                         help="with --reuse-tuning: take its choices even where the spec no "
                              "longer lists them among the bucket's candidates (experiments; "

@@ -323,9 +323,12 @@ def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
         builder.build([spec], tmp_path / "p2", tune=False, log=None, retune_buckets=[(5,)],
                       reuse_tuning=tmp_path / "tuned" / "tuning.json")
     assert not (tmp_path / "p2").exists()
-    # The command line: bucket indices as variant names write them, and only with a file.
+    # The command line: bucket indices as variant names write them, of every kernel or,
+    # after a kernel's name, of that one; and only with a file.
     assert builder._bucket_list("1,0_2") == [(1,), (0, 2)]
-    for bad in ("", "a", "1,", "-1"):
+    assert builder._bucket_list("llama_o_proj:3,1,k2:0_2") == [
+        ("llama_o_proj", (3,)), (1,), ("k2", (0, 2))]
+    for bad in ("", "a", "1,", "-1", ":1", "o proj:1", "k:", "k:a", "k:-1", "k:1:2"):
         with pytest.raises(Exception, match="not a comma-separated list of bucket indices"):
             builder._bucket_list(bad)
     with pytest.raises(SystemExit) as exit_:
@@ -337,15 +340,82 @@ def test_retune_buckets_refuses_what_it_cannot_do(tmp_path):
     assert not (tmp_path / "p3").exists() and not (tmp_path / "p4").exists()
 
 
+def two_kernel_spec(tmp_path, name="two", default='["b128", "b256", "b512"]', extra=""):
+    """write_spec's rms_norm plus the same kernel again as 'rms_norm2'."""
+    path = write_spec(tmp_path, name=name, default=default, extra=extra)
+    text = path.read_text()
+    body = text[text.index("KPACK_KERNELS = [") + len("KPACK_KERNELS = ["):text.rindex("]")]
+    path.write_text(text[:text.rindex("]")] + ", "
+                    + body.replace('name="rms_norm"', 'name="rms_norm2"') + "]\n")
+    return path
+
+
+def test_retune_buckets_of_one_kernel(tmp_path):
+    """KERNEL:B retunes that kernel's bucket only: a pin added to one kernel is rebuilt
+    in one command, every other choice reused."""
+    spec = two_kernel_spec(tmp_path)
+    tuned_path = tmp_path / "tuned" / "tuning.json"
+    _, tuned = builder.build([spec], tmp_path / "tuned", backend=ModelBackend(FAST_SMALL),
+                             log=None)
+    assert [[b["chosen"] for b in k["buckets"]] for k in tuned["kernels"]] == \
+        [["b128", "b256", "b512"]] * 2
+    # rms_norm2's bucket 1 pinned to b512 (its default there): the whole reuse is refused
+    # until that bucket is retuned, and retuning it leaves rms_norm untouched.
+    pinned = two_kernel_spec(tmp_path, name="pinned", default='["b128", "b512", "b512"]',
+                             extra="config_allowed=lambda shape, c: shape['N'] <= 128 or "
+                                   "shape['N'] > 256 or c.name == 'b512',")
+    text = pinned.read_text()
+    first = text.index("config_allowed=")
+    pinned.write_text(text[:first] + text[first:].replace(
+        "config_allowed=lambda shape, c: shape['N'] <= 128 or shape['N'] > 256 or "
+        "c.name == 'b512',", "", 1))  # rms_norm keeps every candidate
+    with pytest.raises(builder.BuildError, match=r"kernel 'rms_norm2': bucket \[1\]"):
+        builder.build([pinned], tmp_path / "p0", tune=False, log=None,
+                      reuse_tuning=tuned_path)
+    lines = []
+    _, again = builder.build([pinned], tmp_path / "p1", tune=False, log=lines.append,
+                             reuse_tuning=tuned_path, retune_buckets=[("rms_norm2", (1,))])
+    first, second = again["kernels"]
+    assert first == dict(tuned["kernels"][0], reused_from=str(tuned_path))
+    assert [b["chosen"] for b in second["buckets"]] == ["b128", "b512", "b512"]
+    assert second["buckets"][0] == tuned["kernels"][1]["buckets"][0]
+    assert second["retuned_buckets"] == [[1]] and "retuned_buckets" not in first
+    assert again["reason"] == (f"not tuned: --no-tune was given; configs of rms_norm, "
+                               f"rms_norm2 from {tuned_path} but buckets [[1]] of rms_norm2: "
+                               f"the spec's default configs")
+    # The same through the command line, and the errors that name what is wrong.
+    assert builder.main([str(pinned), "--out", str(tmp_path / "p2"), "--no-tune",
+                         "--reuse-tuning", str(tuned_path),
+                         "--retune-buckets", "rms_norm2:1"]) == 0
+    assert json.loads((tmp_path / "p2" / "tuning.json").read_text())["kernels"] == \
+        again["kernels"]
+    with pytest.raises(builder.BuildError, match=r"--retune-buckets nope:1: no kernel 'nope' "
+                                                 r"in the specs \(rms_norm, rms_norm2\)"):
+        builder.build([pinned], tmp_path / "p3", tune=False, log=None,
+                      reuse_tuning=tuned_path, retune_buckets=[("nope", (1,))])
+    with pytest.raises(builder.BuildError, match=r"kernel 'rms_norm2' has no bucket \[7\]"):
+        builder.build([pinned], tmp_path / "p4", tune=False, log=None,
+                      reuse_tuning=tuned_path, retune_buckets=[("rms_norm2", (7,))])
+    only_first = tmp_path / "only_first.json"
+    only_first.write_text(json.dumps(dict(tuned, kernels=tuned["kernels"][:1])))
+    with pytest.raises(builder.BuildError, match=r"--retune-buckets rms_norm2:1: "
+                                                 r"--reuse-tuning .* does not list kernel "
+                                                 r"'rms_norm2'"):
+        builder.build([pinned], tmp_path / "p5", tune=False, log=None,
+                      reuse_tuning=only_first, retune_buckets=[("rms_norm2", (1,))])
+    assert not any((tmp_path / f"p{i}").exists() for i in (0, 3, 4, 5))
+
+
 def test_jit_tasks_cover_the_tuned_buckets_and_the_proof_configs(tmp_path):
     spec = load_specs(write_spec(tmp_path))[0]
     reused = {"rms_norm": [{"chosen": "b128"}, {"chosen": "b256"}, {"chosen": "b512"}]}
     every = ["b128", "b256", "b512"]
-    assert builder.jit_tasks([spec], {}, set()) == [("rms_norm", i, every) for i in range(3)]
-    assert builder.jit_tasks([spec], reused, set()) == []  # no grid proof to run
-    assert builder.jit_tasks([spec], reused, {(1,)}) == [("rms_norm", 1, every)]
+    assert builder.jit_tasks([spec], {}, {}) == [("rms_norm", i, every) for i in range(3)]
+    assert builder.jit_tasks([spec], reused, {}) == []  # no grid proof to run
+    assert builder.jit_tasks([spec], reused, {"rms_norm": {(1,)}}) == [("rms_norm", 1, every)]
+    assert builder.jit_tasks([spec], reused, {"other": {(1,)}}) == []
     tolerant = load_specs(write_spec(tmp_path, name="tolerant", extra="grid_tolerant=True,"))[0]
-    assert builder.jit_tasks([tolerant], reused, {(1,)}) == [
+    assert builder.jit_tasks([tolerant], reused, {"rms_norm": {(1,)}}) == [
         ("rms_norm", 0, ["b128"]), ("rms_norm", 1, every), ("rms_norm", 2, ["b512"])]
 
 
