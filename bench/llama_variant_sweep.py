@@ -17,13 +17,16 @@ a copy of the kernel source, for experiments on the code itself.
 ``time`` (the H200): each variant spliced into a copy of the committed pack (that
 kernel's manifest entry and cubins replaced; ``A+B`` splices several), then
 ``kpack-llama`` runs the Llama protocol (prompt 32, 127 steps, capacity 16,384, step
-graphs) at ``--batch``; ``--rounds`` rounds, every other one in reverse order, the
+graphs) at ``--batch``, or with ``--context N`` a grid cell as ``bench/llama_bench.py``
+times it (64 steps after a synthetic context of N positions: the contexts where decode
+attention's configs differ); ``--rounds`` rounds, every other one in reverse order, the
 unswapped pack timed before every fourth variant. Prints each variant's median µs/step
 and its difference from the unswapped pack's median, and writes sweep.json.
 
     python3 bench/llama_variant_sweep.py build --variants FILE --out DIR [--jobs 2]
     python3 bench/llama_variant_sweep.py time --kpack-llama BIN --checkpoint DIR \\
-        --variants-dir DIR --out DIR [--batch 1] [--rounds 2] [--only TAG,TAG+TAG]
+        --variants-dir DIR --out DIR [--batch 1] [--context N] [--rounds 2] \\
+        [--only TAG,TAG+TAG]
 
 ``splice`` (no GPU) writes one such spliced pack to a directory, for the benchmarks that
 take ``--pack``: ``llama_breakdown.py`` times the step graph with and without programmatic
@@ -57,9 +60,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DIR = REPO / "kernels" / "llama"
 PACK = REPO / "kernels" / "llamapack"
-# kpack_tools (the build's config JSON) and the spec, imported where used: `time` needs
-# neither (nor Triton).
-for _path in (REPO / "tools", SPEC_DIR):
+# A grid cell's decode steps after its synthetic context (bench/llama_bench.py's default).
+GRID_STEPS = 64
+# kpack_tools (the build's config JSON), the spec and the Python engine's config (a grid
+# cell's capacity), imported where used: `time` needs no Triton.
+for _path in (REPO / "tools", SPEC_DIR, REPO / "examples" / "llama" / "python"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
@@ -204,11 +209,18 @@ def cmd_time(args) -> int:
         for g in groups:
             packs["+".join(g)] = splice(args.pack, args.variants_dir, g, Path(tmp) / "+".join(g))
 
+        if args.context is None:
+            shape = ["--prompt-lens", "32", "--steps", "127", "--capacity", "16384"]
+        else:
+            import config  # noqa: PLC0415
+            capacity = config.aligned_capacity(args.context + GRID_STEPS + 1)
+            shape = ["--prompt-lens", "1", "--steps", str(GRID_STEPS), "--capacity",
+                     str(capacity), "--context", str(args.context)]
+
         def run(key: str) -> float:
             out = args.out / f"{key}.json"
             cmd = [args.kpack_llama, "--pack", str(packs[key]), "--checkpoint",
-                   str(args.checkpoint), "--batch", str(args.batch), "--prompt-lens", "32",
-                   "--steps", "127", "--capacity", "16384", "--graphs", "on",
+                   str(args.checkpoint), "--batch", str(args.batch), *shape, "--graphs", "on",
                    "--warmup-seqs", "1", "--timed-seqs", "4", "--json", str(out)]
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             if r.returncode:
@@ -225,13 +237,15 @@ def cmd_time(args) -> int:
                 times.setdefault(key, []).append(run(key))
                 print(f"round {rnd} {key}: {times[key][-1]:.1f} µs/step", flush=True)
     base = statistics.median(times["base"])
-    print(f"\nbatch {args.batch}; unswapped pack: median {base:.1f} µs/step over "
+    where = "the protocol" if args.context is None else f"context {args.context}"
+    print(f"\nbatch {args.batch}, {where}; unswapped pack: median {base:.1f} µs/step over "
           f"{len(times['base'])} runs")
     for key, ts in sorted(times.items(), key=lambda kv: statistics.median(kv[1])):
         med = statistics.median(ts)
         print(f"{key:32s} {med:8.1f} {med - base:+7.1f}  {[round(t, 1) for t in ts]}")
     (args.out / "sweep.json").write_text(json.dumps(
-        {"batch": args.batch, "rounds": args.rounds, "us_per_step": times}, indent=1) + "\n")
+        {"batch": args.batch, "context": args.context, "rounds": args.rounds,
+         "us_per_step": times}, indent=1) + "\n")
     return 0
 
 
@@ -265,6 +279,9 @@ def main(argv=None) -> int:
     t.add_argument("--out", type=Path, required=True)
     t.add_argument("--pack", type=Path, default=PACK)
     t.add_argument("--batch", type=int, default=1)
+    t.add_argument("--context", type=int, default=None, metavar="N",
+                   help="time a grid cell: 64 steps after a synthetic context of N positions "
+                        "(default: the Llama protocol)")
     t.add_argument("--rounds", type=int, default=2)
     t.add_argument("--only", default="", help="TAG,TAG+TAG,... (default: every variant pack)")
     sp = sub.add_parser("splice", help="one spliced pack, for benchmarks that take --pack")
@@ -273,6 +290,8 @@ def main(argv=None) -> int:
     sp.add_argument("--out", type=Path, required=True)
     sp.add_argument("--pack", type=Path, default=PACK)
     args = ap.parse_args(argv)
+    if getattr(args, "context", None) is not None and args.context < 1:
+        ap.error(f"--context must be a positive number of positions, not {args.context}")
     commands = {"build": cmd_build, "time": cmd_time, "splice": cmd_splice}
     try:
         return commands[args.command](args)

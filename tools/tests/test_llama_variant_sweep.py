@@ -137,8 +137,11 @@ a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 m = json.load(open(a["--pack"] + "/manifest.json"))
 o = next(k for k in m["kernels"] if k["name"] == "llama_o_proj")
 block_n = next(v for v in o["variants"] if v["bucket"] == [0])["constexprs"]["BLOCK_N"]
+shape = [a[k] for k in ("--prompt-lens", "--steps", "--capacity", "--context") if k in a]
 with open(a["--json"], "w") as f:
     json.dump({{"us_per_step": 700.0 + 10 * block_n + int(a["--batch"])}}, f)
+with open(a["--json"] + ".shape", "w") as f:
+    f.write(" ".join(shape))
 """
 
 
@@ -155,4 +158,19 @@ def test_time_reports_each_variant_against_the_unswapped_pack(variant_dir, tmp_p
     result = json.loads((tmp_path / "t" / "sweep.json").read_text())
     assert result["batch"] == 4 and result["rounds"] == 3
     assert result["us_per_step"] == {"base": [704.0 + 10 * base_n] * 3, "o2": [724.0] * 3}
-    assert f"{20 - 10 * base_n:+7.1f}" in capsys.readouterr().out
+    assert result["context"] is None
+    out = capsys.readouterr().out
+    assert f"{20 - 10 * base_n:+7.1f}" in out and "batch 4, the protocol;" in out
+    assert (tmp_path / "t" / "o2.json.shape").read_text() == "32 127 16384"
+    # A grid cell: 64 steps after a synthetic context, the capacity aligned as the grid's.
+    assert sweep.main(["time", "--kpack-llama", str(binary), "--checkpoint", str(tmp_path),
+                       "--variants-dir", str(variant_dir), "--out", str(tmp_path / "c"),
+                       "--batch", "64", "--context", "1000", "--rounds", "1"]) == 0
+    assert json.loads((tmp_path / "c" / "sweep.json").read_text())["context"] == 1000
+    assert (tmp_path / "c" / "o2.json.shape").read_text() == "1 64 1072 1000"
+    assert "batch 64, context 1000;" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main(["time", "--kpack-llama", str(binary), "--checkpoint", str(tmp_path),
+                    "--variants-dir", str(variant_dir), "--out", str(tmp_path / "z"),
+                    "--context", "0"])
+    assert exit_.value.code == 2 and "--context must be a positive" in capsys.readouterr().err
