@@ -28,6 +28,10 @@ and its difference from the unswapped pack's median, and writes sweep.json.
         --variants-dir DIR --out DIR [--batch 1] [--context N] [--rounds 2] \\
         [--only TAG,TAG+TAG]
 
+A variant pack may be a whole pack: with ``--pack`` an older pack and a variant directory
+holding a copy of the tree's (every kernel spliced in: the tree's manifest and cubins),
+``time`` pairs the two packs in one process, at the protocol or a grid cell.
+
 ``splice`` (no GPU) writes one such spliced pack to a directory, for the benchmarks that
 take ``--pack``: ``llama_breakdown.py`` times the step graph with and without programmatic
 edges in one process, which ``time`` cannot (``kpack-llama`` follows the engine's edge

@@ -6,6 +6,7 @@ depends on the spliced pack, so the medians, the rounds and the splicing are che
 import hashlib
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -109,6 +110,14 @@ def test_a_built_variant_splices_into_a_copy_of_the_pack(variant_dir, tmp_path):
             assert hashlib.sha256(data).hexdigest() == v["sha256"]
     with pytest.raises(sweep.SweepError, match="no variant pack"):
         sweep.splice(sweep.PACK, variant_dir, ["missing"], tmp_path / "pack2")
+    # A whole pack as the variant: the spliced pack is that pack again, over any base.
+    whole = tmp_path / "whole"
+    shutil.copytree(sweep.PACK, whole / "tree")
+    again = sweep.splice(spliced, whole, ["tree"], tmp_path / "pack3")
+    assert json.loads((again / "manifest.json").read_text()) == before
+    for kernel in before["kernels"]:
+        for v in kernel["variants"]:
+            assert (again / v["cubin"]).read_bytes() == (sweep.PACK / v["cubin"]).read_bytes()
 
 
 def test_splice_writes_one_pack_and_refuses_what_it_cannot(variant_dir, tmp_path, capsys):
