@@ -29,9 +29,10 @@
 #             LLAMA_TUNE_BUCKETS="1" (kpack-build's --retune-buckets) tunes only those M
 #             buckets of the named kernels, their other buckets kept from the committed
 #             pack's tuning.json (bucket indices: KERNEL:B would be refused by each
-#             group's build that lacks KERNEL; LLAMA_TUNE_GROUPS picks the kernels); LLAMA_TUNE_BUCKETS=none tunes none: the named kernels
-#             recompiled from the current source with the committed configs, their grid
-#             tolerance proven again (after a change to a kernel's code, not its configs;
+#             group's build that lacks KERNEL; LLAMA_TUNE_GROUPS picks the kernels);
+#             LLAMA_TUNE_BUCKETS=none tunes none: the named kernels recompiled from the
+#             current source with the committed configs, their grid tolerance proven
+#             again (after a change to a kernel's code, not its configs;
 #             their correctness is then the llama stage's kernel check)
 #   llama     the Llama engine's GPU tier: the kernels against their torch math
 #             (kpack_llama_kernels_gpu), C++ graph vs eager on tiny and full size

@@ -343,7 +343,7 @@ def _reused_results(spec: KernelSpec, old: Mapping[str, Any], path,
 
 def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
           reps: int = 25, log: Optional[Callable[[str], None]] = print, backend=None,
-          reuse_tuning=None, jobs: int = 1, retune_buckets: Sequence[Sequence[int]] = (),
+          reuse_tuning=None, jobs: int = 1, retune_buckets: Sequence = (),
           reuse_unlisted: bool = False):
     """Build a pack from spec files; return ``(manifest, tuning)``.
 
@@ -356,9 +356,9 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
     that bucket of kernel ``name`` only (``retune_sets``); ``reuse_unlisted``
     takes reused choices that their bucket's candidates no longer include
     (experiments that build a bucket with a config outside its list, e.g.
-    ``bench/llama_variant_sweep.py``), which are refused otherwise.  Raises ``BuildError`` for a bucket where no candidate
-    passes the check.  ``jobs`` > 1 compiles the variants in that many processes first
-    (``precompile``).
+    ``bench/llama_variant_sweep.py``), which are refused otherwise.  Raises
+    ``BuildError`` for a bucket where no candidate passes the check.  ``jobs`` > 1
+    compiles the variants in that many processes first (``precompile``).
     """
     import triton
     log = log or (lambda line: None)
