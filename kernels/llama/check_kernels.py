@@ -416,8 +416,12 @@ def cases(device):
     # Decode attention: GQA groups 2 and 4; contexts of a few KV tiles (split 0 alone
     # writes out) and longer ones (partials and the combine: every split with work, some
     # idle, S odd, S = 1), rows of both kinds in one launch, S above the number of tiles.
+    # And a config of two tiles switching at 128 positions (SHORT_CTX): the contexts
+    # below on both sides of it, in one launch too (mixed).
     dec_cfgs = [SPECS["llama_attn_decode"].config(n) for n in
                 (("n32_w4_s3",) if cpu else [c.name for c in SPECS["llama_attn_decode"].configs])]
+    dec_cfgs.append(llama_spec._attn_decode_config(32, 4, 3, (128, 16, 2)) if cpu else
+                    llama_spec._attn_decode_config(128, 4, 2, (128, 64, 3)))
 
     def mixed(args):  # one row of one tile, one at the direct limit, one split
         args["pos"][:] = torch.tensor([20, 127, 290], dtype=torch.int32)[:args["M"]]

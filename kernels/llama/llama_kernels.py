@@ -547,12 +547,21 @@ def _attend_tile(qt, kv, vv, n, n_ok, keep, m_i, l_i, acc, sm_scale, HEAD_DIM: t
 def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, out,
                       M, NH, NKV, CAP, S, sm_scale,
                       HEAD_DIM: tl.constexpr, GROUP_BLOCK: tl.constexpr,
-                      BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr):
+                      BLOCK_N: tl.constexpr, SHORT_CTX: tl.constexpr, SHORT_N: tl.constexpr,
+                      SHORT_STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """Split s of row m's attention for the q heads of kv head g, each K/V tile read once
     for all of them. How many of the S splits carry work follows from the row's context
     (read here, so a graph's grid stays fixed as it grows): up to _DIRECT_TILES KV tiles,
     split 0 alone, writing out directly; beyond, cdiv(tiles, S) tiles per split and the
-    last of the splits with work combines their partials."""
+    last of the splits with work combines their partials.
+
+    SHORT_CTX > 0: a row whose context has at most SHORT_CTX positions is attended in
+    tiles of SHORT_N positions, its loop pipelined SHORT_STAGES deep (tiles, splits and
+    the direct rule counted in those tiles); a longer one in BLOCK_N tiles, num_stages
+    deep. The best tile depends on the context (the H200, batch 64: 64 positions are
+    faster at 128-1K, 128 at 4K-8K, bench/llama_results/down_warps_s19.md), and a step
+    graph serves every context of its batch with one config. SHORT_CTX = 0: BLOCK_N
+    tiles at every context (SHORT_N, SHORT_STAGES unused)."""
     split = tl.program_id(0)
     g = tl.program_id(1)
     m = tl.program_id(2)
@@ -564,55 +573,85 @@ def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, 
     _pdl_wait(USE_PDL)
     if live:
         length = tl.minimum(p + 1, CAP)
-        group = NH // NKV
-        i = tl.arange(0, GROUP_BLOCK)
-        heads = g * group + i
-        heads_ok = i < group
-        d = tl.arange(0, HEAD_DIM)
-        q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
-        qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
-        # One row, or a row whose context split 0 attends alone: the o projection
-        # launches now, its weights' loads overlapping this kernel (at 2-4 rows o reads
-        # whole weight rows before gdc_wait: 34 µs per batch-4 step at context 128,
-        # bench/llama_results/rows_gemv_s17.md). A split context: as this kernel's
-        # programs exit (early, o's programs waited in gdc_wait on SMs the splits needed:
-        # 228 µs per step slower at batch 16, context 8192, with the step graph's
-        # programmatic edges; and 35-37 µs at batch 4 where its splits span 4-16 tiles,
-        # bench/llama_results/early_trigger_s16.md; docs/llama.md).
-        tiles = tl.cdiv(length, BLOCK_N)
-        if (M == 1) | (tiles <= _DIRECT_TILES):
-            _pdl_launch(USE_PDL)
-        per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
-        n_split = tl.cdiv(tiles, per)
-        if split < n_split:
-            lo = split * per * BLOCK_N
-            hi = tl.minimum(lo + per * BLOCK_N, length)
-            kv = k_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
-            vv = v_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
-            m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
-            l_i = tl.zeros([GROUP_BLOCK], tl.float32)
-            acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
+        if SHORT_CTX > 0:
+            tl.static_assert(SHORT_N <= BLOCK_N, "SHORT_N is a tile for short contexts")
+            if length <= SHORT_CTX:
+                _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
+                                   NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
+                                   GROUP_BLOCK, SHORT_N, SHORT_STAGES, USE_PDL)
+            else:
+                _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
+                                   NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
+                                   GROUP_BLOCK, BLOCK_N, 0, USE_PDL)
+        else:
+            _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
+                               NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
+                               GROUP_BLOCK, BLOCK_N, 0, USE_PDL)
+
+
+@triton.jit
+def _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH, NKV, CAP,
+                       S, sm_scale, split, g, m, sq, length, HEAD_DIM: tl.constexpr,
+                       GROUP_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+                       STAGES: tl.constexpr, USE_PDL: tl.constexpr):
+    """llama_attn_decode's work for split `split` of row m (context `length`, sequence sq)
+    and kv head g in tiles of BLOCK_N positions, its KV loop pipelined STAGES deep (0: the
+    kernel's num_stages)."""
+    group = NH // NKV
+    i = tl.arange(0, GROUP_BLOCK)
+    heads = g * group + i
+    heads_ok = i < group
+    d = tl.arange(0, HEAD_DIM)
+    q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
+    qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
+    # One row, or a row whose context split 0 attends alone: the o projection
+    # launches now, its weights' loads overlapping this kernel (at 2-4 rows o reads
+    # whole weight rows before gdc_wait: 34 µs per batch-4 step at context 128,
+    # bench/llama_results/rows_gemv_s17.md). A split context: as this kernel's
+    # programs exit (early, o's programs waited in gdc_wait on SMs the splits needed:
+    # 228 µs per step slower at batch 16, context 8192, with the step graph's
+    # programmatic edges; and 35-37 µs at batch 4 where its splits span 4-16 tiles,
+    # bench/llama_results/early_trigger_s16.md; docs/llama.md).
+    tiles = tl.cdiv(length, BLOCK_N)
+    if (M == 1) | (tiles <= _DIRECT_TILES):
+        _pdl_launch(USE_PDL)
+    per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
+    n_split = tl.cdiv(tiles, per)
+    if split < n_split:
+        lo = split * per * BLOCK_N
+        hi = tl.minimum(lo + per * BLOCK_N, length)
+        kv = k_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
+        vv = v_cache + (sq.to(tl.int64) * NKV + g) * CAP * HEAD_DIM
+        m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_BLOCK], tl.float32)
+        acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
+        if STAGES > 0:
+            for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+                n = start + tl.arange(0, BLOCK_N)
+                m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i,
+                                             l_i, acc, sm_scale, HEAD_DIM)
+        else:
             for start in range(lo, hi, BLOCK_N):
                 n = start + tl.arange(0, BLOCK_N)
                 m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i,
                                              l_i, acc, sm_scale, HEAD_DIM)
-            o_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
-            if n_split == 1:
-                o = acc / tl.where(heads_ok, l_i, 1.0)[:, None]
-                tl.store(out + o_off, o.to(tl.bfloat16), mask=heads_ok[:, None])
-            else:
-                part = (m.to(tl.int64) * NH + heads) * S + split
-                tl.store(o_part + part[:, None] * HEAD_DIM + d[None, :], acc,
-                         mask=heads_ok[:, None])
-                tl.store(ml_part + part * 2, m_i, mask=heads_ok)
-                tl.store(ml_part + part * 2 + 1, l_i, mask=heads_ok)
-                tl.debug_barrier()
-                counter = counters + m * NKV + g
-                done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-                if done == n_split - 1:
-                    _attn_combine(o_part, ml_part, out, m, g * group, group, NH, S, n_split,
-                                  HEAD_DIM)
-                    tl.store(counter, 0)
+        o_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
+        if n_split == 1:
+            o = acc / tl.where(heads_ok, l_i, 1.0)[:, None]
+            tl.store(out + o_off, o.to(tl.bfloat16), mask=heads_ok[:, None])
+        else:
+            part = (m.to(tl.int64) * NH + heads) * S + split
+            tl.store(o_part + part[:, None] * HEAD_DIM + d[None, :], acc,
+                     mask=heads_ok[:, None])
+            tl.store(ml_part + part * 2, m_i, mask=heads_ok)
+            tl.store(ml_part + part * 2 + 1, l_i, mask=heads_ok)
+            tl.debug_barrier()
+            counter = counters + m * NKV + g
+            done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if done == n_split - 1:
+                _attn_combine(o_part, ml_part, out, m, g * group, group, NH, S, n_split,
+                              HEAD_DIM)
+                tl.store(counter, 0)
 
 
 @triton.jit

@@ -351,11 +351,15 @@ _TUNED = {
 # - 2026-12-04 (session 19, bench/llama_results/down_warps_s19.md): at M = 17-64 o's
 #   split-K tile with 6 stages (3) -26.7 (session 18's sweep) and down's over 8 warps (4)
 #   -37.0 per batch-64 step (-36.9 in a second sweep on another machine).
+# - 2026-12-04 (session 20, bench/llama_results/attn_tiles_s20.md): decode attention at
+#   M = 17-64 in 64-position tiles up to 3072 positions and 128 beyond, chosen in the
+#   kernel by the row's context (the tuner's n128 at every context before): -16.7 per
+#   batch-64 step at context 128, -23.2 at 1K, within 3.1 at 4K and 8K (paired).
 _PINS = {
     "llama_down_proj": {0: "p1_1_k8192_w16_s1", 3: "p64_64_k128_w8_s4_x4"},
     "llama_lm_head": {0: "p1_256_k2048_w8_s4", 3: "p64_512_k64_w4_s6"},
     "llama_o_proj": {1: "p4_4_k2048_w4_s1", 3: "p64_32_k128_w4_s6_x2"},
-    "llama_attn_decode": {2: "n64_w4_s3"},
+    "llama_attn_decode": {2: "n64_w4_s3", 3: "n128_w4_s2_le3072_n64_s3"},
     "llama_qkv_rope": {1: "p4_4_k256_w4_s4", 2: "p16_32_k256_w4_s4", 3: "p64_16_k128_w4_s6"},
     "llama_gate_up": {3: "p64_64_k64_w4_s6"},
 }
@@ -471,14 +475,27 @@ QKV = _spec(
     [_shape(m, CAP=4096, prefill=m > 64) for m in BUCKET_M], BF16_TOL,
     constants={"HEAD_DIM": HEAD_DIM})
 
+
+def _attn_decode_config(n, w, s, short=None):
+    """A decode attention config: tiles of n positions over w warps, the KV loop s stages
+    deep; with short = (ctx, sn, ss), contexts of at most ctx positions in tiles of sn,
+    ss stages deep (llama_attn_decode's SHORT_CTX)."""
+    ctx, sn, ss = short or (0, n, s)
+    name = f"n{n}_w{w}_s{s}" + (f"_le{ctx}_n{sn}_s{ss}" if short else "")
+    return Config(name, {"GROUP_BLOCK": 16, "BLOCK_N": n, "SHORT_CTX": ctx, "SHORT_N": sn,
+                         "SHORT_STAGES": ss}, num_warps=w, num_stages=s)
+
+
 _ATTN_DECODE_CONFIGS = [
-    Config(f"n{n}_w{w}_s{s}", {"GROUP_BLOCK": 16, "BLOCK_N": n}, num_warps=w, num_stages=s)
-    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3), (64, 4, 4))]
+    _attn_decode_config(n, w, s)
+    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3), (64, 4, 4))
+] + [_attn_decode_config(128, 4, 2, (3072, 64, 3))]
 ATTN_DECODE = _spec(
     "llama_attn_decode", lk.llama_attn_decode,
     _p("q k_cache v_cache", "*bf16") + _p("pos seq", "*i32") + _p("o_part ml_part", "*fp32")
     + _p("counters", "*i32") + _p("out", "*bf16") + _p("M NH NKV CAP S", "i32")
-    + _p("sm_scale", "fp32") + _p("HEAD_DIM GROUP_BLOCK BLOCK_N USE_PDL", "constexpr"),
+    + _p("sm_scale", "fp32")
+    + _p("HEAD_DIM GROUP_BLOCK BLOCK_N SHORT_CTX SHORT_N SHORT_STAGES USE_PDL", "constexpr"),
     _ATTN_DECODE_CONFIGS,
     # Small batches: contexts up to 4 tiles in one program per kv head (n128: 512
     # positions), its tiles' loads in flight together (s4: 3 tiles ahead).
