@@ -156,17 +156,41 @@ def test_contract_table_lists_the_kernels_parameters(specs):
         assert constexprs == spec.constexpr_params, name
 
 
-def test_a_committed_cubin_is_what_the_kernel_source_compiles_to(specs, manifest, tuning):
+@pytest.mark.parametrize("name,bucket", [("llama_qkv_rope", 0), ("llama_attn_decode", 3)])
+def test_a_committed_cubin_is_what_the_kernel_source_compiles_to(specs, manifest, tuning, name,
+                                                                  bucket):
     """llama_qkv_rope's M = 1 aligned variant uses the shared helpers (norm, projection
-    loop, L2 prefetch, PDL), which the source hashes do not cover."""
+    loop, L2 prefetch, PDL), which the source hashes do not cover; decode attention's at
+    17-64 rows compiles both of its tile widths (SHORT_CTX) and _attn_decode_split."""
     pytest.importorskip("triton")
-    spec = specs["llama_qkv_rope"]
+    spec = specs[name]
     kernel = next(k for k in manifest["kernels"] if k["name"] == spec.name)
-    variant = next(v for v in kernel["variants"] if v["name"] == "b0_aligned")
+    variant = next(v for v in kernel["variants"] if v["name"] == f"b{bucket}_aligned")
     config = spec.config(next(k for k in tuning["kernels"] if k["name"] == spec.name)
-                         ["buckets"][0]["chosen"])
+                         ["buckets"][bucket]["chosen"])
     compiled = builder.compile_variant(spec, config, spec.specializations[0],
                                        tuning["target"])
     committed = (PACK / variant["cubin"]).read_bytes()
     assert hashlib.sha256(compiled.asm["cubin"]).hexdigest() == \
         hashlib.sha256(committed).hexdigest() == variant["sha256"]
+
+
+def test_decode_attention_config_names_say_their_tiles(specs):
+    """nN_wW_sS[_leC_nM_sT]: BLOCK_N, warps, stages, then SHORT_CTX, SHORT_N and
+    SHORT_STAGES of a two-tile config (a plain one has SHORT_CTX 0); the short tile is
+    the narrower."""
+    spec = specs["llama_attn_decode"]
+    two_tiles = 0
+    for c in spec.configs:
+        m = re.fullmatch(r"n(\d+)_w(\d+)_s(\d+)(?:_le(\d+)_n(\d+)_s(\d+))?", c.name)
+        assert m, c.name
+        n, w, st, ctx, sn, ss = (int(g) if g else None for g in m.groups())
+        e = c.constexprs
+        assert (e["BLOCK_N"], c.num_warps, c.num_stages) == (n, w, st), c.name
+        if ctx is None:
+            assert e["SHORT_CTX"] == 0, c.name
+        else:
+            two_tiles += 1
+            assert (e["SHORT_CTX"], e["SHORT_N"], e["SHORT_STAGES"]) == (ctx, sn, ss), c.name
+            assert 0 < sn <= n, c.name
+    assert two_tiles, "no two-tile config: drop this test's second half with the mechanism"
