@@ -604,16 +604,18 @@ def _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, N
     d = tl.arange(0, HEAD_DIM)
     q_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
     qt = tl.load(q + q_off, mask=heads_ok[:, None], other=0.0)
-    # One row, or a row whose context split 0 attends alone: the o projection
-    # launches now, its weights' loads overlapping this kernel (at 2-4 rows o reads
-    # whole weight rows before gdc_wait: 34 µs per batch-4 step at context 128,
-    # bench/llama_results/rows_gemv_s17.md). A split context: as this kernel's
-    # programs exit (early, o's programs waited in gdc_wait on SMs the splits needed:
-    # 228 µs per step slower at batch 16, context 8192, with the step graph's
-    # programmatic edges; and 35-37 µs at batch 4 where its splits span 4-16 tiles,
-    # bench/llama_results/early_trigger_s16.md; docs/llama.md).
+    # One row, a grid of one split per row (S = 1: 17 rows and more), or a row whose
+    # context split 0 attends alone: the o projection launches now, its weights' loads
+    # overlapping this kernel (at 2-4 rows o reads whole weight rows before gdc_wait: 34
+    # µs per batch-4 step at context 128, bench/llama_results/rows_gemv_s17.md; at batch
+    # 64, S = 1, 10-16 µs per step at contexts 1K-8K, bench/llama_results/
+    # attn_tiles_s20.md). A split context: as this kernel's programs exit (early, o's
+    # programs waited in gdc_wait on SMs the splits needed: 228 µs per step slower at
+    # batch 16, context 8192, with the step graph's programmatic edges; and 35-37 µs at
+    # batch 4 where its splits span 4-16 tiles, bench/llama_results/early_trigger_s16.md;
+    # docs/llama.md).
     tiles = tl.cdiv(length, BLOCK_N)
-    if (M == 1) | (tiles <= _DIRECT_TILES):
+    if (M == 1) | (S == 1) | (tiles <= _DIRECT_TILES):
         _pdl_launch(USE_PDL)
     per = tl.where(tiles <= _DIRECT_TILES, tiles, tl.cdiv(tiles, S))
     n_split = tl.cdiv(tiles, per)
