@@ -573,19 +573,16 @@ def llama_attn_decode(q, k_cache, v_cache, pos, seq, o_part, ml_part, counters, 
     _pdl_wait(USE_PDL)
     if live:
         length = tl.minimum(p + 1, CAP)
-        if SHORT_CTX > 0:
-            tl.static_assert(SHORT_N <= BLOCK_N, "SHORT_N is a tile for short contexts")
-            if length <= SHORT_CTX:
-                _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
-                                   NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
-                                   GROUP_BLOCK, SHORT_N, SHORT_STAGES, USE_PDL)
-            else:
-                _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
-                                   NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
-                                   GROUP_BLOCK, BLOCK_N, 0, USE_PDL)
+        tl.static_assert((SHORT_CTX == 0) | (SHORT_N <= BLOCK_N),
+                         "SHORT_N is a tile for short contexts")
+        # SHORT_CTX = 0: a constant false condition, the short tile's branch not compiled.
+        if (SHORT_CTX > 0) & (length <= SHORT_CTX):
+            _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH, NKV,
+                               CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
+                               GROUP_BLOCK, SHORT_N, SHORT_STAGES, USE_PDL)
         else:
-            _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH,
-                               NKV, CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
+            _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, NH, NKV,
+                               CAP, S, sm_scale, split, g, m, sq, length, HEAD_DIM,
                                GROUP_BLOCK, BLOCK_N, 0, USE_PDL)
 
 
@@ -627,16 +624,11 @@ def _attn_decode_split(q, k_cache, v_cache, o_part, ml_part, counters, out, M, N
         m_i = tl.full([GROUP_BLOCK], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_BLOCK], tl.float32)
         acc = tl.zeros([GROUP_BLOCK, HEAD_DIM], tl.float32)
-        if STAGES > 0:
-            for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
-                n = start + tl.arange(0, BLOCK_N)
-                m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i,
-                                             l_i, acc, sm_scale, HEAD_DIM)
-        else:
-            for start in range(lo, hi, BLOCK_N):
-                n = start + tl.arange(0, BLOCK_N)
-                m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i,
-                                             l_i, acc, sm_scale, HEAD_DIM)
+        # STAGES = 0: no num_stages of the loop's own, the kernel's applies (as in range()).
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES if STAGES > 0 else None):
+            n = start + tl.arange(0, BLOCK_N)
+            m_i, l_i, acc = _attend_tile(qt, kv, vv, n, n < hi, (n < hi)[None, :], m_i, l_i,
+                                         acc, sm_scale, HEAD_DIM)
         o_off = (m.to(tl.int64) * NH + heads[:, None]) * HEAD_DIM + d[None, :]
         if n_split == 1:
             o = acc / tl.where(heads_ok, l_i, 1.0)[:, None]
