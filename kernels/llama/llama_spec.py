@@ -355,11 +355,15 @@ _TUNED = {
 #   M = 17-64 in 64-position tiles up to 3072 positions and 128 beyond, chosen in the
 #   kernel by the row's context (the tuner's n128 at every context before): -16.7 per
 #   batch-64 step at context 128, -23.2 at 1K, within 3.1 at 4K and 8K (paired).
+# - 2026-12-04 (session 21, bench/llama_results/probes_s21.md): decode attention at M =
+#   5-16 over 2 warps (4 before): -6.9, -16.9, -13.7 and -14.8 per batch-16 step at
+#   contexts 128, 1K, 4K and 8K. 2 warps at 2-4 rows (+1.3 to +6.5 but at 1K) and at
+#   17-64 (+8.6 to +40.7 but at 8K) were not taken, nor 32-position tiles (mixed).
 _PINS = {
     "llama_down_proj": {0: "p1_1_k8192_w16_s1", 3: "p64_64_k128_w8_s4_x4"},
     "llama_lm_head": {0: "p1_256_k2048_w8_s4", 3: "p64_512_k64_w4_s6"},
     "llama_o_proj": {1: "p4_4_k2048_w4_s1", 3: "p64_32_k128_w4_s6_x2"},
-    "llama_attn_decode": {2: "n64_w4_s3", 3: "n128_w4_s2_le3072_n64_s3"},
+    "llama_attn_decode": {2: "n64_w2_s3", 3: "n128_w4_s2_le3072_n64_s3"},
     "llama_qkv_rope": {1: "p4_4_k256_w4_s4", 2: "p16_32_k256_w4_s4", 3: "p64_16_k128_w4_s6"},
     "llama_gate_up": {3: "p64_64_k64_w4_s6"},
 }
@@ -488,8 +492,9 @@ def _attn_decode_config(n, w, s, short=None):
 
 _ATTN_DECODE_CONFIGS = [
     _attn_decode_config(n, w, s)
-    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3), (64, 4, 4))
-] + [_attn_decode_config(128, 4, 2, (3072, 64, 3))]
+    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 2), (64, 8, 3), (128, 8, 3), (64, 4, 4),
+                    (64, 2, 3), (32, 2, 3))
+] + [_attn_decode_config(128, w, 2, (3072, 64, 3)) for w in (4, 2)]
 ATTN_DECODE = _spec(
     "llama_attn_decode", lk.llama_attn_decode,
     _p("q k_cache v_cache", "*bf16") + _p("pos seq", "*i32") + _p("o_part ml_part", "*fp32")
