@@ -27,9 +27,6 @@ HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parent / "kernels" / "llama"
 sys.path[:0] = [str(KERNELS), str(HERE.parent / "tools")]
 
-import check_kernels as ck  # noqa: E402
-import torch  # noqa: E402
-
 NH, NKV, D = 32, 8, 64
 SPLITS = {1: 32, 4: 12, 16: 4, 64: 1}  # the engines' S (config.decode_splits)
 
@@ -49,12 +46,19 @@ VARIANTS = {
 }
 
 
-def load_variant(name, tmp):
+def variant_source(name):
+    """llama_kernels.py's text with variant `name`'s replacements, each of which must
+    match exactly once (tools/tests/test_llama_attn_probe.py checks them without a GPU)."""
     text = (KERNELS / "llama_kernels.py").read_text()
     for old, new in VARIANTS[name]:
         if text.count(old) != 1:
             raise SystemExit(f"variant {name}: {old!r} found {text.count(old)} times")
         text = text.replace(old, new)
+    return text
+
+
+def load_variant(name, tmp):
+    text = variant_source(name)
     path = Path(tmp) / f"lk_{name}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(f"lk_{name}", path)
@@ -64,6 +68,7 @@ def load_variant(name, tmp):
 
 
 def inputs(m, ctx, copies):
+    import torch
     gen = torch.Generator(device="cuda").manual_seed(5)
     q = torch.randn((m, NH, D), generator=gen, device="cuda").to(torch.bfloat16)
     caches = []
@@ -93,6 +98,8 @@ def launch(mod, a, cfg, i=0):
 
 
 def main():
+    import check_kernels as ck  # exits 77 without torch (its import needs it)
+    import torch
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cells", default="64:128,64:1024,64:4096,16:1024,4:1024,4:4096")
     p.add_argument("--configs", default="64:4:3,64:4:2,64:4:4,64:2:3,64:8:3,32:4:3,32:2:3,"
