@@ -3,7 +3,7 @@
 
 A screening probe for llama_attn_decode (kernels/llama/llama_kernels.py), run on a GPU:
 each (batch, context) cell launches the kernel at Llama-3.2-1B's heads with the engines'
-split count, KV caches rotated beyond L2, replayed from a CUDA graph of back-to-back
+split count (config.decode_splits), KV caches rotated beyond L2, replayed from a CUDA graph of back-to-back
 launches (check_kernels.py's `_time_graph`: the kernel's cost inside a step graph, not
 the step's). A source variant is the kernel file with text replaced (`VARIANTS`), loaded
 as a module of its own; its outputs are compared with the committed kernel's first
@@ -18,17 +18,19 @@ The step-graph measure of a change stays bench/llama_variant_sweep.py's.
 
 import argparse
 import importlib.util
-import math
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parent / "kernels" / "llama"
-sys.path[:0] = [str(KERNELS), str(HERE.parent / "tools")]
+sys.path[:0] = [str(KERNELS), str(HERE.parent / "tools"),
+                str(HERE.parent / "examples" / "llama" / "python")]
 
-NH, NKV, D = 32, 8, 64
-SPLITS = {1: 32, 4: 12, 16: 4, 64: 1}  # the engines' S (config.decode_splits)
+import config  # noqa: E402  (the engines' decode_splits)
+from llama_spec import MODEL  # noqa: E402
+
+NH, NKV, D = MODEL["NH"], MODEL["NKV"], MODEL["D"]
 
 # name -> [(old, new), ...] applied to llama_kernels.py's text.
 VARIANTS = {
@@ -68,23 +70,15 @@ def load_variant(name, tmp):
 
 
 def inputs(m, ctx, copies):
-    import torch
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    q = torch.randn((m, NH, D), generator=gen, device="cuda").to(torch.bfloat16)
-    caches = []
-    for _ in range(copies):
-        k = torch.randn((m, NKV, ctx, D), generator=gen, device="cuda").to(torch.bfloat16)
-        v = torch.randn((m, NKV, ctx, D), generator=gen, device="cuda").to(torch.bfloat16)
-        caches.append((k, v))
-    s = SPLITS[m]
-    return {"q": q, "caches": caches,
-            "pos": torch.full((m,), ctx - 1, dtype=torch.int32, device="cuda"),
-            "seq": torch.randperm(m, generator=gen, device="cuda").to(torch.int32),
-            "o_part": torch.zeros(m * NH * 32 * D, device="cuda"),
-            "ml_part": torch.zeros(m * NH * 32 * 2, device="cuda"),
-            "counters": torch.zeros(m * NKV, dtype=torch.int32, device="cuda"),
-            "out": torch.zeros((m, NH * D), dtype=torch.bfloat16, device="cuda"),
-            "M": m, "CAP": ctx, "S": s}
+    """check_kernels.py's attention arguments (llama_torch.make_inputs) at the engines' S,
+    every row at context ctx, and `copies` KV caches to rotate."""
+    import llama_torch as lt
+    a = lt.make_inputs("llama_attn_decode", dict(MODEL, M=m, CAP=ctx, ctx=ctx,
+                                                 S=config.decode_splits(m, NKV)), "cuda")
+    a["pos"][:] = ctx - 1
+    a["caches"] = [(a["k_cache"], a["v_cache"])] + [
+        (a["k_cache"].clone(), a["v_cache"].clone()) for _ in range(copies - 1)]
+    return a
 
 
 def launch(mod, a, cfg, i=0):
@@ -92,7 +86,7 @@ def launch(mod, a, cfg, i=0):
     k, v = a["caches"][i % len(a["caches"])]
     mod.llama_attn_decode[(a["S"], NKV, a["M"])](
         a["q"], k, v, a["pos"], a["seq"], a["o_part"], a["ml_part"], a["counters"], a["out"],
-        a["M"], NH, NKV, a["CAP"], a["S"], 1.0 / math.sqrt(D), HEAD_DIM=D, GROUP_BLOCK=16,
+        a["M"], NH, NKV, a["CAP"], a["S"], a["sm_scale"], HEAD_DIM=D, GROUP_BLOCK=16,
         BLOCK_N=bn, SHORT_CTX=0, SHORT_N=bn, SHORT_STAGES=0, USE_PDL=True, num_warps=w,
         num_stages=st, launch_pdl=True)
 

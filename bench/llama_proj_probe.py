@@ -14,6 +14,7 @@ check, kernels/llama/check_kernels.py's.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -25,17 +26,17 @@ import llama_spec  # noqa: E402
 import llama_torch as lt  # noqa: E402
 import torch  # noqa: E402
 
-OUTPUTS = {"llama_qkv_rope": ("q", "k_cache", "v_cache"), "llama_o_proj": ("h",),
-           "llama_down_proj": ("h",), "llama_gate_up": ("out",)}
+PROJECTIONS = ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("kernel", choices=sorted(OUTPUTS))
+    p.add_argument("kernel", choices=PROJECTIONS)
     p.add_argument("configs", nargs="+")
     p.add_argument("--m", default="16,64")
     args = p.parse_args()
     spec = ck.SPECS[args.kernel]
+    outputs = spec.outputs  # compared from config to config, restored before each
     bw = ck.copy_bandwidth()
     print(f"{args.kernel}; device-to-device copy {bw / 1e12:.2f} TB/s (read + write)")
     print(f"{'M':>3} {'config':26} {'programs':>8} {'µs':>8} {'GB/s':>6} {'% copy':>7}  outputs")
@@ -44,7 +45,7 @@ def main():
         nbytes = base["w"].numel() * base["w"].element_size()
         copies = ck._rotations(nbytes)
         weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
-        keep = {k: base[k].clone() for k in OUTPUTS[args.kernel]}
+        keep = {k: base[k].clone() for k in outputs}
         first = None
         for name in args.configs:
             config = spec.config(name)
@@ -54,7 +55,7 @@ def main():
             try:
                 ck.launch(args.kernel, base, config, grid, True)
                 torch.cuda.synchronize()
-                got = [base[k].clone() for k in OUTPUTS[args.kernel]]
+                got = [base[k].clone() for k in outputs]
                 us = ck._time_graph(lambda i=0, c=config, g=grid: ck.launch(
                     args.kernel, {**base, "w": weights[i % copies]}, c, g, True), 2 * copies)
             except Exception as err:  # noqa: BLE001 - report and go on
@@ -65,8 +66,7 @@ def main():
             diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, first))
             same = "same bits" if all(torch.equal(a, b) for a, b in zip(got, first)) else (
                 f"max |diff| {diff:.3g}")
-            programs = grid[0] * (grid[1] if len(grid) > 1 else 1) * (
-                grid[2] if len(grid) > 2 else 1)
+            programs = math.prod(grid)
             gbs = nbytes / us / 1e3
             print(f"{m:3} {name:26} {programs:8} {us:8.2f} {gbs:6.0f} "
                   f"{100 * gbs * 1e9 / bw:6.1f}%  {same}", flush=True)

@@ -2,19 +2,19 @@
 kernel source exactly once, and the edited llama_attn_decode still compiles for sm_90 (a
 kernel change that breaks a variant fails here, not on the GPU machine)."""
 
+import dataclasses
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("triton")  # the probe imports llama_spec, which needs it
 
 REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("llama_attn_probe",
                                               REPO / "bench" / "llama_attn_probe.py")
 probe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe)
-
-triton = pytest.importorskip("triton")
 
 
 def test_base_is_the_kernel_file_unchanged():
@@ -27,22 +27,12 @@ def test_each_variant_edits_the_source_and_compiles(name, tmp_path):
     assert text != probe.variant_source("base")
     for old, new in probe.VARIANTS[name]:
         assert new in text and old not in text
-    mod = probe.load_variant(name, tmp_path)
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    sys.path.insert(0, str(probe.KERNELS))
-    try:
-        import llama_spec
-    finally:
-        sys.path.remove(str(probe.KERNELS))
+    import llama_spec  # on the path the probe set
+    from kpack_tools import build
     kspec = next(k for k in llama_spec.ALL_KERNELS if k.name == "llama_attn_decode")
-    sig = dict(kspec.params)
-    names = list(sig)
-    consts = {**kspec.constexprs(kspec.config("n64_w4_s3"))}
-    src = ASTSource(fn=mod.llama_attn_decode, signature=sig,
-                    constexprs={(names.index(k),): v for k, v in consts.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 64),
-                            options={"num_warps": 4, "num_stages": 3, "launch_pdl": True})
+    variant = dataclasses.replace(kspec, fn=probe.load_variant(name, tmp_path).llama_attn_decode)
+    # As the pack compiles its aligned variant, with the edited function.
+    kernel = build.compile_variant(variant, kspec.config("n64_w4_s3"), kspec.specializations[0])
     assert kernel.asm["cubin"][:4] == b"\x7fELF"
 
 
