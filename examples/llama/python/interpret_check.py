@@ -64,15 +64,17 @@ class BuiltinConfigs:
     def __call__(self, call) -> tuple:
         M = call.named()["M"]
         bm = 1 if M == 1 else 4 if M <= 4 else 16
-        proj = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, STAGES=1)
+        proj = dict(BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64, STAGES=1, SWAP=0)
         c = {
             "llama_embed": dict(BLOCK=128),
             "llama_rmsnorm": dict(BLOCK=128),
-            "llama_qkv_rope": dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_J=32, BLOCK_K=64, STAGES=1),
+            "llama_qkv_rope": dict(HEAD_DIM=64, BLOCK_M=bm, BLOCK_J=32, BLOCK_K=64, STAGES=1,
+                                   SWAP=0),
             "llama_attn_decode": dict(HEAD_DIM=64, GROUP_BLOCK=2, BLOCK_N=16,
                                       SHORT_CTX=0, SHORT_N=16, SHORT_STAGES=1),
             "llama_attn_prefill": dict(HEAD_DIM=64, BLOCK_M=16, BLOCK_N=16),
-            "llama_o_proj": proj, "llama_down_proj": proj, "llama_gate_up": proj,
+            "llama_o_proj": dict(proj, SPLIT=1), "llama_down_proj": dict(proj, SPLIT=1),
+            "llama_gate_up": proj,
             "llama_lm_head": dict(proj, BLOCK_N=128),
         }[call.kernel]
         return dict(c, USE_PDL=False), 4, 1, 1, False
