@@ -220,7 +220,9 @@ _M4 = {
 # bench/llama_results/split_k_probe_s8.md). Normalizing inside these kernels at 2-4 rows
 # instead (no llama_rmsnorm launches: the rows' rstd scaling the products at the end) was
 # 110 µs per batch-4 step slower on the H200 (2026-12-02,
-# bench/llama_results/norm_rows_s10.md).
+# bench/llama_results/norm_rows_s10.md); with the rows times the norm weight and their
+# sums of squares written by the kernel before (the K loops unchanged), 4 µs faster at
+# batch 4 and 3-34 slower at 16 and 64 (2026-12-04, bench/llama_results/norm_fold_s22.md).
 _XN = {
     "llama_qkv_rope": [
         ["p16_16_k128_w4_s4", "p4_4_k256_w4_s3", "p16_32_k128_w4_s4", "p16_16_k256_w4_s3"],
