@@ -9,9 +9,30 @@ differ only by its fp32 summation order. ``kpack-build`` checks tuning candidate
 these (``llama_spec.py``); ``check_kernels.py`` checks the kernels.
 """
 
+import importlib.util
 import math
+import sys
+from pathlib import Path
 
 import torch
+
+
+def _engine_config():
+    """The engines' examples/llama/python/config.py, under a name of its own (a module
+    named `config` elsewhere on the path is not it)."""
+    name = "kpack_llama_engine_config"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "examples" / "llama" / "python" / "config.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# Decode attention's split count, as the engines choose it (docs/llama.md).
+S_MAX = _engine_config().S_MAX
+decode_splits = _engine_config().decode_splits
 
 BF16 = torch.bfloat16
 
@@ -171,24 +192,12 @@ def llama3_inv_freq(head_dim, theta=500000.0, factor=32.0, low=1.0, high=4.0,
 # Model shapes (docs/llama.md).
 TINY = {"H": 256, "NH": 4, "NKV": 2, "D": 64, "I": 512, "V": 1000}
 LLAMA_1B = {"H": 2048, "NH": 32, "NKV": 8, "D": 64, "I": 8192, "V": 128256}
-M_EDGES = (1, 4, 16, 64, 256)
-S_MAX = 32
 # The o and down projections' K splits: at most this many (llama_spec.SPLIT_MAX).
 PROJ_SPLIT_MAX = 8
 
 
 def _cdiv(a, b):
     return -(-a // b)
-
-
-def bucket_edge(m):
-    """The upper edge of M's bucket (M itself above the last edge's bucket of 64)."""
-    return next((e for e in M_EDGES[:-1] if m <= e), m)
-
-
-def decode_splits(m, nkv):
-    """S = max(1, min(S_MAX, 512 / (B_edge * NKV))) (docs/llama.md)."""
-    return max(1, min(S_MAX, 512 // (bucket_edge(m) * nkv)))
 
 
 def _gen(device, seed):
