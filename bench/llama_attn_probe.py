@@ -3,7 +3,8 @@
 
 A screening probe for llama_attn_decode (kernels/llama/llama_kernels.py), run on a GPU:
 each (batch, context) cell launches the kernel at Llama-3.2-1B's heads with the engines'
-split count (config.decode_splits), KV caches rotated beyond L2, replayed from a CUDA graph of back-to-back
+split count (llama_torch.make_inputs takes it from the engines' config.decode_splits), KV
+caches rotated beyond L2, replayed from a CUDA graph of back-to-back
 launches (check_kernels.py's `_time_graph`: the kernel's cost inside a step graph, not
 the step's). A source variant is the kernel file with text replaced (`VARIANTS`), loaded
 as a module of its own; its outputs are compared with the committed kernel's first
@@ -24,10 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parent / "kernels" / "llama"
-sys.path[:0] = [str(KERNELS), str(HERE.parent / "tools"),
-                str(HERE.parent / "examples" / "llama" / "python")]
+sys.path[:0] = [str(KERNELS), str(HERE.parent / "tools")]
 
-import config  # noqa: E402  (the engines' decode_splits)
 from llama_spec import MODEL  # noqa: E402
 
 NH, NKV, D = MODEL["NH"], MODEL["NKV"], MODEL["D"]
@@ -70,11 +69,10 @@ def load_variant(name, tmp):
 
 
 def inputs(m, ctx, copies):
-    """check_kernels.py's attention arguments (llama_torch.make_inputs) at the engines' S,
+    """check_kernels.py's attention arguments (llama_torch.make_inputs, the engines' S),
     every row at context ctx, and `copies` KV caches to rotate."""
     import llama_torch as lt
-    a = lt.make_inputs("llama_attn_decode", dict(MODEL, M=m, CAP=ctx, ctx=ctx,
-                                                 S=config.decode_splits(m, NKV)), "cuda")
+    a = lt.make_inputs("llama_attn_decode", dict(MODEL, M=m, CAP=ctx, ctx=ctx), "cuda")
     a["pos"][:] = ctx - 1
     a["caches"] = [(a["k_cache"], a["v_cache"])] + [
         (a["k_cache"].clone(), a["v_cache"].clone()) for _ in range(copies - 1)]
