@@ -26,7 +26,8 @@ import llama_spec  # noqa: E402
 import llama_torch as lt  # noqa: E402
 import torch  # noqa: E402
 
-PROJECTIONS = ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj")
+PROJECTIONS = ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
+               "llama_lm_head")
 
 
 def main():

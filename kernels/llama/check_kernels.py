@@ -288,6 +288,10 @@ CPU_PROJ = {
     "tiles16": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256),
     "tiles64_k64": dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
     "tiles16_t": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256, SWAP=1),
+    # The same as one flattened loop (FLAT, _lm_head_flat).
+    "tiles16_f": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256, FLAT=1),
+    "tiles64_k64_f": dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, FLAT=1),
+    "tiles16_t_f": dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=256, SWAP=1, FLAT=1),
 }
 SPLIT_KERNELS = ("llama_o_proj", "llama_down_proj")
 
@@ -300,6 +304,10 @@ def _proj_cfg(kernel, path):
         blocks.setdefault("SPLIT", 1)
     else:
         assert "SPLIT" not in blocks, (kernel, path)
+    if kernel == "llama_lm_head":
+        blocks.setdefault("FLAT", 0)
+    else:
+        assert "FLAT" not in blocks, (kernel, path)
     return _cfg(f"p_{path}", 4, 2, **blocks)
 
 
@@ -379,7 +387,10 @@ def cases(device):
                             None))
         for path, shape in (("tiles16", dict(tiny, M=3)), ("tiles16", dict(odd, M=17)),
                             ("tiles16_t", dict(odd, M=17)),
-                            ("tiles64_k64", dict(tiny, M=70))):
+                            ("tiles64_k64", dict(tiny, M=70)),
+                            ("tiles16_f", dict(tiny, M=3)), ("tiles16_f", dict(odd, M=17)),
+                            ("tiles16_t_f", dict(odd, M=17)),
+                            ("tiles64_k64_f", dict(tiny, M=70))):
             out.append(("llama_lm_head", dict(shape, CAP=128), _proj_cfg("llama_lm_head", path),
                         True, None))
     else:  # every bucket's default config and the committed pack's (the tuner checks
@@ -388,6 +399,8 @@ def cases(device):
             spec = SPECS[kernel]
             configs = {c.name: c for i in range(len(spec.representatives))
                        for c in (spec.default_config(i), _chosen(kernel, i))}
+            # and the LM head's flattened candidates, tuned or not (llama_spec.LM_FLAT)
+            configs.update({c.name: c for c in spec.configs if c.constexprs.get("FLAT")})
             for config in configs.values():
                 small = config.constexprs["BLOCK_M"] < 16
                 for m in ((1, 3) if small else (3, 17, 70)):
@@ -411,8 +424,9 @@ def cases(device):
         out.append(("llama_lm_head", dict(tiny, M=1, clear_winner=False), lm, False, _lm_ties))
     out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False), lm4, False, _lm_ties))
     if cpu:  # ties across the tiles of one program (260 and 261 in one, 300 in the next)
-        out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False),
-                    _proj_cfg("llama_lm_head", "tiles16"), False, _lm_ties))
+        for path in ("tiles16", "tiles16_f"):
+            out.append(("llama_lm_head", dict(tiny, M=3, clear_winner=False),
+                        _proj_cfg("llama_lm_head", path), False, _lm_ties))
     # Decode attention: GQA groups 2 and 4; contexts of a few KV tiles (split 0 alone
     # writes out) and longer ones (partials and the combine: every split with work, some
     # idle, S odd, S = 1), rows of both kinds in one launch, S above the number of tiles.

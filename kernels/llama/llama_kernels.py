@@ -830,14 +830,16 @@ def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
 def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                   M, V, H, eps, advance,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  STAGES: tl.constexpr, SWAP: tl.constexpr, USE_PDL: tl.constexpr):
+                  STAGES: tl.constexpr, SWAP: tl.constexpr, FLAT: tl.constexpr,
+                  USE_PDL: tl.constexpr):
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
     rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
     rows (counted in counters[its first row]) reduces them in program order, writes
     tokens[m], adds `advance` to pos[m] and resets the counter. A program of more
     vocabulary rows than one _LM_TILE-element tile holds takes them tile by tile: at one
     row streamed (_lm_head_stream), at more one tl.dot tile after another
-    (_lm_head_block). One row normalizes h itself; more read xn (llama_rmsnorm's)."""
+    (_lm_head_block; with FLAT, _lm_head_flat: the tiles and their K loops as one
+    pipelined loop). One row normalizes h itself; more read xn (llama_rmsnorm's)."""
     TILE_N: tl.constexpr = _LM_TILE // BLOCK_K if BLOCK_K < _LM_TILE else 1
     STREAM: tl.constexpr = BLOCK_N > TILE_N if BLOCK_M == 1 else False
     pid_n = tl.program_id(0)
@@ -846,6 +848,10 @@ def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens
         _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
                         M, V, H, eps, advance, pid_n, pid_m, BLOCK_N, BLOCK_K, TILE_N,
                         STAGES, USE_PDL)
+    elif FLAT:
+        _lm_head_flat(xn, w, logits, part_max, part_idx, counters, tokens, pos, M, V, H,
+                      advance, pid_n, pid_m, BLOCK_M, BLOCK_N, BLOCK_K, TILE_N, STAGES, SWAP,
+                      USE_PDL)
     else:
         _lm_head_block(h if BLOCK_M == 1 else xn, norm_w, w, logits, part_max, part_idx,
                        counters, tokens, pos, M, V, H, eps, advance, pid_n, pid_m, BLOCK_M,
@@ -885,9 +891,8 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                  mask=rows_ok[:, None] & cols_ok[None, :])
-        y = tl.where(cols_ok[None, :], y, float("-inf"))
-        best = tl.max(y, 1)
-        first = tl.min(tl.where(y == best[:, None], cols[None, :], _INT32_MAX), 1)
+        best, first = _rows_tile_best(y, cols, cols_ok, tl.zeros([BLOCK_M], tl.float32),
+                                      tl.zeros([BLOCK_M], tl.int32), True)
         if TILE < BLOCK_N:
             end = tl.minimum(row0 + BLOCK_N, V)
             for t0 in range(row0 + TILE, end, TILE):
@@ -898,12 +903,55 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
                                 wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
                 tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                          mask=rows_ok[:, None] & ok[None, :])
-                y = tl.where(ok[None, :], y, float("-inf"))
-                top = tl.max(y, 1)
-                at = tl.min(tl.where(y == top[:, None], cols[None, :], _INT32_MAX), 1)
-                take = top > best  # strictly: the first index of the maximum is kept
-                best = tl.where(take, top, best)
-                first = tl.where(take, at, first)
+                best, first = _rows_tile_best(y, cols, ok, best, first, False)
+        tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
+        tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
+        _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, n_prog,
+                       advance, pid_m * BLOCK_M, BLOCK_M)
+
+
+@triton.jit
+def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V, H, advance,
+                  pid_n, pid_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, TILE_N: tl.constexpr, STAGES: tl.constexpr,
+                  SWAP: tl.constexpr, USE_PDL: tl.constexpr):
+    """_lm_head_block's work above one row (x llama_rmsnorm's bf16 rows), its vocabulary
+    rows in tiles of TILE_N, as one loop nest that Triton flattens (tl.range's flatten):
+    the tiles' K loops and their epilogues (logits, the running argmax) become one
+    pipelined loop, so the weight loads of the next tile are in flight while a tile's
+    epilogue runs, where _lm_head_block starts each tile's K pipeline anew. Nothing is
+    read before gdc_wait (the loop's first loads belong to its pipeline). The same sums
+    in the same K order as _lm_head_block (tl.dot from a zero accumulator)."""
+    tl.static_assert(BLOCK_M >= 16, "FLAT is for tl.dot tiles (BLOCK_M >= 16)")
+    TILE: tl.constexpr = TILE_N if BLOCK_N > TILE_N else BLOCK_N
+    n_prog = tl.cdiv(V, BLOCK_N)
+    row0 = pid_n * BLOCK_N
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_ok = rows < M
+    live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
+    _pdl_wait(USE_PDL)
+    if live:
+        rows64 = rows.to(tl.int64)
+        x_base = rows64[:, None] * H
+        kk = tl.arange(0, BLOCK_K)
+        best = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        first = tl.zeros([BLOCK_M], tl.int32)
+        end = tl.minimum(row0 + BLOCK_N, V)
+        for t0 in tl.range(row0, end, TILE, flatten=True):
+            cols = t0 + tl.arange(0, TILE)
+            ok = cols < end
+            if SWAP:
+                acc = tl.zeros([TILE, BLOCK_M], tl.float32)
+            else:
+                acc = tl.zeros([BLOCK_M, TILE], tl.float32)
+            for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
+                xt = tl.load(x + x_base + (k0 + kk)[None, :],
+                             mask=rows_ok[:, None] & (k0 + kk < H)[None, :], other=0.0)
+                acc = _acc_mac(acc, xt, _w_tile(w, cols, ok, k0, H, BLOCK_K), BLOCK_M, SWAP)
+            y = _acc_sum(acc, BLOCK_M, SWAP)
+            tl.store(logits + rows64[:, None] * V + cols[None, :], y,
+                     mask=rows_ok[:, None] & ok[None, :])
+            best, first = _rows_tile_best(y, cols, ok, best, first, t0 == row0)
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
         _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, n_prog,
@@ -924,6 +972,19 @@ def _lm_head_count(part_max, part_idx, counters, tokens, pos, rows, rows_ok, V, 
         _argmax_finish(part_max, part_idx, tokens, pos, rows, rows_ok, V, n_prog, advance,
                        BLOCK_M)
         tl.store(counter, 0)
+
+
+@triton.jit
+def _rows_tile_best(y, cols, ok, best, first, always):
+    """Each row's (best, first) after the tile y [BLOCK_M, TILE] of vocabulary rows cols
+    (those ok): the tile's max and first index of it replace them when strictly larger,
+    so the first index of the maximum is kept, or when `always` (a program's first tile:
+    its values as they are, -inf and NaN too)."""
+    y = tl.where(ok[None, :], y, float("-inf"))
+    top = tl.max(y, 1)
+    at = tl.min(tl.where(y == top[:, None], cols[None, :], _INT32_MAX), 1)
+    take = (top > best) | always
+    return tl.where(take, top, best), tl.where(take, at, first)
 
 
 @triton.jit

@@ -562,12 +562,32 @@ GATE_UP = _spec(
     ["cdiv(I, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["out"], ["h", "xn", "norm_w", "w"],
     ["h", "xn", "norm_w", "w", "out", "H", "I"], [_shape(m) for m in BUCKET_M], BF16_TOL)
 
+# The LM head above one row with its tiles' K loops flattened into one pipelined loop
+# (FLAT: llama_kernels._lm_head_flat; names ending _f): the 17-64 pin and the 2-16 tuned
+# tile, and programs of twice the rows (126 programs for 132 SMs, one wave). Not tuned
+# nor pinned: candidates for bench/llama_variant_sweep.py and llama_proj_probe.py, checked
+# under the interpreter (check_kernels.py --device cpu) and not yet on a GPU (session 23
+# had no device).
+LM_FLAT = [(64, 512, 64, 4, 6, 0), (64, 1024, 64, 4, 6, 0), (64, 512, 64, 4, 4, 0),
+           (64, 1024, 128, 4, 4, 0), (16, 512, 128, 4, 4, 1), (16, 1024, 128, 4, 4, 1)]
+
+
+def _lm_head_configs():
+    """The projections' candidates (FLAT 0) and LM_FLAT's."""
+    return [Config(c.name, {**c.constexprs, "FLAT": 0}, num_warps=c.num_warps,
+                   num_stages=c.num_stages) for c in _proj_configs("BLOCK_N")] + [
+        _config(f"p{m}_{n}_k{k}_w{w}_s{s}{'_t' * t}_f", w, s, BLOCK_M=m, BLOCK_N=n,
+                BLOCK_K=k, SWAP=t, FLAT=1)
+        for m, n, k, w, s, t in LM_FLAT]
+
+
 LM_HEAD = _spec(
     "llama_lm_head", lk.llama_lm_head,
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
-    + _p("advance", "i32") + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP USE_PDL", "constexpr"),
-    _proj_configs("BLOCK_N"), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
+    + _p("advance", "i32")
+    + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP FLAT USE_PDL", "constexpr"),
+    _lm_head_configs(), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
     ["h", "xn", "norm_w", "w"],
     ["h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],

@@ -75,7 +75,7 @@ class BuiltinConfigs:
             "llama_attn_prefill": dict(HEAD_DIM=64, BLOCK_M=16, BLOCK_N=16),
             "llama_o_proj": dict(proj, SPLIT=1), "llama_down_proj": dict(proj, SPLIT=1),
             "llama_gate_up": proj,
-            "llama_lm_head": dict(proj, BLOCK_N=128),
+            "llama_lm_head": dict(proj, BLOCK_N=128, FLAT=0),
         }[call.kernel]
         return dict(c, USE_PDL=False), 4, 1, 1, False
 
