@@ -2,7 +2,7 @@
 
 ::
 
-    /work/devvenv/bin/python kernels/llama/check_kernels.py --device cpu    # interpreter
+    python kernels/llama/check_kernels.py --device cpu    # interpreter (torch: pip install torch)
     python kernels/llama/check_kernels.py --device cuda [--bench-only] [--no-bench]
 
 Every case runs a kernel on inputs whose tensors are followed by guard memory of random
