@@ -70,6 +70,17 @@ class BenchSetup {
     return driver_->LaunchKernelEx(&c, f, const_cast<void**>(k.params.data()), nullptr) ==
            CUDA_SUCCESS;
   }
+  // Raw params as a caller with per-call arguments passes them: the pointer array built
+  // at each call, pointing at the same argument values kpack's paths read (WithArgs),
+  // plus the two hidden scratch pointers (null). RawParams' array is built once.
+  bool RawParamsFresh(const ArgsKernel& k, CUstream stream) {
+    CUlaunchConfig c = Config(k, stream);
+    CUdeviceptr scratch = 0;
+    return WithArgs<bool>(k.inputs, [&](const auto&... a) {
+      void* params[] = {const_cast<void*>(static_cast<const void*>(&a))..., &scratch, &scratch};
+      return driver_->LaunchKernelEx(&c, k.raw_function, params, nullptr) == CUDA_SUCCESS;
+    });
+  }
   bool RawExtra(const ArgsKernel& k, CUstream stream) {
     CUlaunchConfig c = Config(k, stream);
     return driver_->LaunchKernelEx(&c, k.raw_function, nullptr,

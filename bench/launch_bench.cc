@@ -1,6 +1,9 @@
 // Host cost per launch, every path on the same cubins in one process (bench_setup.h):
 //
-//   raw_params/argsN            cuLaunchKernelEx, a params array (CUfunction)
+//   raw_params/argsN            cuLaunchKernelEx, a params array (CUfunction) built once
+//   raw_params_fresh/argsN      the same with the params array built at each call, as a
+//                               caller whose arguments change passes them (pointers to the
+//                               same values kpack's paths read)
 //   raw_params_cukernel/args4   the same with the CUkernel handle kpack launches by
 //   raw_params_ctx_query/args4  raw plus the cuCtxGetCurrent kpack makes per launch
 //   raw_extra/argsN             cuLaunchKernelEx, a packed `extra` buffer
@@ -13,6 +16,13 @@
 //   {raw_params,kpack_by_kernel,kpack_bound}/args4/mt/threads:T
 //                               T = 1, 2, 4, 8 threads, each on its own stream
 //   dispatch_only               Kernel::SelectVariant alone, ns per call
+//   paired/{kpack_by_name,kpack_by_kernel,kpack_bound}/argsN
+//                               each against raw_params, alternating (RunPaired)
+//   paired/raw_params_fresh/argsN
+//                               the per-call params array against the one built once
+//   paired/kpack_by_kernel_vs_fresh/argsN
+//                               by Kernel against raw_params_fresh: both pass the
+//                               arguments at each call
 //   paired/tma_matmul_3desc/{kpack_by_kernel,kpack_bound}
 //                               the example pack's persistent TMA matmul (three tensor
 //                               descriptors, 64x64x64: one tile) against a raw
@@ -146,6 +156,10 @@ void BM_RawParamsCtxQuery(benchmark::State& state, const ArgsKernel* k) {
   CUstream s = ThreadStream(state);
   RunBatches(state, s, [&] { return g->RawParamsWithCtxQuery(*k, s); });
 }
+void BM_RawParamsFresh(benchmark::State& state, const ArgsKernel* k) {
+  CUstream s = ThreadStream(state);
+  RunBatches(state, s, [&] { return g->RawParamsFresh(*k, s); });
+}
 void BM_RawExtra(benchmark::State& state, const ArgsKernel* k) {
   CUstream s = ThreadStream(state);
   RunBatches(state, s, [&] { return g->RawExtra(*k, s); });
@@ -180,12 +194,21 @@ void BM_KpackDynamic(benchmark::State& state) {
   RunBatches(state, g->stream(0), [&] { return g->KpackDynamic(i++, g->stream(0)); });
 }
 
-// Paired: kpack path against raw params on the same kernel (see RunPaired).
-enum class KpackPath { kByName, kByKernel, kBound };
+// Paired: kpack path against raw params on the same kernel (see RunPaired). kRawFresh:
+// the raw params array built per call against the one built once (what passing the
+// arguments per call costs the raw caller); kByKernelVsFresh: by Kernel against that
+// per-call raw launch.
+enum class KpackPath { kByName, kByKernel, kBound, kRawFresh, kByKernelVsFresh };
 void BM_Paired(benchmark::State& state, const ArgsKernel* k, KpackPath path) {
   CUstream s = ThreadStream(state);
   auto raw = [&] { return g->RawParams(*k, k->raw_function, s); };
+  auto fresh = [&] { return g->RawParamsFresh(*k, s); };
   switch (path) {
+    case KpackPath::kRawFresh:
+      return RunPaired(state, s, raw, fresh);
+    case KpackPath::kByKernelVsFresh:
+      return RunPaired(state, s, fresh,
+                       [&] { return g->KpackByKernel(k->kernel, k->inputs, s); });
     case KpackPath::kByName:
       return RunPaired(state, s, raw, [&] { return g->KpackByName(*k, s); });
     case KpackPath::kByKernel:
@@ -422,6 +445,7 @@ int main(int argc, char** argv) {
   for (const ArgsKernel& k : g->kernels()) {
     const std::string suffix = "/" + k.name;
     Register("raw_params" + suffix, BM_RawParams, &k);
+    Register("raw_params_fresh" + suffix, BM_RawParamsFresh, &k);
     Register("raw_extra" + suffix, BM_RawExtra, &k);
     Register("kpack_by_name" + suffix, BM_KpackByName, &k);
     Register("kpack_by_kernel" + suffix, BM_KpackByKernel, &k);
@@ -442,9 +466,12 @@ int main(int argc, char** argv) {
           ->Threads(threads);
     }
   }
-  const std::pair<const char*, KpackPath> paired[] = {{"kpack_by_name", KpackPath::kByName},
-                                                      {"kpack_by_kernel", KpackPath::kByKernel},
-                                                      {"kpack_bound", KpackPath::kBound}};
+  const std::pair<const char*, KpackPath> paired[] = {
+      {"kpack_by_name", KpackPath::kByName},
+      {"kpack_by_kernel", KpackPath::kByKernel},
+      {"kpack_bound", KpackPath::kBound},
+      {"raw_params_fresh", KpackPath::kRawFresh},
+      {"kpack_by_kernel_vs_fresh", KpackPath::kByKernelVsFresh}};
   for (const auto& [name, path] : paired) {
     for (const ArgsKernel& k : g->kernels()) {
       benchmark::RegisterBenchmark(absl::StrCat("paired/", name, "/", k.name).c_str(), BM_Paired,
@@ -452,7 +479,7 @@ int main(int argc, char** argv) {
           ->UseManualTime()
           ->Unit(benchmark::kNanosecond);
     }
-    if (path == KpackPath::kByName) continue;
+    if (path != KpackPath::kByKernel && path != KpackPath::kBound) continue;
     for (int threads : {1, 2, 4, 8}) {
       benchmark::RegisterBenchmark(absl::StrCat("paired/", name, "/args4/mt").c_str(), BM_Paired,
                                    args4, path)

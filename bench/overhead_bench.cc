@@ -95,8 +95,12 @@ int main(int argc, char** argv) {
   BenchSetup& g = **setup;
   CUstream s = g.stream(0);
   const ArgsKernel& args4 = g.args_kernel(4);
+  const ArgsKernel& args32 = g.args_kernel(32);
   std::vector<Path> paths = {
       {"raw_params/args4", [&] { return g.RawParams(args4, args4.raw_function, s); }},
+      {"raw_params/args32", [&] { return g.RawParams(args32, args32.raw_function, s); }},
+      {"raw_params_fresh/args4", [&] { return g.RawParamsFresh(args4, s); }},
+      {"raw_params_fresh/args32", [&] { return g.RawParamsFresh(args32, s); }},
   };
   for (const ArgsKernel& k : g.kernels()) {
     paths.push_back({"kpack_by_kernel/" + k.name,
@@ -107,13 +111,19 @@ int main(int argc, char** argv) {
   for (const ArgsKernel& k : g.kernels()) {
     paths.push_back({"kpack_by_name/" + k.name, [&g, &k, s] { return g.KpackByName(k, s); }});
   }
-  auto bound = g.Bind(args4, s);
-  if (!bound.ok()) {
-    std::fprintf(stderr, "kpack_overhead_bench: bind failed: %s\n",
-                 std::string(bound.status().message()).c_str());
-    return 1;
+  std::vector<kpack::BoundLaunch> bound;  // args4's, args32's
+  bound.reserve(2);
+  for (const ArgsKernel* k : {&args4, &args32}) {
+    auto b = g.Bind(*k, s);
+    if (!b.ok()) {
+      std::fprintf(stderr, "kpack_overhead_bench: bind failed: %s\n",
+                   std::string(b.status().message()).c_str());
+      return 1;
+    }
+    bound.push_back(*std::move(b));
+    kpack::BoundLaunch* launch = &bound.back();
+    paths.push_back({"kpack_bound/" + k->name, [launch] { return launch->Launch().ok(); }});
   }
-  paths.push_back({"kpack_bound/args4", [&] { return bound->Launch().ok(); }});
   size_t shape = 0;
   paths.push_back({"kpack_dynamic_shapes", [&] { return g.KpackDynamic(shape++, s); }});
   // Many properties: the example pack's layer_norm_bwd, whose contig variants assume div16
