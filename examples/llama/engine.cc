@@ -24,6 +24,9 @@ struct Signature {
   absl::string_view kernel;
   std::initializer_list<absl::string_view> types;
   size_t m_arg;  // the index of M (rows of the step)
+  // The index of S (decode attention's splits, which follow the batch above 64 rows:
+  // DecodeSplits); -1 for the other kernels.
+  int s_arg = -1;
 };
 constexpr absl::string_view kEmbed = "llama_embed", kRmsNorm = "llama_rmsnorm",
                             kQkvRope = "llama_qkv_rope", kAttnDecode = "llama_attn_decode",
@@ -40,7 +43,7 @@ const Signature kSignatures[] = {
     {kAttnDecode,
      {"*bf16", "*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*i32", "*bf16", "i32", "i32",
       "i32", "i32", "i32", "fp32"},
-     9},
+     9, 13},
     {kAttnPrefill,
      {"*bf16", "*bf16", "*bf16", "*i32", "*i32", "*bf16", "i32", "i32", "i32", "i32", "fp32"},
      6},
@@ -176,11 +179,12 @@ bool ProgrammaticEdges(int batch) { return batch >= 1; }
 
 // One batch bucket's decode step: its launches bound once, in step order, and their graph.
 struct Engine::Bucket {
-  int batch = 0;  // the batch size the launches hold; 0: unknown (a Set failed)
-  int splits = 0;
+  int batch = 0;   // the batch size the launches hold; 0: unknown (a Set failed)
+  int splits = 0;  // the S decode attention's launches hold; 0: unknown (a Set failed)
   std::vector<BoundLaunch> launches;
   std::vector<BoundLaunch*> order;
   std::vector<size_t> m_arg;
+  std::vector<int> s_arg;  // Signature::s_arg of each launch
   std::optional<StepGraph> graph;  // declared after the launches: destroyed before them
 };
 
@@ -281,6 +285,7 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
     if (!bound.ok()) return bound.status();
     bk->launches.push_back(*std::move(bound));
     bk->m_arg.push_back(SignatureOf(kernel).m_arg);
+    bk->s_arg.push_back(SignatureOf(kernel).s_arg);
     return absl::OkStatus();
   };
   const Kernels& k = kernels_;
@@ -478,12 +483,22 @@ absl::Status Engine::Decode(int batch, Mode mode) {
   KPACK_RETURN_IF_ERROR(sequences_.CheckDecode(batch));
   KPACK_ASSIGN_OR_RETURN(Bucket * bk, BucketFor(batch));
   if (bk->batch != batch) {
+    // M, and S where the batch changes it (above 64 rows DecodeSplits follows the batch
+    // itself), as a bucket bound at this batch would hold them.
     NvtxRange set(nvtx_, Nvtx::kSetBatch, batch);
+    const int splits = DecodeSplits(batch, I32(model_.config().num_key_value_heads));
+    const bool new_splits = splits != bk->splits;
     bk->batch = 0;
+    if (new_splits) bk->splits = 0;
     for (size_t i = 0; i < bk->launches.size(); ++i) {
       KPACK_RETURN_IF_ERROR(bk->launches[i].Set(bk->m_arg[i], int32_t{batch}));
+      if (new_splits && bk->s_arg[i] >= 0) {
+        KPACK_RETURN_IF_ERROR(
+            bk->launches[i].Set(static_cast<size_t>(bk->s_arg[i]), int32_t{splits}));
+      }
     }
     bk->batch = batch;
+    bk->splits = splits;
     ++stats_.batch_sets;
   }
   if (mode == Mode::kGraph) {

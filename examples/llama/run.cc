@@ -79,10 +79,12 @@ absl::StatusOr<RunResult> RunSequences(Engine& engine, const RunOptions& o) {
   if (o.context < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--context ", o.context, ": not a context"));
   }
-  if (o.context > 0 && static_cast<int64_t>(o.context) + o.steps >= engine.kv_cache().capacity()) {
+  // Rows start at position `context` (SyntheticContext); the steps write positions
+  // context .. context + steps - 1.
+  if (o.context > 0 && static_cast<int64_t>(o.context) + o.steps > engine.kv_cache().capacity()) {
     return absl::InvalidArgumentError(
         absl::StrCat("a context of ", o.context, " positions and ", o.steps,
-                     " decode steps need ", o.context + o.steps + 1,
+                     " decode steps need ", static_cast<int64_t>(o.context) + o.steps,
                      " KV positions per sequence; the capacity is ",
                      engine.kv_cache().capacity(), " (raise --capacity)"));
   }

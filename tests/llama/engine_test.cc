@@ -8,6 +8,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "checkpoint.h"
@@ -258,6 +260,18 @@ TEST_F(LlamaEngineTest, SyntheticContextStartsRowsAtAPositionOverARandomCache) {
   run.timed_seqs = 2;
   const absl::StatusOr<RunResult> repeated = RunSequences(e, run);
   EXPECT_TRUE(repeated.ok()) << repeated.status();
+  // The steps write positions 30 .. 39: they fill the 40 positions exactly; one more does
+  // not fit.
+  run.steps = 10;
+  const absl::StatusOr<RunResult> filled_up = RunSequences(e, run);
+  EXPECT_TRUE(filled_up.ok()) << filled_up.status();
+  EXPECT_EQ(e.sequences().position(0), 40);
+  run.steps = 11;
+  const absl::StatusOr<RunResult> over = RunSequences(e, run);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(over.status().message(),
+              HasSubstr("a context of 30 positions and 11 decode steps need 41 KV positions "
+                        "per sequence; the capacity is 40"));
 }
 
 // docs/llama.md: decode attention splits a row's context only beyond 4 KV tiles, then
@@ -293,6 +307,41 @@ TEST_F(LlamaEngineTest, LongContextsSplitTheAttention) {
   const auto used = std::find(s.begin(), s.end(), 0.0f) - s.begin();
   EXPECT_THAT(used, ::testing::AnyOf(19, 10, 5));
   for (auto i = used; i < splits; ++i) EXPECT_EQ(s[static_cast<size_t>(i)], 0.0f) << i;
+}
+
+// Above 64 rows decode attention's S follows the batch itself (DecodeSplits): a bucket
+// bound at one batch and stepped at another launches the S a bucket bound at that batch
+// would (the tiny model's 2 KV heads: 3 splits at 65 rows, 2 at 100), eager and replayed.
+TEST_F(LlamaEngineTest, SplitsFollowTheBatchInsideABucket) {
+  Engine& e = MakeEngine(100, /*capacity=*/64, /*read_logits=*/false);
+  const int nkv = static_cast<int>(checkpoint_->config().num_key_value_heads);
+  ASSERT_EQ(BatchBucket(65), BatchBucket(100));
+  ASSERT_EQ(DecodeSplits(65, nkv), 3);
+  ASSERT_EQ(DecodeSplits(100, nkv), 2);
+  auto last_attention_grid = [] {  // (S, NKV, M) of the last decode attention launched
+    for (int64_t i = fake::LaunchCount() - 1; i >= 0; --i) {
+      const fake::LaunchRecord r = fake::GetLaunch(i);
+      if (std::string_view(r.entry.data()) == "llama_attn_decode") return r.grid;
+    }
+    return std::array<unsigned, 3>{};
+  };
+  for (const Engine::Mode mode : {Engine::Mode::kEager, Engine::Mode::kGraph}) {
+    LL_ASSERT_OK(e.SyntheticContext(100, 30, 5, /*fill_cache=*/true));
+    for (const int batch : {65, 100, 65}) {
+      LL_ASSERT_OK(e.Decode(batch, mode));
+      LL_ASSERT_OK(e.Synchronize());
+      // A replay's grid covers the bucket's largest batch on its M axis (the kernels
+      // check M themselves: grid tolerance); S and NKV are the batch's.
+      const std::array<unsigned, 3> grid = last_attention_grid();
+      EXPECT_EQ(grid[0], static_cast<unsigned>(DecodeSplits(batch, nkv)))
+          << "batch " << batch << (mode == Engine::Mode::kGraph ? ", replayed" : ", eager");
+      EXPECT_EQ(grid[1], static_cast<unsigned>(nkv));
+      const int rows = mode == Engine::Mode::kGraph
+                           ? kBatchBucketEdges[static_cast<size_t>(BatchBucket(batch))]
+                           : batch;
+      EXPECT_EQ(grid[2], static_cast<unsigned>(rows));
+    }
+  }
 }
 
 TEST_F(LlamaEngineTest, DecodeRefusesRowsWithoutASequence) {
