@@ -210,3 +210,61 @@ def test_eager_steps_switch_between_one_row_and_more(eng, fake, layouts):
             for name in ("M", "h", "xn", "w"):
                 if name in p:
                     assert p[name] == want[name], (batch, call.kernel, name)
+
+
+def test_engine_refuses_prompts_longer_than_the_cache(tiny, driver, fake):
+    fake.use_primary_context()
+    with pytest.raises(ValueError, match="prompts of up to 65 tokens do not fit a KV capacity "
+                                         "of 64 positions"):
+        engine.LlamaEngine(str(tiny), str(PACK), "eager", max_batch=2, max_prompt=65,
+                           capacity=64, device="cpu", driver=driver)
+
+
+def test_prefill_refuses_bad_rows_before_it_launches(eng, fake):
+    """As the C++ engine's Prefill: too many rows (row max_batch would write another
+    layer's cache slot), tokens outside the vocabulary, prompts and steps past the cache,
+    all refused with nothing launched."""
+    V = eng.cfg.V
+    mark = fake.launch_count()
+    with pytest.raises(ValueError, match=r"a prefill of 9 rows; the engine has rows 0\.\.7"):
+        eng.prefill([[1]] * 9)
+    with pytest.raises(ValueError, match=f"prefill of row 1: prompt token 2 is {V}, outside "
+                                         f"the vocabulary of {V}"):
+        eng.prefill([[1, 2], [3, 4, V]])
+    with pytest.raises(ValueError, match="prompt token 0 is -1"):
+        eng.prefill([[-1]])
+    with pytest.raises(ValueError, match="a prompt of 30 tokens and 40 decode steps need 70 KV "
+                                         "positions per sequence; the capacity is 64"):
+        eng.run_sequence([[1] * 30], 40)
+    assert fake.launches_since(mark) == []
+
+
+def test_decode_refuses_rows_without_a_sequence_or_room(eng, fake):
+    """The host's copy of each row's position: a row never prefilled, and a step past the
+    KV capacity (where QKV would store nothing and attention read stale positions), are
+    refused with nothing launched; the rows' positions follow prefill, fill_synthetic,
+    decode_step and run_sequence."""
+    eng.prefill([[1, 2, 3]])
+    eng.set_batch(2)
+    mark = fake.launch_count()
+    with pytest.raises(ValueError, match="decode row 1: sequence slot 1 holds no sequence"):
+        eng.decode_step()
+    with pytest.raises(ValueError, match="decode row 1: sequence slot 1 holds no sequence"):
+        eng.run_sequence(None, 1, batch=2)
+    assert fake.launches_since(mark) == []
+    eng.fill_synthetic(2, 60, fill_cache=False)
+    eng.run_sequence(None, 2, batch=2)  # positions 60, 61
+    eng.decode_step()                   # 62
+    eng.decode_step()                   # 63: the cache is full
+    assert eng.positions[:2] == [64, 64]
+    mark = fake.launch_count()
+    with pytest.raises(ValueError, match="decode row 0: sequence slot 0 is at position 64, and "
+                                         "the KV cache holds 64 positions per sequence"):
+        eng.decode_step()
+    eng.fill_synthetic(2, 62, fill_cache=False)
+    with pytest.raises(ValueError, match="at position 62.*3 more tokens would not fit"):
+        eng.run_sequence(None, 3, batch=2)
+    assert fake.launches_since(mark) == []
+    with pytest.raises(ValueError, match=r"synthetic context for 9 rows: the engine has rows "
+                                         r"1\.\.8"):
+        eng.fill_synthetic(9, 10)

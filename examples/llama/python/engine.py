@@ -21,6 +21,11 @@ row: M = the prompt's length, ``llama_attn_prefill``, then the LM head on the la
 (M = 1; h at that row; logits, argmax partials, counter, tokens and pos at the sequence's
 decode row b; advance 0), after which pos[b] = the prompt length and seq[b] = b.
 
+As the C++ engine, the engine keeps each row's next KV position on the host
+(``positions``) and refuses, before launching anything, a prefill of more rows than it
+has or of tokens outside the vocabulary, and decode steps of rows without a sequence or
+past the KV capacity (where QKV would store nothing and attention read stale positions).
+
 Generation keeps the tokens on the device: the next step's embed reads what the LM head
 wrote. The host reads them back through pinned memory one step late: step t+1 is issued
 before the host waits for step t's copy (issue 22, point 3). Digests (sha256 of the fp32
@@ -38,7 +43,6 @@ import argparse
 import hashlib
 import importlib
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -109,7 +113,6 @@ class Call:
 
 def logits_digest(rows) -> str:
     """sha256 of fp32 logits rows (a torch tensor [B, V]), little-endian, row-major."""
-    import numpy as np  # noqa: PLC0415
     a = rows.detach().float().cpu().contiguous().numpy()
     return hashlib.sha256(a.astype("<f4", copy=False).tobytes()).hexdigest()
 
@@ -455,9 +458,16 @@ class LlamaEngine:
         self.pack = None
         if backend != "triton" or _importable("kpack"):
             self.pack = open_pack(self.pack_dir, self.cfg, driver)
+        if max_prompt > capacity:
+            raise ValueError(f"prompts of up to {max_prompt} tokens do not fit a KV capacity "
+                             f"of {capacity} positions")
         if weights is None:
             weights = checkpoint.torch_weights(checkpoint_dir, self.cfg)
         self.state = DeviceState(self.cfg, weights, max_batch, max_prompt, capacity, device)
+        # Each row's next KV position (the C++ engine's SequenceTable), -1: no sequence.
+        # The device's pos advances in the LM head; this host copy refuses what would
+        # not fit before anything is launched.
+        self.positions: List[int] = [-1] * max_batch
         self.stream = (torch.cuda.Stream(device=device)
                        if device != "cpu" and torch.device(device).type == "cuda" else None)
         self.backends: Dict[str, Any] = {}
@@ -497,11 +507,20 @@ class LlamaEngine:
         """Prefill row b with prompts[b] (one step per row); then pos[b] = len, seq[b] = b.
         Returns the fp32 logits [B, V] of each row's last prompt token if keep_logits."""
         torch, s = self.torch, self.state
+        if len(prompts) > s.max_batch:
+            raise ValueError(f"a prefill of {len(prompts)} rows; the engine has rows "
+                             f"0..{s.max_batch - 1}")
+        for b, prompt in enumerate(prompts):
+            if not 1 <= len(prompt) <= s.max_prompt:
+                raise ValueError(f"row {b}: prompt length {len(prompt)} outside "
+                                 f"1..{s.max_prompt}")
+            bad = [(i, t) for i, t in enumerate(prompt) if not 0 <= t < self.cfg.V]
+            if bad:
+                raise ValueError(f"prefill of row {b}: prompt token {bad[0][0]} is "
+                                 f"{bad[0][1]}, outside the vocabulary of {self.cfg.V}")
         kept = []
         for b, prompt in enumerate(prompts):
             P = len(prompt)
-            if not 1 <= P <= s.max_prompt:
-                raise ValueError(f"row {b}: prompt length {P} outside 1..{s.max_prompt}")
             s.ptokens[:P].copy_(torch.tensor(prompt, dtype=torch.int32))
             s.ppos[:P].copy_(torch.arange(P, dtype=torch.int32))
             s.pseq[:P].fill_(b)
@@ -511,10 +530,30 @@ class LlamaEngine:
         B = len(prompts)
         s.pos[:B].copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
+        self.positions[:B] = [len(p) for p in prompts]
         return torch.stack(kept) if keep_logits else None
 
+    def check_decode(self, B: int, steps: int = 1) -> None:
+        """Raises unless rows 0..B-1 hold sequences with room for `steps` more positions
+        (the C++ engine's SequenceTable::CheckDecode)."""
+        if not 1 <= B <= self.state.max_batch:
+            raise ValueError(f"a decode step of {B} rows; the engine has "
+                             f"{self.state.max_batch} slots")
+        for b, p in enumerate(self.positions[:B]):
+            if p < 0:
+                raise ValueError(f"decode row {b}: sequence slot {b} holds no sequence "
+                                 "(prefill it first)")
+            if p + steps > self.state.capacity:
+                raise ValueError(f"decode row {b}: sequence slot {b} is at position {p}, and "
+                                 f"the KV cache holds {self.state.capacity} positions per "
+                                 f"sequence: {steps} more tokens would not fit (raise "
+                                 "--capacity)")
+
     def decode_step(self) -> None:
+        B = self.backend.batch
+        self.check_decode(B)
         self.backend.decode()
+        self.positions[:B] = [p + 1 for p in self.positions[:B]]
 
     def fill_synthetic(self, B: int, context: int, seed: int = 0, fill_cache: bool = True) -> None:
         """Rows 0..B-1 as if they had prefilled ``context`` tokens: random bf16 keys and
@@ -522,6 +561,9 @@ class LlamaEngine:
         pos[b] = context, seq[b] = b, random tokens. (The benchmark grid's way to reach a
         context without prefilling it.)"""
         torch, s = self.torch, self.state
+        if not 1 <= B <= s.max_batch:
+            raise ValueError(f"synthetic context for {B} rows: the engine has rows "
+                             f"1..{s.max_batch}")
         if context + 1 > s.capacity:
             raise ValueError(f"context {context} needs capacity > {context}")
         g = torch.Generator(device=s.device).manual_seed(seed)
@@ -531,6 +573,7 @@ class LlamaEngine:
         s.tokens[:B].copy_(torch.randint(0, self.cfg.V, (B,), generator=g, device=s.device))
         s.pos[:B].fill_(context)
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
+        self.positions[:B] = [context] * B
 
     # -- sequences
 
@@ -558,6 +601,17 @@ class LlamaEngine:
         torch, s = self.torch, self.state
         cuda = self.stream is not None
         B = len(prompts) if prompts is not None else batch
+        if prompts is not None:  # refused before anything runs, as prefill would
+            if len(prompts) > s.max_batch:
+                raise ValueError(f"a prefill of {len(prompts)} rows; the engine has rows "
+                                 f"0..{s.max_batch - 1}")
+            longest = max((len(p) for p in prompts), default=0)
+            if longest + steps > s.capacity:
+                raise ValueError(f"a prompt of {longest} tokens and {steps} decode steps need "
+                                 f"{longest + steps} KV positions per sequence; the capacity "
+                                 f"is {s.capacity} (raise --capacity)")
+        elif steps > 0:
+            self.check_decode(B, steps)
         self.set_batch(B)
         prefill_logits = None
         if prompts is not None:
@@ -606,6 +660,7 @@ class LlamaEngine:
             # The previous step's tokens, read one step late: step t is already queued.
             if events is not None and t > 0:
                 events[t - 1].synchronize()
+        self.positions[:B] = [p + steps for p in self.positions[:B]]
         if cuda:
             end.record(stream)
             end.synchronize()
