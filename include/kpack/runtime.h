@@ -276,7 +276,8 @@ class Kernel {
   // specialized variant whose assumptions hold; see docs/pack-format.md); an argument
   // list no variant is valid for is INVALID_ARGUMENT naming the parameter, its value and
   // the failed assumption, and launches nothing. A grid with zero programs launches
-  // nothing and returns OK.
+  // nothing and returns OK; one past the driver's limits (2^31-1 blocks along x, the grid
+  // times num_ctas; 65535 along y and z) is INVALID_ARGUMENT and launches nothing.
   template <typename... Args>
   absl::Status Launch(const Grid& grid, CUstream stream, const Args&... args) const {
     const Arg packed[] = {Arg(args)..., Arg(0)};  // trailing element: no zero-size array

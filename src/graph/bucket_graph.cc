@@ -20,12 +20,21 @@ constexpr CUdeviceptr kMeasureBase = CUdeviceptr{1} << 44;
 // A ScratchAllocator laying out one node's scratch kinds one after another from offset
 // 0 at their alignments (FillScratch asks global, then profile); `end` keeps the most any
 // node needs. The nodes run one after another, so they all share one buffer.
+// A layout past kMaxEnd (more than any device holds) is refused as an allocator refuses,
+// with a null pointer (`refused` says why), so the offsets never wrap.
 struct ScratchLayout {
+  static constexpr uint64_t kMaxEnd = uint64_t{1} << 62;
   uint64_t offset = 0;
   uint64_t end = 0;
+  bool refused = false;
   static CUdeviceptr Allocate(size_t bytes, size_t align, CUstream, void* self) {
     auto* l = static_cast<ScratchLayout*>(self);
-    l->offset = (l->offset + align - 1) / align * align;
+    const uint64_t start = (l->offset + align - 1) / align * align;  // offset <= kMaxEnd
+    if (bytes > kMaxEnd || start > kMaxEnd - bytes) {
+      l->refused = true;
+      return 0;
+    }
+    l->offset = start;
     const CUdeviceptr p = kMeasureBase + l->offset;
     l->offset += bytes;
     l->end = std::max(l->end, l->offset);
@@ -87,6 +96,12 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
     layout.offset = 0;
     absl::Status s = rt.Prepare(*st.variant, signature[i].grid, stream, &measure,
                                 node.bytes.data(), &prepared[i]);
+    if (!s.ok() && layout.refused) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(LaunchName(i, *st.variant), ": its scratch memory for grid (",
+                       signature[i].grid.x, ", ", signature[i].grid.y, ", ",
+                       signature[i].grid.z, ") passes 2^62 bytes"));
+    }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat(LaunchName(i, *st.variant), ": ", s.message()));
     }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,13 @@ std::optional<Arena> ArenaPool::TakeIdle(uint64_t context_id, uint64_t bytes) {
 
 absl::StatusOr<Arena> ArenaPool::TakeOrAllocate(CUcontext context, uint64_t context_id,
                                                 uint64_t bytes) {
+  // The arena is `bytes` rounded up to kScratchAlign, allocated kScratchAlign - 1 larger
+  // to align its base: both sums must fit 64 bits, or a size near 2^64 would wrap to a
+  // short arena. (No device holds that much.)
+  if (bytes > std::numeric_limits<uint64_t>::max() - 2 * (kScratchAlign - 1)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a scratch arena of ", bytes, " bytes: its size, aligned, does not fit 64 bits"));
+  }
   if (std::optional<Arena> idle = TakeIdle(context_id, bytes)) return *idle;
   Arena arena;
   arena.context = context;

@@ -44,8 +44,9 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status BadDesc(const Driver& d, const VariantData&
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridError(const VariantData& v, const Grid& grid) {
   return absl::InvalidArgumentError(
-      absl::StrCat(Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") times num_ctas ",
-                   v.num_ctas, " exceeds the driver's limit of 2^31-1 blocks along x"));
+      absl::StrCat(Describe(v), ": grid (", grid.x, ", ", grid.y, ", ", grid.z, ") with num_ctas ",
+                   v.num_ctas, " exceeds the driver's limits: 2^31-1 blocks along x (grid x "
+                   "times num_ctas), ", kMaxGridYZ, " along y and z"));
 }
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status GridValueError(const VariantData& v, int axis) {

@@ -39,6 +39,10 @@
 
 namespace kpack::internal {
 
+// The driver's largest grid along y and z (CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y/Z on every
+// GPU kpack targets); along x it is 2^31-1 blocks, the grid times num_ctas.
+inline constexpr uint32_t kMaxGridYZ = 65535;
+
 // Failure halves of the launch path (launch.cc): they format the message.
 ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got);
 ABSL_ATTRIBUTE_NOINLINE absl::Status BadArg(const VariantData& v, size_t i, const Arg& a);
@@ -185,7 +189,8 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::Prepare(
     return absl::OkStatus();
   }
   const uint64_t grid_x = uint64_t{grid.x} * v.num_ctas;
-  if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max())) {
+  if (ABSL_PREDICT_FALSE(grid_x > std::numeric_limits<int32_t>::max() ||
+                         grid.y > kMaxGridYZ || grid.z > kMaxGridYZ)) {
     return GridError(v, grid);
   }
   // The current context, by its id (a thread-local read in the driver): a CUfunction

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <latch>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -745,6 +746,35 @@ TEST_F(RuntimeTest, ScratchSizesThatOverflowAreErrors) {
   s = rt.Launch("add", Grid{1u << 31, 1u << 31, 4}, nullptr, kX, kY, kOut, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+}
+
+// The driver's grid limits (2^31-1 blocks along x, grid x times num_ctas; 65535 along y
+// and z) are checked before anything is sent, with a message that names them.
+TEST_F(RuntimeTest, GridsPastTheDriversLimitsAreErrors) {
+  Runtime rt = Open();
+  for (const Grid grid : {Grid{1, 65536, 1}, Grid{1, 1, 65536}, Grid{1u << 31, 1, 1}}) {
+    absl::Status s = rt.Launch("add", grid, nullptr, kX, kY, kOut, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(Msg(s), AllOf(HasSubstr("kernel 'add'"), HasSubstr("2^31-1 blocks along x"),
+                              HasSubstr("65535 along y and z")));
+  }
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 0);
+  KP_ASSERT_OK(rt.Launch("add", Grid{1, 65535, 65535}, nullptr, kX, kY, kOut, 1));
+  EXPECT_EQ(fake::CallCount("LaunchKernelEx"), 1);
+}
+
+// A scratch size near 2^64 is refused before anything is allocated: rounded up to the
+// arenas' alignment it would wrap to a short arena.
+TEST_F(RuntimeTest, ScratchArenasNearTwoToThe64AreErrors) {
+  Runtime rt = Open();
+  CUstream stream = NewStream();
+  const absl::Status s = rt.ReserveScratch(stream, std::numeric_limits<size_t>::max());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(Msg(s), HasSubstr("its size, aligned, does not fit 64 bits"));
+  EXPECT_EQ(fake::CallCount("MemAlloc"), 0);
+  EXPECT_EQ(rt.stats().scratch_arenas, 0u);
+  EXPECT_EQ(rt.stats().scratch_reserved, 0u);
+  ASSERT_EQ(d().StreamDestroy(stream), CUDA_SUCCESS);
 }
 
 // ---- hostile pack files ----

@@ -419,6 +419,23 @@ TEST_F(StepGraphTest, EagerFallbackOnlyWhenAskedFor) {
   EXPECT_EQ(g.stats().eager_steps, 1u);
 }
 
+// A graph's scratch laid out past any device's memory is an error naming the launch and
+// its grid, never a size wrapped in 64 bits: 2^25 * 65535^2 programs of 128 bytes are
+// about 2^64 bytes.
+TEST_F(StepGraphTest, ScratchPastAnyDeviceIsAnError) {
+  Open(KPACK_TEST_PACK_DIR);
+  const std::vector<Arg> args = {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)};
+  Bind("scratch", Grid{1u << 25, 65535, 65535}, args);
+  StepGraph& g = MakeGraph();
+  const absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("step graph launch 0"), HasSubstr("kernel 'scratch'"),
+                            HasSubstr("its scratch memory for grid (33554432, 65535, 65535) "
+                                      "passes 2^62 bytes")));
+  EXPECT_EQ(g.stats().graphs_built, 0u);
+  EXPECT_EQ(rt_->stats().scratch_in_graphs, 0u);
+}
+
 TEST_F(StepGraphTest, TheGraphOwnsItsScratchApartFromStreamsAndOtherGraphs) {
   Open(KPACK_TEST_PACK_DIR);
   const std::vector<Arg> args = {Arg(kX), Arg(kOut), Arg(64), Arg(64), Arg(64)};
