@@ -208,6 +208,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Runtime& runtime, c
                                                        const Model& model,
                                                        const EngineOptions& options) {
   const LlamaConfig& c = model.config();
+  // Decode attention's grid holds the batch along z, which the driver caps at 65535.
+  if (options.max_batch > kMaxBatch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a batch of up to ", options.max_batch, " rows: decode attention's grid holds the "
+        "batch along z, which the driver limits to ", kMaxBatch));
+  }
   if (options.max_prompt > options.capacity) {
     return absl::InvalidArgumentError(absl::StrCat("prompts of up to ", options.max_prompt,
                                                    " tokens do not fit a KV capacity of ",

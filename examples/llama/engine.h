@@ -75,6 +75,10 @@ struct EngineOptions {
   bool nvtx = true;          // the engine's NVTX ranges (kpack's own: Options::nvtx)
 };
 
+// The most decode rows an engine takes: decode attention's grid (S, NKV, M) holds the
+// batch along z, which the driver caps at 65535.
+inline constexpr int kMaxBatch = 65535;
+
 // The M buckets of docs/llama.md: 1, 2-4, 5-16, 17-64, 65-256, 257+.
 inline constexpr std::array<int, 5> kBatchBucketEdges = {1, 4, 16, 64, 256};
 inline constexpr int kBatchBuckets = 6;

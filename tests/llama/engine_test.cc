@@ -422,6 +422,21 @@ TEST_F(LlamaEngineTest, EngineRefusesPromptsLongerThanTheCache) {
               HasSubstr("prompts of up to 65 tokens do not fit a KV capacity of 64 positions"));
 }
 
+// Decode attention's grid holds the batch along z: past the driver's 65535 the engine is
+// refused before it allocates anything.
+TEST_F(LlamaEngineTest, EngineRefusesABatchPastTheGridLimit) {
+  EngineOptions o;
+  o.max_batch = kMaxBatch + 1;
+  o.capacity = 64;
+  const int64_t allocations = fake::LiveAllocations();
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(*rig_.runtime, *device_, *model_, o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(e.status().message(),
+              HasSubstr("a batch of up to 65536 rows: decode attention's grid holds the batch "
+                        "along z, which the driver limits to 65535"));
+  EXPECT_EQ(fake::LiveAllocations(), allocations);
+}
+
 // The pack must be docs/llama.md's and built for the checkpoint's head size.
 TEST_F(LlamaEngineTest, EngineRefusesAPackThatDoesNotServeTheModel) {
   testing::TempDir dir;

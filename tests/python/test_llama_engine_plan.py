@@ -220,6 +220,15 @@ def test_engine_refuses_prompts_longer_than_the_cache(tiny, driver, fake):
                            capacity=64, device="cpu", driver=driver)
 
 
+def test_engine_refuses_a_batch_past_the_grid_limit(tiny, driver, fake):
+    fake.use_primary_context()
+    with pytest.raises(ValueError, match="a batch of up to 65536 rows: decode attention's grid "
+                                         "holds the batch along z, which the driver limits to "
+                                         "65535"):
+        engine.LlamaEngine(str(tiny), str(PACK), "eager", max_batch=65536, max_prompt=8,
+                           capacity=64, device="cpu", driver=driver)
+
+
 def test_prefill_refuses_bad_rows_before_it_launches(eng, fake):
     """As the C++ engine's Prefill: too many rows (row max_batch would write another
     layer's cache slot), tokens outside the vocabulary, prompts and steps past the cache,

@@ -59,6 +59,10 @@ from config import (PROJ_SPLIT_MAX, PROJ_SPLIT_MAX_ROWS, PROJ_SPLIT_MIN_TILE,  #
                     load_config, parse_prompt_lens, programmatic_edges, prompt_token,
                     prompt_tokens, rope_inv_freq)
 
+# The most decode rows (the C++ engine's kMaxBatch): decode attention's grid (S, NKV, M)
+# holds the batch along z, which the driver caps at 65535.
+MAX_BATCH = 65535
+
 # The pack kernels' call parameters (docs/llama.md), checked against the pack at open.
 PARAMS: Dict[str, tuple] = {
     "llama_embed": ("tokens", "table", "h", "M", "H"),
@@ -458,6 +462,9 @@ class LlamaEngine:
         self.pack = None
         if backend != "triton" or _importable("kpack"):
             self.pack = open_pack(self.pack_dir, self.cfg, driver)
+        if max_batch > MAX_BATCH:
+            raise ValueError(f"a batch of up to {max_batch} rows: decode attention's grid "
+                             f"holds the batch along z, which the driver limits to {MAX_BATCH}")
         if max_prompt > capacity:
             raise ValueError(f"prompts of up to {max_prompt} tokens do not fit a KV capacity "
                              f"of {capacity} positions")
