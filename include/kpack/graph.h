@@ -93,9 +93,11 @@
 // a programmatic edge from the node before it (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC from
 // its PROGRAMMATIC port, CUDA 12.3), so it may start while that node finishes, as on a
 // stream; every other launch a full edge. If the driver refuses programmatic edges when
-// instantiating the graph or updating its nodes, the graph is built again with full edges
-// (correct, without the overlap), and that is never silent: GraphInfo::pdl_fallback says
-// why, stats().pdl_fallbacks counts it, and the log has a warning.
+// instantiating the graph or updating its nodes (CUDA_ERROR_NOT_SUPPORTED, _INVALID_VALUE
+// or _GRAPH_EXEC_UPDATE_FAILURE from a graph with such edges), the graph is built again
+// with full edges (correct, without the overlap), and that is never silent:
+// GraphInfo::pdl_fallback says why, stats().pdl_fallbacks counts it, and the log has a
+// warning. Any other failure is returned, and the next Replay builds or patches again.
 //
 // Other threads' captures. Loading variants, allocating a graph's scratch, instantiating
 // and destroying executable graphs are calls a capture in global mode forbids to every

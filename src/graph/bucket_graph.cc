@@ -180,7 +180,7 @@ absl::StatusOr<std::unique_ptr<BucketGraph>> BucketGraph::Build(
   if (const CUresult r = d.GraphInstantiateWithFlags(&g->exec_, g->graph_, 0);
       r != CUDA_SUCCESS) {
     g->exec_ = nullptr;
-    if (pdl_refused != nullptr) *pdl_refused = g->programmatic_edges_ > 0;
+    if (pdl_refused != nullptr) *pdl_refused = g->programmatic_edges_ > 0 && MayRefusePdl(r);
     return d.Error(r, absl::StrCat("cuGraphInstantiateWithFlags for a step graph of ",
                                    g->nodes_.size(), " nodes (", g->programmatic_edges_,
                                    " programmatic edges)"));
@@ -196,7 +196,13 @@ BucketGraph::~BucketGraph() {
   if (graph_ != nullptr) driver_.GraphDestroy(graph_);
 }
 
-absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t* patched) {
+bool MayRefusePdl(CUresult r) {
+  return r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE ||
+         r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+}
+
+absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t* patched,
+                                bool* pdl_refused) {
   *patched = 0;
   for (Node& node : nodes_) {
     const BoundState& st = *launches[node.launch];
@@ -220,6 +226,7 @@ absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t*
     const CUresult r = driver_.GraphExecKernelNodeSetParams(exec_, node.handle, &node.params);
     node.params.extra = nullptr;
     if (ABSL_PREDICT_FALSE(r != CUDA_SUCCESS)) {
+      if (pdl_refused != nullptr) *pdl_refused = programmatic_edges_ > 0 && MayRefusePdl(r);
       return driver_.Error(r, absl::StrCat("cuGraphExecKernelNodeSetParams for ",
                                            LaunchName(node.launch, *st.variant)));
     }

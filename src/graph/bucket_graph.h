@@ -24,6 +24,12 @@
 
 namespace kpack::internal {
 
+// Whether the driver's code for a failed instantiation or node update of a graph with
+// programmatic edges may mean it refuses those edges (an unsupported or invalid update),
+// so that rebuilding with full edges is the remedy; any other failure (out of memory, a
+// lost context, an earlier fault) is reported as it is.
+bool MayRefusePdl(CUresult r);
+
 class BucketGraph {
  public:
   // Builds and instantiates the graph of `signature` for `launches` (one shape each, in
@@ -35,7 +41,8 @@ class BucketGraph {
   // (the caller makes sure no stream of its is captured, and makes the thread RELAXED:
   // see RelaxedCaptureMode); prepares the launches for `stream`. Errors name the launch (its
   // index) and the driver call; nothing is left behind. `pdl_refused`: set when the error
-  // is the driver refusing to instantiate a graph with programmatic edges.
+  // may be the driver refusing to instantiate a graph with programmatic edges (the graph
+  // has some, and the driver's code is one MayRefusePdl names).
   static absl::StatusOr<std::unique_ptr<BucketGraph>> Build(const RuntimeImpl& rt,
                                                             std::span<BoundState* const> launches,
                                                             const Signature& signature,
@@ -56,8 +63,10 @@ class BucketGraph {
   // BoundState::version is the one the node's bytes were last compared at is skipped
   // without comparing: nothing that writes the launch's bytes leaves the version alone.
   // Allocates nothing. A failed call is an error naming the launch; the nodes patched
-  // before it stay patched.
-  absl::Status Patch(std::span<BoundState* const> launches, uint64_t* patched);
+  // before it stay patched. `pdl_refused` (if not null): set when the failure may be the
+  // driver refusing to update a graph with programmatic edges (as for Build).
+  absl::Status Patch(std::span<BoundState* const> launches, uint64_t* patched,
+                     bool* pdl_refused = nullptr);
   // cuGraphLaunch on `stream`.
   absl::Status Launch(CUstream stream);
 

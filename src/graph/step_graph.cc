@@ -238,11 +238,13 @@ absl::Status StepGraphImpl::Replay(CUstream stream) {
   }
   signature_moved_ = false;  // current_'s signature is shapes_
   uint64_t patched = 0;
-  absl::Status s = current_->Patch(launches_, &patched);
+  bool pdl_refused = false;
+  absl::Status s = current_->Patch(launches_, &patched, &pdl_refused);
   stats_.nodes_patched += patched;
   stats_.last_nodes_patched = patched;
   if (ABSL_PREDICT_FALSE(!s.ok())) {
-    if (current_->programmatic_edges() == 0) return s;
+    // Any other failure is the caller's, and the next replay patches again.
+    if (!pdl_refused) return s;
     // The driver refused to update a graph with programmatic edges: this signature's
     // graph again, with full edges (and its launches' current bytes).
     absl::StatusOr<std::unique_ptr<BucketGraph>> full = NewGraph(shapes_, stream, s);

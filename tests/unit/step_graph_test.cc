@@ -613,6 +613,39 @@ TEST_F(StepGraphTest, ProgrammaticEdgesRefusedAtAnUpdateFallBackToFullEdgesAndSa
   EXPECT_EQ(g.stats().last_nodes_patched, 1u);
 }
 
+// Only a failure that may be the driver refusing programmatic edges (an unsupported or
+// invalid update) falls back to full edges; any other failure of a graph with them is
+// returned as it is, keeps the edges, and the next replay patches or builds again.
+TEST_F(StepGraphTest, OtherFailuresOfAGraphWithProgrammaticEdgesAreErrors) {
+  Open(KPACK_TEST_PACK_DIR);
+  Bind("add", Grid{1}, {Arg(kX), Arg(kY), Arg(kOut), Arg(16)});
+  BoundLaunch& pdl = Bind("pdl", Grid{2}, {Arg(kOut), Arg(kOut2), Arg(2048)});
+  StepGraph& g = MakeGraph();
+  fake::FailNext("GraphInstantiateWithFlags", CUDA_ERROR_OUT_OF_MEMORY);
+  absl::Status s = g.Replay(stream_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuGraphInstantiateWithFlags"),
+                            HasSubstr("CUDA_ERROR_OUT_OF_MEMORY")));
+  EXPECT_EQ(g.stats().graphs_built, 0u);
+  KP_ASSERT_OK(g.Replay(stream_));
+  ASSERT_EQ(g.graphs().size(), 1u);
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 1u);
+
+  KP_ASSERT_OK(pdl.Set(2, 1000));
+  fake::FailNext("GraphExecKernelNodeSetParams", CUDA_ERROR_OUT_OF_MEMORY);
+  s = g.Replay(stream_);
+  EXPECT_THAT(Msg(s), AllOf(HasSubstr("cuGraphExecKernelNodeSetParams"),
+                            HasSubstr("CUDA_ERROR_OUT_OF_MEMORY")));
+  KP_ASSERT_OK(g.Replay(stream_));
+  EXPECT_EQ(g.stats().last_nodes_patched, 1u);
+  EXPECT_EQ(g.stats().graphs_built, 1u);
+  EXPECT_EQ(g.stats().pdl_fallbacks, 0u);
+  EXPECT_TRUE(g.graphs()[0].pdl_fallback.empty());
+  EXPECT_EQ(g.graphs()[0].programmatic_edges, 1u);
+  const fake::LaunchRecord last = fake::GetLaunch(fake::LaunchCount() - 1);
+  EXPECT_EQ(At<int32_t>(last, Slot(*rt_->Find("pdl"), "default", "n").offset), 1000);
+}
+
 TEST_F(StepGraphTest, EmptyGridsHaveNoNode) {
   Open(KPACK_TEST_PACK_DIR);
   BoundLaunch& add = Bind("add", Grid{0}, {Arg(kX), Arg(kY), Arg(kOut), Arg(0)});
