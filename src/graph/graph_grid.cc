@@ -1,6 +1,7 @@
 #include "graph/graph_grid.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -24,16 +25,19 @@ std::string GridText(const Grid& g) { return absl::StrCat("(", g.x, ", ", g.y, "
 std::optional<std::pair<int64_t, int64_t>> PaddingInterval(std::span<const int64_t> edges,
                                                            std::optional<int64_t> grid_max,
                                                            size_t index) {
-  int64_t low, high;
+  // The bucket's values above the edge before it (none above INT64_MAX), and at least 1.
+  int64_t below, high;
   if (index < edges.size()) {
     high = edges[index];
-    low = index > 0 ? edges[index - 1] + 1 : 1;
+    below = index > 0 ? edges[index - 1] : 0;
   } else if (index == edges.size() && grid_max.has_value() && !edges.empty()) {
     high = *grid_max;
-    low = edges.back() + 1;
+    below = edges.back();
   } else {
     return std::nullopt;
   }
+  if (below == std::numeric_limits<int64_t>::max()) return std::nullopt;
+  const int64_t low = std::max<int64_t>(below + 1, 1);
   if (high < low) return std::nullopt;
   return std::pair{low, high};
 }

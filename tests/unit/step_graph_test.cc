@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <latch>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -757,6 +758,16 @@ TEST_F(StepGraphTest, GraphPaddingIntervalsStartAtOneAndCoverTheBucket) {
   const std::vector<int64_t> from_zero = {0, 8};
   EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 0), std::nullopt) << "only sizes < 1";
   EXPECT_EQ(PaddingInterval(from_zero, std::nullopt, 1), (std::pair<int64_t, int64_t>{1, 8}));
+  // Buckets of values below 1 keep the exact grid; one reaching across 1 pads from 1.
+  const std::vector<int64_t> negative = {-10, -5, 100};
+  EXPECT_EQ(PaddingInterval(negative, std::nullopt, 0), std::nullopt);
+  EXPECT_EQ(PaddingInterval(negative, std::nullopt, 1), std::nullopt);
+  EXPECT_EQ(PaddingInterval(negative, std::nullopt, 2), (std::pair<int64_t, int64_t>{1, 100}));
+  // No value lies above INT64_MAX: no interval, and no overflow.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> top = {16, kMax};
+  EXPECT_EQ(PaddingInterval(top, kMax, 2), std::nullopt);
+  EXPECT_EQ(PaddingInterval(top, kMax, 1), (std::pair<int64_t, int64_t>{17, kMax}));
 }
 
 TEST_F(StepGraphTest, AnEagerStepPreparesEveryLaunchBeforeSendingAny) {
