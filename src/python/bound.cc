@@ -56,6 +56,18 @@ PyObject* BoundVectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
     return nullptr;
   }
   RuntimeState* rt = b->k->rt;
+  if (b->device >= 0) {  // its tensors' device must be current, as for an eager call
+    int current = -1;
+    bool have_context = false;
+    if (!CurrentDevice(*rt, b->device, &current, &have_context)) return nullptr;
+    if (ABSL_PREDICT_FALSE(current != b->device)) {
+      ValueErrorF("kernel '%s': the bound launch's tensors are on cuda:%d but the current "
+                  "device is cuda:%d (use torch.cuda.set_device or `with "
+                  "torch.cuda.device(...)`)",
+                  b->k->plan->name.c_str(), static_cast<int>(b->device), current);
+      return nullptr;
+    }
+  }
   if (!MaybePreload(rt, b->device)) return nullptr;
   if (!b->stream_explicit) {
     CUstream stream;

@@ -309,8 +309,17 @@ PyObject* Target(LaunchObject* l, Shape* s, PyObject* const* args, PyObject* con
       ok = t != nullptr;
       if (ok) PyTuple_SET_ITEM(types, static_cast<Py_ssize_t>(i), t);
     }
-    // The value types join the key: 1 and True are different constexprs.
-    if (ok) key = PyTuple_Pack(2, values, types);
+    // The values' Python types join the key: 1, 1.0 and True are equal and hash alike in
+    // a dict, but are different constexprs (Triton compiles each apart).
+    PyObject* value_types = ok ? PyTuple_New(static_cast<Py_ssize_t>(nkey)) : nullptr;
+    for (size_t i = 0; value_types != nullptr && i < nkey; ++i) {
+      PyTuple_SET_ITEM(value_types, static_cast<Py_ssize_t>(i),
+                       Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(args[s->key_pos[i]]))));
+    }
+    if (value_types != nullptr) {
+      key = PyTuple_Pack(3, values, types, value_types);
+      Py_DECREF(value_types);
+    }
   }
   if (key != nullptr) {
     target = PyDict_GetItemWithError(s->targets, key);  // borrowed

@@ -224,8 +224,13 @@ PyStructSequence_Desc g_variant_stats_desc = {"kpack.VariantStats", "Launch coun
 // ---------------------------------------------------------------- shared with bind
 
 absl::Status PreloadOnFirstUse(RuntimeState* rt, int device) {
-  if (ABSL_PREDICT_TRUE(!rt->preload_on_first_use) || device < 0 || device >= 64 ||
-      (rt->preloaded_devices.load(std::memory_order_relaxed) >> device & 1) != 0) {
+  if (ABSL_PREDICT_TRUE(!rt->preload_on_first_use)) return absl::OkStatus();
+  if (device < 0) {  // no tensor named the device (raw pointers): the current context's
+    absl::StatusOr<int> current = rt->runtime.CurrentDevice();
+    if (!current.ok()) return absl::OkStatus();  // no context current: the launch says so
+    device = *current;
+  }
+  if (device >= 64 || (rt->preloaded_devices.load(std::memory_order_relaxed) >> device & 1) != 0) {
     return absl::OkStatus();
   }
   if (absl::Status s = rt->runtime.Preload(); !s.ok()) return s;

@@ -134,6 +134,21 @@ def test_calls_the_pack_cannot_serve_run_on_triton_once_warned(fake, pack, jit_r
     assert row["kpack"] == 0 and row["triton"] == 5 and len(row["reasons"]) == 4
 
 
+def test_equal_constexprs_of_another_type_are_another_target(fake, pack, jit_runs):
+    # 1024 and 1024.0 are equal and hash alike, but are different constexprs (Triton
+    # compiles each apart): the float one runs on Triton whichever came first.
+    kpack.install(pack)
+    x, y, out = tensor(0), tensor(1), tensor(2)
+    mark = fake.launch_count()
+    vector_add_kernel[(5,)](x, y, out, 5000, BLOCK=1024)
+    assert fake.launch_count() == mark + 1
+    with pytest.warns(kpack.DropInWarning, match="BLOCK=1024.0"):
+        vector_add_kernel[(5,)](x, y, out, 5000, BLOCK=1024.0)
+    assert fake.launch_count() == mark + 1
+    assert [kw for _, _, _, kw in jit_runs] == [{"BLOCK": 1024.0}]
+    assert type(jit_runs[0][3]["BLOCK"]) is float
+
+
 def test_strict_raises_instead(fake, pack, jit_runs):
     kpack.install(pack, strict=True)
     mark = fake.launch_count()

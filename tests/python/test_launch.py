@@ -694,6 +694,20 @@ def test_preload_first_use_loads_every_variant_at_the_first_launch(fake, driver)
         kpack.open(KERNELS / "dispatchpack", driver=driver, preload="yes")
 
 
+def test_preload_first_use_without_tensors_preloads_the_current_device(fake, driver):
+    # Raw int pointers name no device: the current context's is the one to preload, at
+    # the first launch and at a bound launch's first call alike.
+    fake.use_primary_context()
+    for launch in ("call", "bind"):
+        pack = kpack.open(KERNELS / "dispatchpack", driver=driver, preload="first_use")
+        args = (0x7F00_0010_0000, 0x7F00_0020_0000, 0x7F00_0030_0000, 64, 1, 1.0)
+        if launch == "call":
+            pack.axpy(*args)
+        else:
+            pack.axpy.bind(*args)()
+        assert pack.stats()["libraries_loaded"] == 10, launch
+
+
 # ---------------------------------------------------------------- contexts and devices
 
 
@@ -729,6 +743,27 @@ try:
     raise SystemExit("a tensor on cuda:0 launched on cuda:1")
 except ValueError as e:
     assert "is on cuda:0 but the current device is cuda:1" in str(e), e
+""")
+
+
+def test_a_bound_launch_refuses_another_current_device(driver):
+    # Its tensors are on cuda:0: under cuda:1 it would run there on cuda:0 addresses.
+    run_child(driver, """
+fake.lib.kpack_fake_set_devices(2)
+fake.use_primary_context(0)
+b = add.bind(t(0), t(1), t(2), 64)
+b()
+fake.use_primary_context(1)
+mark = fake.launch_count()
+try:
+    b()
+    raise SystemExit("a bound launch of cuda:0 tensors ran on cuda:1")
+except ValueError as e:
+    assert "the bound launch's tensors are on cuda:0 but the current device is cuda:1" in str(e), e
+assert fake.launch_count() == mark
+fake.use_primary_context(0)
+b()
+assert fake.launch_count() == mark + 1
 """)
 
 
