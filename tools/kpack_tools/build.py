@@ -261,9 +261,13 @@ def _grid_tolerance(spec: KernelSpec, results, device, backend, reps, why_not, r
     if previous and previous.get("verdict") in (grid_proof.PROVEN, grid_proof.REFUSED,
                                                 grid_proof.TOO_COSTLY) \
             and previous.get("configs") == [c.name for c in configs]:
-        log(f"kernel '{spec.name}': grid tolerance {previous['verdict']} as in the reused "
-            f"tuning.json")
-        return dict(previous)
+        changed = grid_proof.changed_since(spec, previous)
+        if changed is None:
+            log(f"kernel '{spec.name}': grid tolerance {previous['verdict']} as in the reused "
+                f"tuning.json")
+            return dict(previous)
+        why_not = (f"{changed} since the reused tuning.json's verdict "
+                   f"({previous['verdict']}); prove it again on a GPU")
     entry = grid_proof.unproven(spec, why_not if why_not else "no GPU")
     log(f"kernel '{spec.name}': grid tolerance asserted by the spec, UNPROVEN ({why_not}); "
         f"written as \"asserted\"")

@@ -153,7 +153,8 @@ def prove(spec: KernelSpec, configs: Sequence[Config], backend, reps: int = 25,
     shapes checked."""
     entry = {"asserted": True, "verdict": PROVEN, "reason": None,
              "cost_limit": spec.grid_cost_limit, "max_cost": None,
-             "configs": [c.name for c in configs], "buckets": []}
+             "configs": [c.name for c in configs], "grid": list(spec.grid or []),
+             "buckets": []}
     worst = None
     for index, representative, config in zip(spec.bucket_indices(), spec.representatives,
                                              configs):
@@ -208,6 +209,24 @@ def prove(spec: KernelSpec, configs: Sequence[Config], backend, reps: int = 25,
                            f"kernel keeps exact grids")
         log(f"grid tolerance of kernel '{spec.name}' not used: {entry['reason']}")
     return entry
+
+
+def changed_since(spec: KernelSpec, entry: Mapping[str, Any]) -> Optional[str]:
+    """What of ``spec`` that a verdict depends on differs from what ``entry`` (a reused
+    tuning.json's verdict) was reached with, or None: the cost limit, the values each
+    bucket pads to (its edges and grid_max), and the grid expressions (when recorded)."""
+    if entry.get("cost_limit") != spec.grid_cost_limit:
+        return (f"the spec's grid_cost_limit changed ({entry.get('cost_limit')} to "
+                f"{spec.grid_cost_limit})")
+    padded = [padded_values(spec, index) or None for index in spec.bucket_indices()]
+    recorded = [b.get("padded_to") for b in entry.get("buckets", [])]
+    # A refusal stops at its bucket: the buckets up to it are what it was reached with.
+    if recorded != padded[:len(recorded)] or (entry.get("verdict") != REFUSED
+                                              and len(recorded) != len(padded)):
+        return "the values the buckets pad to changed (bucket edges or grid_max)"
+    if "grid" in entry and entry["grid"] != list(spec.grid or []):
+        return f"the grid expressions changed ({entry['grid']} to {list(spec.grid or [])})"
+    return None
 
 
 def unproven(spec: KernelSpec, why: str) -> Dict[str, Any]:

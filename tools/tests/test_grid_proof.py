@@ -341,3 +341,31 @@ def test_the_proof_pads_exactly_what_step_graphs_pad():
     for index in ((0, 0), (1, 0), (2, 1)):
         for shape in grid_proof.shapes_across(spec, index, {"M": 5, "N": 40}):
             assert shape["N"] >= 1
+
+
+@pytest.mark.parametrize("extra, changed", [
+    ("grid_max={'n': 1 << 20}", "the values the buckets pad to changed (bucket edges or "
+                                "grid_max)"),
+    ("grid_max={'n': 16000}, grid_cost_limit=1.1", "the spec's grid_cost_limit changed "
+                                                    "(1.25 to 1.1)"),
+])
+def test_a_reused_verdict_is_kept_only_for_what_it_checked(tmp_path, extra, changed):
+    # Proven with the last bucket padded to 16000 and a cost limit of 1.25: a spec padding
+    # further, or asking a lower cost, has a verdict nothing reached.
+    _, tuned = builder.build([write_spec(tmp_path)], tmp_path / "tuned",
+                             backend=GridModelBackend(cost_per_program=0.01), log=None)
+    assert kernel_entry(tuned, "vector_add")["grid_tolerance"]["verdict"] == grid_proof.PROVEN
+    assert kernel_entry(tuned, "vector_add")["grid_tolerance"]["grid"] == ["cdiv(n, BLOCK)"]
+    lines = []
+    (tmp_path / "changed").mkdir()
+    manifest, tuning = builder.build([write_spec(tmp_path / "changed", add_extra=extra)],
+                                     tmp_path / "again", tune=False,
+                                     reuse_tuning=tmp_path / "tuned" / "tuning.json",
+                                     log=lines.append)
+    entry = kernel_entry(tuning, "vector_add")["grid_tolerance"]
+    assert entry["verdict"] == grid_proof.UNPROVEN
+    assert f"{changed} since the reused tuning.json's verdict (proven)" in entry["reason"]
+    assert kernel_entry(manifest, "vector_add")["grid_tolerance"]["proof"] == "asserted"
+    # The same spec keeps it (the test above), and so does a refusal reached with fewer
+    # buckets than the spec has.
+    assert kernel_entry(tuning, "softmax")["grid_tolerance"]["verdict"] == grid_proof.REFUSED
