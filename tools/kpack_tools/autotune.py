@@ -30,7 +30,7 @@ so the selection logic can be exercised without a GPU.
 """
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
 from kpack_tools.param_types import parse_tensordesc
@@ -157,7 +157,15 @@ class CudaBackend:
         return dict(spec.make_inputs(dict(shape), "cuda"))
 
     def copy(self, args: Mapping[str, Any]) -> Dict[str, Any]:
-        return {k: v.clone() if hasattr(v, "clone") else v for k, v in args.items()}
+        """Fresh tensors for every tensor argument; a tensor descriptor (build-spec.md: a
+        `make_inputs` value may be one) over a fresh copy of its tensor."""
+        out = {}
+        for k, v in args.items():
+            if is_descriptor(v):
+                out[k] = replace(v, base=v.base.clone())
+            else:
+                out[k] = v.clone() if hasattr(v, "clone") else v
+        return out
 
     def run(self, spec: KernelSpec, config: Config, args: Mapping[str, Any],
             grid=None) -> None:
@@ -242,11 +250,19 @@ def tolerance_for(spec: KernelSpec, output: str, value) -> Tuple[float, float]:
     return DEFAULT_TOLERANCE.get(_dtype_name(value), EXACT)
 
 
+def is_descriptor(value) -> bool:
+    """Whether ``value`` is a tensor descriptor (Triton's TensorDescriptor: a ``base``
+    tensor and a ``block_shape``)."""
+    return hasattr(value, "base") and hasattr(value, "block_shape")
+
+
 def compare(name: str, got, want, tolerance: Optional[Tuple[float, float]]) -> Optional[str]:
     """None if output ``name`` matches, else a one-line description of the mismatch.
     ``tolerance`` None: bit for bit; else ``|got - want| <= atol + rtol * |want|``
-    elementwise (NaN matches NaN)."""
+    elementwise (NaN matches NaN). A tensor descriptor is compared by its tensor."""
     import numpy as np
+    got = got.base if is_descriptor(got) else got
+    want = want.base if is_descriptor(want) else want
     got_size = int(np.prod(getattr(got, "shape", ()) or (1,)))
     want_size = int(np.prod(getattr(want, "shape", ()) or (1,)))
     if got_size != want_size:

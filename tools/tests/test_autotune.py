@@ -484,3 +484,39 @@ def test_readonly_and_source_are_written(tmp_path):
     bad.write_text(path.read_text().replace('readonly=["X", "W"]', 'readonly=["Y"]'))
     with pytest.raises(SpecError, match=r"\['Y'\] are both outputs and readonly"):
         load_specs(bad)
+
+
+class _Tensor:
+    """A stand-in tensor: numpy values with clone() and a dtype with itemsize, named as
+    Triton's TensorDescriptor lets through without a device pointer."""
+
+    def __init__(self, values):
+        self.values = np.array(values, dtype=np.float32)
+        self.shape = self.values.shape
+        self.dtype = self.values.dtype
+
+    def clone(self):
+        return _Tensor(self.values.copy())
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values if dtype is None else self.values.astype(dtype)
+
+
+_Tensor.__name__ = "FakeTensor"
+
+
+def test_descriptor_outputs_are_copied_and_compared_by_their_tensor():
+    # build-spec.md: make_inputs may give a TensorDescriptor; each run then needs its own
+    # tensor under it, and outputs compare by that tensor.
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kpack_tools.autotune import CudaBackend
+    desc = TensorDescriptor(_Tensor(np.zeros((4, 8))), [4, 8], [8, 1], [4, 8])
+    copied = CudaBackend("cuda").copy({"out": desc, "n": 3})
+    assert copied["n"] == 3
+    assert copied["out"].base is not desc.base and copied["out"].block_shape == [4, 8]
+    copied["out"].base.values[1, 2] = 1.0
+    assert desc.base.values[1, 2] == 0.0, "the pristine tensor is untouched"
+    assert compare("out", copied["out"], desc, (0.0, 1.0)) is None
+    assert "1 of 32 elements" in compare("out", copied["out"], desc, (0.0, 0.5))
+    assert compare("out", CudaBackend("cuda").copy({"out": desc})["out"], desc, None) is None
