@@ -380,6 +380,10 @@ def build(spec_paths: Sequence, out_dir, target: int = 90, tune: bool = True,
             previous = json.loads(open(reuse_tuning, encoding="utf-8").read())
         except (OSError, ValueError) as err:
             raise BuildError(f"--reuse-tuning {reuse_tuning}: {err}") from None
+        if previous.get("target", target) != target:
+            raise BuildError(f"--reuse-tuning {reuse_tuning}: its configs were chosen for "
+                             f"sm_{previous['target']}; this build targets sm_{target} "
+                             f"(tune for it, or build for sm_{previous['target']})")
         reused = {k["name"]: (k, k.get("tuned", previous.get("tuned")),
                               k.get("device", previous.get("device")))
                   for k in previous.get("kernels", [])}

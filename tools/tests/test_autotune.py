@@ -250,6 +250,11 @@ def test_reuse_tuning_keeps_the_chosen_configs(tmp_path):
     with pytest.raises(builder.BuildError, match="config 'b256' is .* there and .* in the spec"):
         builder.build([path], tmp_path / "p3", tune=False, log=None,
                       reuse_tuning=tmp_path / "tuned" / "tuning.json")
+    # So is a tuning chosen for another GPU.
+    with pytest.raises(builder.BuildError, match=r"its configs were chosen for sm_90; this "
+                                                 r"build targets sm_80"):
+        builder.build([spec], tmp_path / "p4", target=80, tune=False, log=None,
+                      reuse_tuning=tmp_path / "tuned" / "tuning.json")
 
 
 def test_retune_buckets_tunes_only_those_and_reuses_the_others(tmp_path):
