@@ -159,11 +159,12 @@ def _normed_row(xf, r, g):
 
 
 @triton.jit
-def _w_tile(w, wrows, wrows_ok, k0, K, BLOCK_K: tl.constexpr):
-    """Columns [k0, k0 + BLOCK_K) of the weight rows wrows (bf16, row length K)."""
+def _k_tile(src, rows, rows_ok, k0, K, BLOCK_K: tl.constexpr):
+    """Columns [k0, k0 + BLOCK_K) of rows `rows` of a row-major matrix of row length K (a
+    weight's rows, or x's): zero for rows not rows_ok and for columns past K."""
     cols = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w + wrows.to(tl.int64)[:, None] * K + cols[None, :],
-                   mask=wrows_ok[:, None] & (cols < K)[None, :], other=0.0)
+    return tl.load(src + rows.to(tl.int64)[:, None] * K + cols[None, :],
+                   mask=rows_ok[:, None] & (cols < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -172,9 +173,9 @@ def _w_first(w, wrows_a, wrows_b, wrows_ok, norm_w, K, TWO: tl.constexpr,
     """What a projection program reads before gdc_wait (weights are never written): the
     first K tile of its weight rows (two row sets with TWO, the second returned as the
     first without) and, with NORM, the norm weight's first BLOCK_K columns (else zeros)."""
-    wa0 = _w_tile(w, wrows_a, wrows_ok, 0, K, BLOCK_K)
+    wa0 = _k_tile(w, wrows_a, wrows_ok, 0, K, BLOCK_K)
     if TWO:
-        wb0 = _w_tile(w, wrows_b, wrows_ok, 0, K, BLOCK_K)
+        wb0 = _k_tile(w, wrows_b, wrows_ok, 0, K, BLOCK_K)
     else:
         wb0 = wa0
     cols = tl.arange(0, BLOCK_K)
@@ -240,9 +241,9 @@ def _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, 
     if TWO:
         acc_b = _row_mac(acc_b, ridx, 0, xv, wb0)
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        wa = _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
+        wa = _k_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
         if TWO:
-            wb = _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
+            wb = _k_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
         if NORM:
             cols = k0 + tl.arange(0, BLOCK_K)
             g = tl.load(norm_w + cols, mask=cols < K, other=0.0)
@@ -288,9 +289,9 @@ def _project_rows(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
     acc_a, acc_b = _rows_mac(acc_a, acc_b, xsrc, row0, M, 0, K, wa0, wb0, TWO, BLOCK_M,
                              BLOCK_K)
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        wa = _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
+        wa = _k_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K)
         if TWO:
-            wb = _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
+            wb = _k_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K)
         else:
             wb = wa
         acc_a, acc_b = _rows_mac(acc_a, acc_b, xsrc, row0, M, k0, K, wa, wb, TWO, BLOCK_M,
@@ -385,10 +386,10 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
             cols = k0 + tl.arange(0, BLOCK_K)
             x = tl.load(xsrc + x_base + cols[None, :],
                         mask=rows_ok[:, None] & (cols < K)[None, :], other=0.0)
-            acc_a = _acc_mac(acc_a, x, _w_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M,
+            acc_a = _acc_mac(acc_a, x, _k_tile(w, wrows_a, wrows_ok, k0, K, BLOCK_K), BLOCK_M,
                              SWAP)
             if TWO:
-                acc_b = _acc_mac(acc_b, x, _w_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K),
+                acc_b = _acc_mac(acc_b, x, _k_tile(w, wrows_b, wrows_ok, k0, K, BLOCK_K),
                                  BLOCK_M, SWAP)
         out_a = _acc_sum(acc_a, BLOCK_M, SWAP)
         if TWO:
@@ -764,7 +765,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
         cols_ok = (cols < N) & live
         per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
         lo = pid_s * per
-        w0 = _w_tile(w, cols, cols_ok, lo, K, BLOCK_K)
+        w0 = _k_tile(w, cols, cols_ok, lo, K, BLOCK_K)
         _pdl_wait(USE_PDL)
         if live:
             ok = rows_ok[:, None] & cols_ok[None, :]
@@ -777,7 +778,7 @@ def llama_proj_residual(x, w, h, part, counters, M, N, K,
                                num_stages=STAGES):
                 xt = tl.load(x + x_base + (k0 + kk)[None, :],
                              mask=rows_ok[:, None] & (k0 + kk < K)[None, :], other=0.0)
-                acc = _acc_mac(acc, xt, _w_tile(w, cols, cols_ok, k0, K, BLOCK_K), BLOCK_M,
+                acc = _acc_mac(acc, xt, _k_tile(w, cols, cols_ok, k0, K, BLOCK_K), BLOCK_M,
                                SWAP)
             out = _acc_sum(acc, BLOCK_M, SWAP)
             rows64 = rows.to(tl.int64)
@@ -898,7 +899,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
             for t0 in range(row0 + TILE, end, TILE):
                 cols = t0 + tl.arange(0, TILE)
                 ok = cols < end
-                wt0 = _w_tile(w, cols, ok, 0, H, BLOCK_K)
+                wt0 = _k_tile(w, cols, ok, 0, H, BLOCK_K)
                 y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, ok, H,
                                 wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
                 tl.store(logits + rows64[:, None] * V + cols[None, :], y,
@@ -932,8 +933,6 @@ def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V,
     _pdl_wait(USE_PDL)
     if live:
         rows64 = rows.to(tl.int64)
-        x_base = rows64[:, None] * H
-        kk = tl.arange(0, BLOCK_K)
         best = tl.full([BLOCK_M], float("-inf"), tl.float32)
         first = tl.zeros([BLOCK_M], tl.int32)
         end = tl.minimum(row0 + BLOCK_N, V)
@@ -945,9 +944,8 @@ def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V,
             else:
                 acc = tl.zeros([BLOCK_M, TILE], tl.float32)
             for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
-                xt = tl.load(x + x_base + (k0 + kk)[None, :],
-                             mask=rows_ok[:, None] & (k0 + kk < H)[None, :], other=0.0)
-                acc = _acc_mac(acc, xt, _w_tile(w, cols, ok, k0, H, BLOCK_K), BLOCK_M, SWAP)
+                acc = _acc_mac(acc, _k_tile(x, rows, rows_ok, k0, H, BLOCK_K),
+                               _k_tile(w, cols, ok, k0, H, BLOCK_K), BLOCK_M, SWAP)
             y = _acc_sum(acc, BLOCK_M, SWAP)
             tl.store(logits + rows64[:, None] * V + cols[None, :], y,
                      mask=rows_ok[:, None] & ok[None, :])
@@ -1007,7 +1005,7 @@ def _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K: tl.constexpr):
     for k0 in range(BLOCK_K, H, BLOCK_K):
         xv = _row_tile(h, m, m + 1, r, tl.load(norm_w + k0 + cols, mask=k0 + cols < H,
                                                 other=0.0), k0, H, True, BLOCK_K)
-        wt = _w_tile(w, rows, ok, k0, H, BLOCK_K)
+        wt = _k_tile(w, rows, ok, k0, H, BLOCK_K)
         y += tl.sum(xv.to(tl.float32)[None, :] * wt.to(tl.float32), 1)
     return y
 
@@ -1029,7 +1027,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
     cols = tl.arange(0, BLOCK_K)
     rows = row0 + tr
     ok = (rows < V) & live
-    w0 = _w_tile(w, rows, ok, 0, H, BLOCK_K)
+    w0 = _k_tile(w, rows, ok, 0, H, BLOCK_K)
     g0 = tl.load(norm_w + cols, mask=cols < H, other=0.0)
     if USE_PDL:
         end = tl.minimum(row0 + BLOCK_N, V)
@@ -1051,7 +1049,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
             for t0 in tl.range(row0 + TILE_N, end, TILE_N, num_stages=STAGES):
                 rows = t0 + tr
                 ok = rows < end
-                y = tl.sum(xn[None, :] * _w_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
+                y = tl.sum(xn[None, :] * _k_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
                            1)
                 tl.store(out + rows, y, mask=ok)
                 best, first = _tile_best(y, rows, ok, best, first)
@@ -1059,7 +1057,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
             for t0 in range(row0 + TILE_N, end, TILE_N):
                 rows = t0 + tr
                 ok = rows < end
-                y = tl.sum(xn[None, :] * _w_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
+                y = tl.sum(xn[None, :] * _k_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
                            1)
                 y = _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K)
                 tl.store(out + rows, y, mask=ok)
