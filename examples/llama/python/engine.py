@@ -514,17 +514,7 @@ class LlamaEngine:
         """Prefill row b with prompts[b] (one step per row); then pos[b] = len, seq[b] = b.
         Returns the fp32 logits [B, V] of each row's last prompt token if keep_logits."""
         torch, s = self.torch, self.state
-        if len(prompts) > s.max_batch:
-            raise ValueError(f"a prefill of {len(prompts)} rows; the engine has rows "
-                             f"0..{s.max_batch - 1}")
-        for b, prompt in enumerate(prompts):
-            if not 1 <= len(prompt) <= s.max_prompt:
-                raise ValueError(f"row {b}: prompt length {len(prompt)} outside "
-                                 f"1..{s.max_prompt}")
-            bad = [(i, t) for i, t in enumerate(prompt) if not 0 <= t < self.cfg.V]
-            if bad:
-                raise ValueError(f"prefill of row {b}: prompt token {bad[0][0]} is "
-                                 f"{bad[0][1]}, outside the vocabulary of {self.cfg.V}")
+        self.check_prompts(prompts)
         kept = []
         for b, prompt in enumerate(prompts):
             P = len(prompt)
@@ -539,6 +529,28 @@ class LlamaEngine:
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
         self.positions[:B] = [len(p) for p in prompts]
         return torch.stack(kept) if keep_logits else None
+
+    def check_prompts(self, prompts: Sequence[Sequence[int]], steps: int = 0) -> None:
+        """Raises unless ``prompts`` fit the engine: at most max_batch rows of 1..max_prompt
+        tokens inside the vocabulary, with room for ``steps`` decode steps after them (the
+        C++ engine's Prefill and kpack-llama's checks)."""
+        s = self.state
+        if len(prompts) > s.max_batch:
+            raise ValueError(f"a prefill of {len(prompts)} rows; the engine has rows "
+                             f"0..{s.max_batch - 1}")
+        for b, prompt in enumerate(prompts):
+            if not 1 <= len(prompt) <= s.max_prompt:
+                raise ValueError(f"row {b}: prompt length {len(prompt)} outside "
+                                 f"1..{s.max_prompt}")
+            bad = [(i, t) for i, t in enumerate(prompt) if not 0 <= t < self.cfg.V]
+            if bad:
+                raise ValueError(f"prefill of row {b}: prompt token {bad[0][0]} is "
+                                 f"{bad[0][1]}, outside the vocabulary of {self.cfg.V}")
+        longest = max((len(p) for p in prompts), default=0)
+        if steps and longest + steps > s.capacity:
+            raise ValueError(f"a prompt of {longest} tokens and {steps} decode steps need "
+                             f"{longest + steps} KV positions per sequence; the capacity is "
+                             f"{s.capacity} (raise --capacity)")
 
     def check_decode(self, B: int, steps: int = 1) -> None:
         """Raises unless rows 0..B-1 hold sequences with room for `steps` more positions
@@ -608,15 +620,8 @@ class LlamaEngine:
         torch, s = self.torch, self.state
         cuda = self.stream is not None
         B = len(prompts) if prompts is not None else batch
-        if prompts is not None:  # refused before anything runs, as prefill would
-            if len(prompts) > s.max_batch:
-                raise ValueError(f"a prefill of {len(prompts)} rows; the engine has rows "
-                                 f"0..{s.max_batch - 1}")
-            longest = max((len(p) for p in prompts), default=0)
-            if longest + steps > s.capacity:
-                raise ValueError(f"a prompt of {longest} tokens and {steps} decode steps need "
-                                 f"{longest + steps} KV positions per sequence; the capacity "
-                                 f"is {s.capacity} (raise --capacity)")
+        if prompts is not None:  # refused before anything runs
+            self.check_prompts(prompts, steps)
         elif steps > 0:
             self.check_decode(B, steps)
         self.set_batch(B)
