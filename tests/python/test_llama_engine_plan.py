@@ -265,7 +265,7 @@ def test_decode_refuses_rows_without_a_sequence_or_room(eng, fake):
     eng.run_sequence(None, 2, batch=2)  # positions 60, 61
     eng.decode_step()                   # 62
     eng.decode_step()                   # 63: the cache is full
-    assert eng.positions[:2] == [64, 64]
+    assert eng.state.positions[:2] == [64, 64]
     mark = fake.launch_count()
     with pytest.raises(ValueError, match="decode row 0: sequence slot 0 is at position 64, and "
                                          "the KV cache holds 64 positions per sequence"):

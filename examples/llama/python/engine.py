@@ -22,9 +22,10 @@ row: M = the prompt's length, ``llama_attn_prefill``, then the LM head on the la
 decode row b; advance 0), after which pos[b] = the prompt length and seq[b] = b.
 
 As the C++ engine, the engine keeps each row's next KV position on the host
-(``positions``) and refuses, before launching anything, a prefill of more rows than it
-has or of tokens outside the vocabulary, and decode steps of rows without a sequence or
-past the KV capacity (where QKV would store nothing and attention read stale positions).
+(``state.positions``) and refuses, before launching anything, a prefill of more rows than
+it has or of tokens outside the vocabulary, and decode steps of rows without a sequence
+or past the KV capacity (where QKV would store nothing and attention read stale
+positions).
 
 Generation keeps the tokens on the device: the next step's embed reads what the LM head
 wrote. The host reads them back through pinned memory one step late: step t+1 is issued
@@ -132,6 +133,10 @@ class DeviceState:
         import torch  # noqa: PLC0415
         self.cfg, self.device = cfg, device
         self.max_batch, self.max_prompt, self.capacity = max_batch, max_prompt, capacity
+        # Each row's next KV position on the host (the C++ engine's SequenceTable), -1: no
+        # sequence. The device's pos advances in the LM head; this copy lets the engine
+        # refuse what would not fit before anything is launched.
+        self.positions: List[int] = [-1] * max_batch
         bf, f32, i32 = torch.bfloat16, torch.float32, torch.int32
         dev = lambda t: t.to(device=device, dtype=bf).contiguous()  # noqa: E731
         self.embed = dev(weights["model.embed_tokens.weight"])
@@ -471,10 +476,6 @@ class LlamaEngine:
         if weights is None:
             weights = checkpoint.torch_weights(checkpoint_dir, self.cfg)
         self.state = DeviceState(self.cfg, weights, max_batch, max_prompt, capacity, device)
-        # Each row's next KV position (the C++ engine's SequenceTable), -1: no sequence.
-        # The device's pos advances in the LM head; this host copy refuses what would
-        # not fit before anything is launched.
-        self.positions: List[int] = [-1] * max_batch
         self.stream = (torch.cuda.Stream(device=device)
                        if device != "cpu" and torch.device(device).type == "cuda" else None)
         self.backends: Dict[str, Any] = {}
@@ -527,7 +528,7 @@ class LlamaEngine:
         B = len(prompts)
         s.pos[:B].copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int32))
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
-        self.positions[:B] = [len(p) for p in prompts]
+        self.state.positions[:B] = [len(p) for p in prompts]
         return torch.stack(kept) if keep_logits else None
 
     def check_prompts(self, prompts: Sequence[Sequence[int]], steps: int = 0) -> None:
@@ -558,7 +559,7 @@ class LlamaEngine:
         if not 1 <= B <= self.state.max_batch:
             raise ValueError(f"a decode step of {B} rows; the engine has "
                              f"{self.state.max_batch} slots")
-        for b, p in enumerate(self.positions[:B]):
+        for b, p in enumerate(self.state.positions[:B]):
             if p < 0:
                 raise ValueError(f"decode row {b}: sequence slot {b} holds no sequence "
                                  "(prefill it first)")
@@ -572,7 +573,7 @@ class LlamaEngine:
         B = self.backend.batch
         self.check_decode(B)
         self.backend.decode()
-        self.positions[:B] = [p + 1 for p in self.positions[:B]]
+        self.state.positions[:B] = [p + 1 for p in self.state.positions[:B]]
 
     def fill_synthetic(self, B: int, context: int, seed: int = 0, fill_cache: bool = True) -> None:
         """Rows 0..B-1 as if they had prefilled ``context`` tokens: random bf16 keys and
@@ -592,7 +593,7 @@ class LlamaEngine:
         s.tokens[:B].copy_(torch.randint(0, self.cfg.V, (B,), generator=g, device=s.device))
         s.pos[:B].fill_(context)
         s.seq[:B].copy_(torch.arange(B, dtype=torch.int32))
-        self.positions[:B] = [context] * B
+        self.state.positions[:B] = [context] * B
 
     # -- sequences
 
@@ -672,7 +673,7 @@ class LlamaEngine:
             # The previous step's tokens, read one step late: step t is already queued.
             if events is not None and t > 0:
                 events[t - 1].synchronize()
-        self.positions[:B] = [p + steps for p in self.positions[:B]]
+        self.state.positions[:B] = [p + steps for p in self.state.positions[:B]]
         if cuda:
             end.record(stream)
             end.synchronize()
