@@ -52,7 +52,7 @@ const Signature kSignatures[] = {
     {kDownProj, {"*bf16", "*bf16", "*fp32", "*fp32", "*i32", "i32", "i32", "i32"}, 5},
     {kLmHead,
      {"*fp32", "*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*i32", "*i32", "*i32", "*i32", "i32",
-      "i32", "i32", "fp32", "i32"},
+      "i32", "i32", "fp32", "i32", "i32"},
      10},
 };
 
@@ -327,7 +327,8 @@ absl::StatusOr<std::unique_ptr<Engine::Bucket>> Engine::Bind(int bucket, int bat
   KPACK_RETURN_IF_ERROR(
       add(kLmHead, k.lm_head.BindArgs(s, b.h(), b.xn(), model_.norm_f(), model_.lm_head(),
                                       b.logits(), b.part_max(), b.part_idx(), b.lm_counters(),
-                                      b.tokens(), b.pos(), m, v, h, eps, int32_t{1})));
+                                      b.tokens(), b.pos(), m, v, h, eps, int32_t{1},
+                                      KeepLogits())));
   for (BoundLaunch& launch : bk->launches) bk->order.push_back(&launch);
   ++stats_.buckets_bound;
   return bk;
@@ -473,13 +474,14 @@ absl::Status Engine::Prefill(int row, std::span<const int32_t> prompt) {
   }
   // The LM head on the last prompt row (one row: it normalizes h itself), into the
   // sequence's decode row; advance 0 (the decode row's position was set to the prompt
-  // length above).
+  // length above); the logits written only when read back.
   const size_t vocab_row = r * static_cast<size_t>(v) * 4;
   KPACK_RETURN_IF_ERROR(
       k.lm_head.Launch(s, b.h() + static_cast<size_t>(m - 1) * static_cast<size_t>(h) * 4, b.xn(),
                        model_.norm_f(), model_.lm_head(), b.logits() + vocab_row,
                        b.part_max() + vocab_row, b.part_idx() + vocab_row, b.lm_counters() + r * 4,
-                       b.tokens() + r * 4, b.pos() + r * 4, int32_t{1}, v, h, eps, int32_t{0}));
+                       b.tokens() + r * 4, b.pos() + r * 4, int32_t{1}, v, h, eps, int32_t{0},
+                       KeepLogits()));
   ++stats_.prefills;
   return absl::OkStatus();
 }

@@ -12,10 +12,11 @@
 // Decode row b is KV-cache sequence slot b. `Prefill(row, prompt)` starts slot `row` over
 // with `prompt` (one step of M = prompt length rows: kpack's bucket dispatch picks each
 // kernel's variant for M), ending with the LM head on its last row, which writes the first
-// generated token to the row's decode token and the logits to the row's logits row; the
-// row's device position becomes the prompt length. `Decode(batch)` then runs one step of
-// rows 0..batch-1: each row's token in, the next token out, and the LM head advances the
-// rows' positions on the device, so consecutive steps need no host write at all.
+// generated token to the row's decode token (and, with read_logits, the logits to the
+// row's logits row); the row's device position becomes the prompt length. `Decode(batch)`
+// then runs one step of rows 0..batch-1: each row's token in, the next token out, and the
+// LM head advances the rows' positions on the device, so consecutive steps need no host
+// write at all.
 //
 // Decode steps per batch bucket (M edges 1, 4, 16, 64, 256): the first step of a batch in
 // a bucket binds that bucket's 5 L + 2 launches (kpack::BoundLaunch, with the attention's
@@ -71,7 +72,10 @@ struct EngineOptions {
   int max_batch = 1;         // decode rows, one KV-cache sequence slot each
   int max_prompt = 1;        // the longest prompt a Prefill takes
   int capacity = 16384;      // KV-cache positions per sequence
-  bool read_logits = false;  // read-backs carry the logits rows too
+  // Read-backs carry the logits rows too. Without it the LM head does not write the
+  // logits at all (the same tokens; batch 64 saves 64 × V × 4 bytes of stores per step):
+  // buffers().logits() then holds no step's values.
+  bool read_logits = false;
   bool nvtx = true;          // the engine's NVTX ranges (kpack's own: Options::nvtx)
 };
 
@@ -179,6 +183,8 @@ class Engine {
          const EngineOptions& options, KvCache kv, StepBuffers buffers, Stream stream);
   absl::StatusOr<Bucket*> BucketFor(int batch);
   absl::StatusOr<std::unique_ptr<Bucket>> Bind(int bucket, int batch);
+  // The LM head's keep_logits: 1 when the read-backs carry the logits, else 0.
+  int32_t KeepLogits() const { return options_.read_logits ? 1 : 0; }
 
   const Runtime& runtime_;
   const Device& device_;

@@ -393,6 +393,11 @@ def cases(device):
                             ("tiles64_k64_f", dict(tiny, M=70))):
             out.append(("llama_lm_head", dict(shape, CAP=128), _proj_cfg("llama_lm_head", path),
                         True, None))
+        # keep_logits 0: the same tokens, the logits untouched, in every form of the head
+        for path, m in (("gemv", 1), ("stream", 1), ("stream_k128", 1), ("rows4", 3),
+                        ("tiles16", 17), ("tiles16_f", 17), ("tiles64_k64_f", 70)):
+            out.append(("llama_lm_head", dict(odd, M=m, CAP=128, keep_logits=0),
+                        _proj_cfg("llama_lm_head", path), True, None))
     else:  # every bucket's default config and the committed pack's (the tuner checks
         # every candidate at scale, at its bucket's representative shape only)
         for kernel in proj_kernels:
@@ -408,6 +413,9 @@ def cases(device):
                 # Rows off 16-byte boundaries: the L2 prefetch's span rounding.
                 out.append((kernel, dict(odd, M=1 if small else 17, CAP=128), config, True,
                             None))
+                if kernel == "llama_lm_head":  # the logits untouched, the same tokens
+                    out.append((kernel, dict(odd, M=1 if small else 17, CAP=128,
+                                             keep_logits=0), config, True, None))
     # KV append at positions near and at CAP (the row at CAP is dropped), prefill rows.
     qkv = _proj_cfg("llama_qkv_rope", "rows4") if cpu else SPECS["llama_qkv_rope"].config(
         "p4_4_k256_w4_s3")

@@ -829,14 +829,16 @@ def llama_gate_up(h, xn, norm_w, w, out, M, H, I, eps,
 
 @triton.jit
 def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
-                  M, V, H, eps, advance,
+                  M, V, H, eps, advance, keep_logits,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   STAGES: tl.constexpr, SWAP: tl.constexpr, FLAT: tl.constexpr,
                   USE_PDL: tl.constexpr):
     """logits = rmsnorm(h, norm_w) · wᵀ and the greedy token: each program writes its
     rows' max and first argmax; the last of the cdiv(V, BLOCK_N) programs of a block of
     rows (counted in counters[its first row]) reduces them in program order, writes
-    tokens[m], adds `advance` to pos[m] and resets the counter. A program of more
+    tokens[m], adds `advance` to pos[m] and resets the counter. keep_logits 0 leaves
+    logits untouched (the same token: an engine that does not read the logits saves
+    their M·V·4 bytes of stores); nonzero writes them. A program of more
     vocabulary rows than one _LM_TILE-element tile holds takes them tile by tile: at one
     row streamed (_lm_head_stream), at more one tl.dot tile after another
     (_lm_head_block; with FLAT, _lm_head_flat: the tiles and their K loops as one
@@ -847,30 +849,30 @@ def llama_lm_head(h, xn, norm_w, w, logits, part_max, part_idx, counters, tokens
     pid_m = tl.program_id(1)
     if STREAM:
         _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
-                        M, V, H, eps, advance, pid_n, pid_m, BLOCK_N, BLOCK_K, TILE_N,
-                        STAGES, USE_PDL)
+                        M, V, H, eps, advance, keep_logits != 0, pid_n, pid_m, BLOCK_N,
+                        BLOCK_K, TILE_N, STAGES, USE_PDL)
     elif FLAT:
         _lm_head_flat(xn, w, logits, part_max, part_idx, counters, tokens, pos, M, V, H,
-                      advance, pid_n, pid_m, BLOCK_M, BLOCK_N, BLOCK_K, TILE_N, STAGES, SWAP,
-                      USE_PDL)
+                      advance, keep_logits != 0, pid_n, pid_m, BLOCK_M, BLOCK_N, BLOCK_K,
+                      TILE_N, STAGES, SWAP, USE_PDL)
     else:
         _lm_head_block(h if BLOCK_M == 1 else xn, norm_w, w, logits, part_max, part_idx,
-                       counters, tokens, pos, M, V, H, eps, advance, pid_n, pid_m, BLOCK_M,
-                       BLOCK_N, BLOCK_K, TILE_N, STAGES, SWAP, USE_PDL)
+                       counters, tokens, pos, M, V, H, eps, advance, keep_logits != 0, pid_n,
+                       pid_m, BLOCK_M, BLOCK_N, BLOCK_K, TILE_N, STAGES, SWAP, USE_PDL)
 
 
 @triton.jit
 def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
-                   M, V, H, eps, advance, pid_n, pid_m,
+                   M, V, H, eps, advance, keep, pid_n, pid_m,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TILE_N: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
                    USE_PDL: tl.constexpr):
     """The LM head of rows pid_m·BLOCK_M .. + BLOCK_M over vocabulary rows pid_n·BLOCK_N
     .. + BLOCK_N (_project); x the fp32 residual stream at one row (normalized here),
-    llama_rmsnorm's bf16 rows at more. At one row all BLOCK_N at once; at more, a program
-    of more rows than one _LM_TILE-element tile (TILE_N rows) holds computes them tile by
-    tile, keeping its rows' best: fewer programs, so fewer partials for the last one to
-    reduce and fewer counter increments (4008 programs at BLOCK_N 32 spent about 40 µs of
+    llama_rmsnorm's bf16 rows at more; logits written when keep. At one row all BLOCK_N at
+    once; at more, a program of more rows than one _LM_TILE-element tile (TILE_N rows)
+    holds computes them tile by tile, keeping its rows' best: fewer programs, so fewer
+    partials for the last one to reduce and fewer counter increments (4008 programs at BLOCK_N 32 spent about 40 µs of
     the LM head's 178 at batch 4 on the H200, against a plain GEMM of its weights)."""
     NORM: tl.constexpr = BLOCK_M == 1
     TILE: tl.constexpr = TILE_N if (BLOCK_M > 1 and BLOCK_N > TILE_N) else BLOCK_N
@@ -879,6 +881,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
     cols = row0 + tl.arange(0, TILE)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
+    kept = rows_ok & keep  # the rows whose logits are written
     live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
     cols_ok = (cols < V) & live
     wa0, unused, g0 = _w_first(w, cols, cols, cols_ok, norm_w, H, False, NORM, BLOCK_K)
@@ -891,7 +894,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
                         wa0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
         rows64 = rows.to(tl.int64)
         tl.store(logits + rows64[:, None] * V + cols[None, :], y,
-                 mask=rows_ok[:, None] & cols_ok[None, :])
+                 mask=kept[:, None] & cols_ok[None, :])
         best, first = _rows_tile_best(y, cols, cols_ok, tl.zeros([BLOCK_M], tl.float32),
                                       tl.zeros([BLOCK_M], tl.int32), True)
         if TILE < BLOCK_N:
@@ -903,7 +906,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
                 y, _ = _project(x, pid_m * BLOCK_M, M, g0, norm_w, eps, w, cols, cols, ok, H,
                                 wt0, wt0, NORM, False, BLOCK_M, TILE, BLOCK_K, STAGES, SWAP)
                 tl.store(logits + rows64[:, None] * V + cols[None, :], y,
-                         mask=rows_ok[:, None] & ok[None, :])
+                         mask=kept[:, None] & ok[None, :])
                 best, first = _rows_tile_best(y, cols, ok, best, first, False)
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
@@ -913,7 +916,7 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
 
 @triton.jit
 def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V, H, advance,
-                  pid_n, pid_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  keep, pid_n, pid_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, TILE_N: tl.constexpr, STAGES: tl.constexpr,
                   SWAP: tl.constexpr, USE_PDL: tl.constexpr):
     """_lm_head_block's work above one row (x llama_rmsnorm's bf16 rows), its vocabulary
@@ -929,6 +932,7 @@ def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V,
     row0 = pid_n * BLOCK_N
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
+    kept = rows_ok & keep  # the rows whose logits are written
     live = (pid_m * BLOCK_M < M) & (pid_n < n_prog)
     _pdl_wait(USE_PDL)
     if live:
@@ -948,7 +952,7 @@ def _lm_head_flat(x, w, logits, part_max, part_idx, counters, tokens, pos, M, V,
                                _k_tile(w, cols, ok, k0, H, BLOCK_K), BLOCK_M, SWAP)
             y = _acc_sum(acc, BLOCK_M, SWAP)
             tl.store(logits + rows64[:, None] * V + cols[None, :], y,
-                     mask=rows_ok[:, None] & ok[None, :])
+                     mask=kept[:, None] & ok[None, :])
             best, first = _rows_tile_best(y, cols, ok, best, first, t0 == row0)
         tl.store(part_max + rows64 * V + pid_n, best, mask=rows_ok)
         tl.store(part_idx + rows64 * V + pid_n, first, mask=rows_ok)
@@ -1012,14 +1016,15 @@ def _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, pos,
-                    M, V, H, eps, advance, pid_n, m,
+                    M, V, H, eps, advance, keep, pid_n, m,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_N: tl.constexpr,
                     STAGES: tl.constexpr, USE_PDL: tl.constexpr):
     """The LM head of row m over vocabulary rows pid_n·BLOCK_N .. + BLOCK_N, TILE_N rows
     at a time: the normalized row computed once and kept, the weight tiles streamed
     through a pipelined loop (STAGES deep; the first one loaded before gdc_wait, the next
     ones prefetched into L2), so one program keeps a few tiles in flight from its start to
-    its end and pays the row's load, its norm and the counter once for BLOCK_N rows."""
+    its end and pays the row's load, its norm and the counter once for BLOCK_N rows; the
+    logits written when keep."""
     n_prog = tl.cdiv(V, BLOCK_N)
     live = (m < M) & (pid_n < n_prog)
     row0 = pid_n * BLOCK_N
@@ -1042,7 +1047,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
         y = _dot_rest(tl.sum(xn[None, :] * w0.to(tl.float32), 1), h, m, r, norm_w, w, rows,
                       ok, H, BLOCK_K)
         out = logits + m.to(tl.int64) * V
-        tl.store(out + rows, y, mask=ok)
+        tl.store(out + rows, y, mask=ok & keep)
         best, first = _tile_best(y, rows, ok, float("-inf"), 0)
         end = tl.minimum(row0 + BLOCK_N, V)
         if H <= BLOCK_K:  # the row in one tile: a loop with no inner loop, pipelined
@@ -1051,7 +1056,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
                 ok = rows < end
                 y = tl.sum(xn[None, :] * _k_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
                            1)
-                tl.store(out + rows, y, mask=ok)
+                tl.store(out + rows, y, mask=ok & keep)
                 best, first = _tile_best(y, rows, ok, best, first)
         else:
             for t0 in range(row0 + TILE_N, end, TILE_N):
@@ -1060,7 +1065,7 @@ def _lm_head_stream(h, norm_w, w, logits, part_max, part_idx, counters, tokens, 
                 y = tl.sum(xn[None, :] * _k_tile(w, rows, ok, 0, H, BLOCK_K).to(tl.float32),
                            1)
                 y = _dot_rest(y, h, m, r, norm_w, w, rows, ok, H, BLOCK_K)
-                tl.store(out + rows, y, mask=ok)
+                tl.store(out + rows, y, mask=ok & keep)
                 best, first = _tile_best(y, rows, ok, best, first)
         one = tl.arange(0, 1)
         tl.store(part_max + m.to(tl.int64) * V + pid_n + one, tl.zeros([1], tl.float32) + best)

@@ -585,7 +585,7 @@ LM_HEAD = _spec(
     "llama_lm_head", lk.llama_lm_head,
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
-    + _p("advance", "i32")
+    + _p("advance keep_logits", "i32")
     + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP FLAT USE_PDL", "constexpr"),
     _lm_head_configs(), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],

@@ -164,7 +164,8 @@ def lm_head(a):
     xn = normed_rows(a, hdim)
     y = project(xn, a["w"].view(-1, hdim)[:v])
     logits = a["logits"].clone()
-    logits.view(-1, v)[:m] = y
+    if a["keep_logits"]:  # else untouched
+        logits.view(-1, v)[:m] = y
     tokens, pos = a["tokens"].clone(), a["pos"].clone()
     tokens[:m] = torch.argmax(y, dim=1).to(torch.int32)  # first index of the max
     pos[:m] += a["advance"]
@@ -215,7 +216,8 @@ def _randint(high, shape, gen, device):
 def make_inputs(kernel, shape, device="cpu", seed=0):
     """Arguments of pack kernel `kernel` for `shape` (M plus the model sizes H, NH, NKV,
     D, I, V; CAP and ctx, the context length, for the attention kernels and the KV
-    append; `prefill` for rows of one sequence at consecutive positions)."""
+    append; `prefill` for rows of one sequence at consecutive positions; the LM head's
+    `keep_logits`, 1 unless given)."""
     gen = _gen(device, seed)
     m, d = shape["M"], shape.get("D", 64)
     if kernel == "llama_embed":
@@ -303,14 +305,16 @@ def make_inputs(kernel, shape, device="cpu", seed=0):
             # cannot change it: w[winner] = 0.05 * xn of the row.
             winners = _randint(v, (m,), gen, device).long()
             w[winners] = (rmsnorm(h, norm_w, 1e-5).float() * 0.05).to(BF16)
+        keep = shape.get("keep_logits", 1)
         return {"h": h, "xn": rmsnorm(h, norm_w, 1e-5), "norm_w": norm_w, "w": w,
-                "logits": torch.zeros((m, v), device=device),
+                # without keep_logits the logits must stay as they were: 123.0 each
+                "logits": torch.full((m, v), 0.0 if keep else 123.0, device=device),
                 "part_max": torch.zeros(m * v, device=device),
                 "part_idx": torch.zeros(m * v, dtype=torch.int32, device=device),
                 "counters": torch.zeros(m, dtype=torch.int32, device=device),
                 "tokens": torch.zeros(m, dtype=torch.int32, device=device),
                 "pos": _randint(1000, (m,), gen, device),
-                "M": m, "V": v, "H": hdim, "eps": 1e-5, "advance": 1}
+                "M": m, "V": v, "H": hdim, "eps": 1e-5, "advance": 1, "keep_logits": keep}
     raise KeyError(f"no inputs for kernel '{kernel}'")
 
 

@@ -441,6 +441,7 @@ void LmHead(const EmulatedLaunch& l) {
   if (!a.ok()) return Error(absl::StrCat(l.entry, ": unknown parameter layout"));
   const int64_t m = a.I32("M"), v = a.I32("V"), h = a.I32("H");
   const int32_t advance = a.I32("advance");
+  const bool keep_logits = a.I32("keep_logits") != 0;  // else the logits stay untouched
   const std::optional<int64_t> block_n = a.Constexpr("BLOCK_N");
   std::vector<float> xn_rows;
   if (!NormedRows(a, m, h, "lm_head", &xn_rows)) return;
@@ -461,23 +462,25 @@ void LmHead(const EmulatedLaunch& l) {
                                     "lm_head part_idx");
     if (!part_max || !part_idx) return;
   }
+  std::vector<float> y(static_cast<size_t>(v));
   for (int64_t r = 0; r < m; ++r) {
     if (counters[r] != 0)
       Error(absl::StrCat("llama_lm_head: counter of row ", r, " is ", counters[r]));
     const float* xn = xn_rows.data() + r * h;
     int32_t best = 0;
     for (int64_t c = 0; c < v; ++c) {
-      logits[r * v + c] = Dot(xn, w + c * h, h);
-      if (logits[r * v + c] > logits[r * v + best]) best = static_cast<int32_t>(c);
+      y[c] = Dot(xn, w + c * h, h);
+      if (y[c] > y[best]) best = static_cast<int32_t>(c);
     }
     for (int64_t p = 0; p < programs; ++p) {
       int64_t at = p * *block_n;
       for (int64_t c = at; c < std::min(v, (p + 1) * *block_n); ++c) {
-        if (logits[r * v + c] > logits[r * v + at]) at = c;
+        if (y[c] > y[at]) at = c;
       }
-      part_max[r * v + p] = logits[r * v + at];
+      part_max[r * v + p] = y[at];
       part_idx[r * v + p] = static_cast<int32_t>(at);
     }
+    if (keep_logits) std::copy(y.begin(), y.end(), logits + r * v);
     tokens[r] = best;
     pos[r] += advance;
   }

@@ -106,6 +106,34 @@ def test_decode_step_is_the_contract_sequence(eng, fake, layouts):
     assert norm["norm_w"] == qkv["norm_w"] and norm["M"] == 3
     lm = params_of(eng, calls[-1], launches[-1], layouts)
     assert lm["advance"] == 1 and lm["tokens"] == eng.state.tokens.data_ptr()
+    assert lm["keep_logits"] == 0  # the engine reads no logits: its LM head writes none
+
+
+def test_logits_are_written_only_for_an_engine_that_reads_them(tiny, driver, fake, eng,
+                                                                layouts):
+    """keep_logits follows read_logits in the decode step and the prefill; an engine
+    made without it refuses logits (digests, keep_logits) before launching anything."""
+    prompts = config.prompt_tokens(2, [3, 5], 1, eng.cfg.V)
+    mark = fake.launch_count()
+    for call in (lambda: eng.prefill(prompts, keep_logits=True),
+                 lambda: eng.run_sequence(prompts, 2, digests=True),
+                 lambda: eng.run_sequence(prompts, 2, keep_logits=True)):
+        with pytest.raises(ValueError, match="read_logits=True"):
+            call()
+    assert fake.launch_count() == mark
+    reads = engine.LlamaEngine(str(tiny), str(PACK), "eager", max_batch=8, max_prompt=32,
+                               capacity=64, device="cpu", driver=driver, read_logits=True)
+    s = reads.state
+    mark = fake.launch_count()
+    reads.prefill(prompts[:1], keep_logits=True)
+    reads.set_batch(1)
+    reads.decode_step()
+    launches = fake.launches_since(mark)
+    assert len(launches) == 7 * reads.cfg.L + 2 + 5 * reads.cfg.L + 2
+    prefill_lm = params_of(reads, s.prefill_calls(0, 3)[-1], launches[7 * reads.cfg.L + 1],
+                           layouts)
+    decode_lm = params_of(reads, s.decode_calls(1)[-1], launches[-1], layouts)
+    assert prefill_lm["keep_logits"] == decode_lm["keep_logits"] == 1
 
 
 def test_prefill_is_one_step_then_the_lm_head_on_the_last_row(eng, fake, layouts):
@@ -124,7 +152,7 @@ def test_prefill_is_one_step_then_the_lm_head_on_the_last_row(eng, fake, layouts
     for call, launch in zip(calls[:-1], row1[:-1]):
         assert params_of(eng, call, launch, layouts).get("M", 20) == 20
     lm = params_of(eng, calls[-1], row1[-1], layouts)
-    assert lm["M"] == 1 and lm["advance"] == 0
+    assert lm["M"] == 1 and lm["advance"] == 0 and lm["keep_logits"] == 0
     assert lm["h"] == s.h.data_ptr() + 19 * cfg.H * 4
     assert lm["logits"] == s.logits.data_ptr() + cfg.V * 4
     assert lm["counters"] == s.lm_counters.data_ptr() + 4

@@ -31,7 +31,8 @@ Generation keeps the tokens on the device: the next step's embed reads what the 
 wrote. The host reads them back through pinned memory one step late: step t+1 is issued
 before the host waits for step t's copy (issue 22, point 3). Digests (sha256 of the fp32
 logits rows 0..B-1 after each step, ENGINE_IFACE.md) read the logits every step and are
-for checks, not timing.
+for checks, not timing; they need an engine made with ``read_logits=True``, the only kind
+whose LM head writes the logits (the C++ engine's EngineOptions::read_logits).
 
     engine.py --pack DIR --checkpoint DIR [--backend graph|eager|call|triton] [--batch B]
         [--prompt-lens L[,L...]] [--steps N] [--capacity C] [--seed S] [--warmup-seqs W]
@@ -78,7 +79,7 @@ PARAMS: Dict[str, tuple] = {
     "llama_down_proj": ("x", "w", "h", "part", "counters", "M", "N", "K"),
     "llama_gate_up": ("h", "xn", "norm_w", "w", "out", "M", "H", "I", "eps"),
     "llama_lm_head": ("h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "counters",
-                      "tokens", "pos", "M", "V", "H", "eps", "advance"),
+                      "tokens", "pos", "M", "V", "H", "eps", "advance", "keep_logits"),
 }
 
 
@@ -129,9 +130,12 @@ class DeviceState:
     as the kernels read them, the KV cache, per-row arrays, logits and scratch."""
 
     def __init__(self, cfg: LlamaConfig, weights: Dict[str, Any], max_batch: int,
-                 max_prompt: int, capacity: int, device: str):
+                 max_prompt: int, capacity: int, device: str, read_logits: bool = False):
         import torch  # noqa: PLC0415
         self.cfg, self.device = cfg, device
+        # The LM head's keep_logits: without it the logits rows are never written (the
+        # same tokens; the stores of B·V fp32 values saved every step).
+        self.read_logits = read_logits
         self.max_batch, self.max_prompt, self.capacity = max_batch, max_prompt, capacity
         # Each row's next KV position on the host (the C++ engine's SequenceTable), -1: no
         # sequence. The device's pos advances in the LM head; this copy lets the engine
@@ -221,14 +225,14 @@ class DeviceState:
         calls.append(Call("llama_lm_head", [
             self.h, self.xn, self.norm_f, self.lm_head, self.logits, self.part_max,
             self.part_idx, self.lm_counters, self.tokens, self.pos, B, cfg.V, cfg.H, cfg.eps,
-            1]))
+            1, int(self.read_logits)]))
         return calls
 
     def prefill_calls(self, b: int, P: int) -> List[Call]:
         """Prefill of sequence b's P prompt tokens (ptokens, ppos, pseq set by the host).
         The LM head runs on the last prompt row (h at row P-1) into decode row b: its
-        logits, argmax partials and counter rows, tokens[b] and pos[b] (as the C++
-        engine does)."""
+        logits (with read_logits), argmax partials and counter rows, tokens[b] and pos[b]
+        (as the C++ engine does)."""
         cfg = self.cfg
         calls = [Call("llama_embed", [self.ptokens, self.embed, self.h, P, cfg.H])]
         for l in range(cfg.L):
@@ -241,7 +245,7 @@ class DeviceState:
             self.h[P - 1:], self.xn, self.norm_f, self.lm_head, self.logits[b:],
             self.part_max[b * V:],
             self.part_idx[b * V:], self.lm_counters[b:], self.tokens[b:], self.pos[b:], 1, V,
-            cfg.H, cfg.eps, 0]))
+            cfg.H, cfg.eps, 0, int(self.read_logits)]))
         return calls
 
 
@@ -453,12 +457,18 @@ class LlamaEngine:
 
     On a CUDA device, ``run_sequence`` runs on the engine's own stream (``self.stream``, as
     the C++ engine does), ordered after the caller's current stream at its start and
-    before it at its end; the other methods run on the caller's current stream."""
+    before it at its end; the other methods run on the caller's current stream.
+
+    ``read_logits`` (the C++ EngineOptions::read_logits): the LM head writes the logits
+    rows (``state.logits``), which ``prefill(keep_logits=True)`` and ``run_sequence``'s
+    ``digests`` and ``keep_logits`` read. Without it (the default) it writes only the
+    tokens, and those three raise ValueError."""
 
     def __init__(self, checkpoint_dir: str, pack_dir: Optional[str] = None,
                  backend: str = "graph", max_batch: int = 1, max_prompt: int = 64,
                  capacity: int = 4096, device: str = "cuda", driver: Optional[str] = None,
-                 kernels_module: Optional[str] = None, weights: Optional[Dict[str, Any]] = None):
+                 kernels_module: Optional[str] = None, weights: Optional[Dict[str, Any]] = None,
+                 read_logits: bool = False):
         import torch  # noqa: PLC0415
         self.torch = torch
         self.cfg = load_config(checkpoint_dir)
@@ -475,7 +485,8 @@ class LlamaEngine:
                              f"of {capacity} positions")
         if weights is None:
             weights = checkpoint.torch_weights(checkpoint_dir, self.cfg)
-        self.state = DeviceState(self.cfg, weights, max_batch, max_prompt, capacity, device)
+        self.state = DeviceState(self.cfg, weights, max_batch, max_prompt, capacity, device,
+                                 read_logits)
         self.stream = (torch.cuda.Stream(device=device)
                        if device != "cpu" and torch.device(device).type == "cuda" else None)
         self.backends: Dict[str, Any] = {}
@@ -516,6 +527,7 @@ class LlamaEngine:
         Returns the fp32 logits [B, V] of each row's last prompt token if keep_logits."""
         torch, s = self.torch, self.state
         self.check_prompts(prompts)
+        self.check_logits(keep_logits)
         kept = []
         for b, prompt in enumerate(prompts):
             P = len(prompt)
@@ -552,6 +564,12 @@ class LlamaEngine:
             raise ValueError(f"a prompt of {longest} tokens and {steps} decode steps need "
                              f"{longest + steps} KV positions per sequence; the capacity is "
                              f"{s.capacity} (raise --capacity)")
+
+    def check_logits(self, wanted: bool) -> None:
+        """Raises if the logits are ``wanted`` from an engine whose LM head writes none."""
+        if wanted and not self.state.read_logits:
+            raise ValueError("logits (digests, keep_logits) from an engine made without "
+                             "read_logits=True: its LM head writes none")
 
     def check_decode(self, B: int, steps: int = 1) -> None:
         """Raises unless rows 0..B-1 hold sequences with room for `steps` more positions
@@ -621,6 +639,7 @@ class LlamaEngine:
         torch, s = self.torch, self.state
         cuda = self.stream is not None
         B = len(prompts) if prompts is not None else batch
+        self.check_logits(digests or keep_logits)
         if prompts is not None:  # refused before anything runs
             self.check_prompts(prompts, steps)
         elif steps > 0:
@@ -780,7 +799,7 @@ def main(argv=None) -> int:
         ap.error(f"--capacity {args.capacity} < longest prompt + steps")
     eng = LlamaEngine(args.checkpoint, args.pack, args.backend, max_batch=args.batch,
                       max_prompt=max(lens), capacity=args.capacity, device=args.device,
-                      driver=args.driver)
+                      driver=args.driver, read_logits=args.digests)
     prompts = prompt_tokens(args.batch, lens, args.seed, eng.cfg.V)
     teacher = (teacher_tokens(lens, args.steps, args.seed, eng.cfg.V) if args.teacher_force
                else None)

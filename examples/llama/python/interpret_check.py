@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     seed, steps, atol = 4, args.steps, args.atol
     for batch, lens in ((1, [1]), (3, [20, 3, 7])):
         capacity = max(lens) + steps + 1
-        state = engine.DeviceState(cfg, weights, batch, max(lens), capacity, "cpu")
+        state = engine.DeviceState(cfg, weights, batch, max(lens), capacity, "cpu",
+                                   read_logits=True)
         eng = engine.LlamaEngine.__new__(engine.LlamaEngine)
         eng.torch, eng.cfg, eng.state, eng.stream = torch, cfg, state, None  # a CPU engine
         eng.backends = {"triton": engine.TritonBackend(chooser, llama_kernels)}
