@@ -872,8 +872,9 @@ def _lm_head_block(x, norm_w, w, logits, part_max, part_idx, counters, tokens, p
     llama_rmsnorm's bf16 rows at more; logits written when keep. At one row all BLOCK_N at
     once; at more, a program of more rows than one _LM_TILE-element tile (TILE_N rows)
     holds computes them tile by tile, keeping its rows' best: fewer programs, so fewer
-    partials for the last one to reduce and fewer counter increments (4008 programs at BLOCK_N 32 spent about 40 µs of
-    the LM head's 178 at batch 4 on the H200, against a plain GEMM of its weights)."""
+    partials for the last one to reduce and fewer counter increments (4008 programs at
+    BLOCK_N 32 spent about 40 µs of the LM head's 178 at batch 4 on the H200, against a
+    plain GEMM of its weights)."""
     NORM: tl.constexpr = BLOCK_M == 1
     TILE: tl.constexpr = TILE_N if (BLOCK_M > 1 and BLOCK_N > TILE_N) else BLOCK_N
     n_prog = tl.cdiv(V, BLOCK_N)
