@@ -33,7 +33,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
-from kpack_tools.param_types import parse_tensordesc
+from kpack_tools.param_types import is_tensor_descriptor, parse_tensordesc
 from kpack_tools.spec import Config, KernelSpec, describe_bucket
 
 # (rtol, atol) per output dtype when the spec states no tolerance: what a different
@@ -161,7 +161,7 @@ class CudaBackend:
         `make_inputs` value may be one) over a fresh copy of its tensor."""
         out = {}
         for k, v in args.items():
-            if is_descriptor(v):
+            if is_tensor_descriptor(v):
                 out[k] = replace(v, base=v.base.clone())
             else:
                 out[k] = v.clone() if hasattr(v, "clone") else v
@@ -250,19 +250,13 @@ def tolerance_for(spec: KernelSpec, output: str, value) -> Tuple[float, float]:
     return DEFAULT_TOLERANCE.get(_dtype_name(value), EXACT)
 
 
-def is_descriptor(value) -> bool:
-    """Whether ``value`` is a tensor descriptor (Triton's TensorDescriptor: a ``base``
-    tensor and a ``block_shape``)."""
-    return hasattr(value, "base") and hasattr(value, "block_shape")
-
-
 def compare(name: str, got, want, tolerance: Optional[Tuple[float, float]]) -> Optional[str]:
     """None if output ``name`` matches, else a one-line description of the mismatch.
     ``tolerance`` None: bit for bit; else ``|got - want| <= atol + rtol * |want|``
     elementwise (NaN matches NaN). A tensor descriptor is compared by its tensor."""
     import numpy as np
-    got = got.base if is_descriptor(got) else got
-    want = want.base if is_descriptor(want) else want
+    got = got.base if is_tensor_descriptor(got) else got
+    want = want.base if is_tensor_descriptor(want) else want
     got_size = int(np.prod(getattr(got, "shape", ()) or (1,)))
     want_size = int(np.prod(getattr(want, "shape", ()) or (1,)))
     if got_size != want_size:

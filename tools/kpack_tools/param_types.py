@@ -68,6 +68,14 @@ def is_tensordesc(param_type) -> bool:
     return isinstance(param_type, str) and param_type.startswith("tensordesc")
 
 
+def is_tensor_descriptor(value) -> bool:
+    """Whether a launch argument is a tensor descriptor (Triton's
+    ``triton.tools.tensor_descriptor.TensorDescriptor``: a ``base`` tensor, its ``shape``
+    and ``strides``, and the ``block_shape`` a load or store moves), by its fields, so
+    that neither Triton nor torch is imported to ask."""
+    return all(hasattr(value, a) for a in ("base", "shape", "strides", "block_shape"))
+
+
 def parse_tensordesc(param_type: str) -> Tuple[str, Tuple[int, ...]]:
     """``(element type, block shape)`` of ``tensordesc<DTYPE[B0, ...]>``; ValueError for
     anything else (a Gluon descriptor with a layout included)."""

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kpack_tools.pack import source_identity
-from kpack_tools.param_types import INTEGER_TYPES, is_tensordesc, parse_tensordesc
+from kpack_tools.param_types import (INTEGER_TYPES, is_tensor_descriptor, is_tensordesc,
+                                     parse_tensordesc)
 
 
 @dataclass
@@ -300,8 +301,7 @@ def arg_summaries(name, value) -> Dict[str, Any]:
 
 def _arg_summary(value) -> Any:
     """What a launch passed for one parameter, without touching device memory."""
-    if all(hasattr(value, a) for a in ("base", "shape", "strides", "block_shape")):
-        # A triton.tools.tensor_descriptor.TensorDescriptor.
+    if is_tensor_descriptor(value):
         base = _arg_summary(value.base)
         return {"tensordesc": {**base, "shape": [int(d) for d in value.shape],
                                "strides": [int(d) for d in value.strides],
