@@ -4,6 +4,7 @@
 
     python kernels/llama/check_kernels.py --device cpu    # interpreter (torch: pip install torch)
     python kernels/llama/check_kernels.py --device cuda [--bench-only] [--no-bench]
+        [--bench-chosen] [--json FILE]
 
 Every case runs a kernel on inputs whose tensors are followed by guard memory of random
 bytes and checks: its outputs against ``llama_torch`` within the spec's tolerances (the
@@ -24,7 +25,9 @@ and the committed pack's (every config for attention), the Llama-3.2-1B shapes o
 bucket, then the timing tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
 (µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
 bytes in the same kind of graph and the kernel's speed relative to it, µs with the
-weights in L2) and decode attention at contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
+weights in L2; ``--bench-chosen``: only the committed pack's config, the per-kernel table,
+with one JIT compile per projection instead of one per candidate) and decode attention at
+contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
 candidate of the projection kernels' M = 2-4 bucket at the tiny shapes.
 """
 
@@ -52,6 +55,9 @@ def _parse():
                         help="also check every spec candidate of these M buckets of the "
                              "projection kernels (comma-separated numbers, 0 for M = 1) at "
                              "the tiny shapes, M at the bucket's lowest and highest")
+    parser.add_argument("--bench-chosen", action="store_true",
+                        help="cuda: time only the committed pack's config of each "
+                             "projection (the per-kernel table), not every candidate")
     parser.add_argument("--json", help="write the timing tables here")
     return parser.parse_args()
 
@@ -601,7 +607,7 @@ def _proj_bytes(name, model):
     return weights, weights + activations
 
 
-def bench(pdl, out_json=None):
+def bench(pdl, out_json=None, chosen_only=False):
     model = dict(lt.LLAMA_1B)
     bw = copy_bandwidth()
     print(f"\ndevice-to-device copy: {bw / 1e12:.3f} TB/s (read + write, 1 GiB)")
@@ -625,8 +631,9 @@ def bench(pdl, out_json=None):
         base = lt.make_inputs(name, shape, "cuda")
         copies = _rotations(nbytes)
         weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
-        for config in [_chosen(name, 0)] + [c for c in spec.configs if spec.allowed(
-                shape, c) and c.name != _chosen(name, 0).name]:
+        others = [] if chosen_only else [c for c in spec.configs if spec.allowed(
+            shape, c) and c.name != _chosen(name, 0).name]
+        for config in [_chosen(name, 0)] + others:
             grid = spec.grid_for(base, config)
 
             def run(i=0, config=config, grid=grid):
@@ -716,7 +723,7 @@ def main():
         print(f"\n{len(todo) - len(FAILURES)} of {len(todo)} cases passed "
               f"({time.time() - t0:.0f}s)")
     if args.device == "cuda" and not args.no_bench:
-        bench(pdl, args.json)
+        bench(pdl, args.json, args.bench_chosen)
     if FAILURES:
         print("\nFAILURES:\n" + "\n".join(FAILURES))
         sys.exit(1)
