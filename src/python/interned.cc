@@ -27,6 +27,8 @@ bool InternStrings() {
       {&g_str.tensor, "Tensor"},
       {&g_str.c, "_C"},
       {&g_str.cuda_get_current_raw_stream, "_cuda_getCurrentRawStream"},
+      {&g_str.torch_cuda, "torch.cuda"},
+      {&g_str.initialized, "_initialized"},
   };
   for (const Entry& e : entries) {
     *e.slot = PyUnicode_InternFromString(e.text);

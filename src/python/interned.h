@@ -22,6 +22,8 @@ struct Interned {
   PyObject* tensor;                 // torch.Tensor
   PyObject* c;                      // torch._C
   PyObject* cuda_get_current_raw_stream;
+  PyObject* torch_cuda;             // "torch.cuda", the module's name in sys.modules
+  PyObject* initialized;            // torch.cuda._initialized
 };
 extern Interned g_str __attribute__((visibility("hidden")));
 

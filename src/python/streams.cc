@@ -18,6 +18,34 @@ namespace {
 const DLPackExchangeAPI* g_torch_api = nullptr;
 PyObject* g_torch_raw_stream = nullptr;
 bool g_torch_resolved = false;
+// torch.cuda while torch has not been seen to initialize CUDA; null once it has, and with a
+// torch that has no torch.cuda module.
+PyObject* g_torch_cuda = nullptr;
+
+// Remembers torch.cuda (a new reference) to ask whether torch initialized CUDA.
+void ResolveTorchCuda() {
+  g_torch_cuda = PyDict_GetItemWithError(PyImport_GetModuleDict(), g_str.torch_cuda);
+  if (g_torch_cuda == nullptr) PyErr_Clear();
+  Py_XINCREF(g_torch_cuda);
+}
+
+// Whether torch may have a current stream other than the legacy default stream: false
+// while torch.cuda._initialized is False. Until torch initializes CUDA it has made no
+// stream current (making one current, or creating one, initializes it), so its current
+// stream of every device is its default stream, the legacy default stream -- where kpack
+// launches without torch. Asking torch for that stream would initialize CUDA in torch as
+// a side effect, and raise where torch cannot use the GPU (its CUDA runtime newer than the
+// driver, say) though kpack can. Once true it stays true (initialization is not undone)
+// and costs nothing more; until then one attribute read per launch on raw pointers.
+bool TorchMayHaveStreams() {
+  if (g_torch_cuda == nullptr) return true;
+  PyObject* v = PyObject_GetAttr(g_torch_cuda, g_str.initialized);
+  if (v == nullptr) PyErr_Clear();
+  const bool uninitialized = v == Py_False;
+  Py_XDECREF(v);
+  if (!uninitialized) Py_CLEAR(g_torch_cuda);
+  return !uninitialized;
+}
 
 // Looks for torch in sys.modules (a dict lookup) until it is there; never imports it.
 void ResolveTorch() {
@@ -36,6 +64,7 @@ void ResolveTorch() {
   Py_DECREF(tensor);
   if (capsule == nullptr) PyErr_Clear();
   g_torch_api = ApiFromCapsule(capsule);
+  ResolveTorchCuda();
   if (g_torch_api != nullptr) {
     g_torch_resolved = true;  // the capsule's table is static: keep the capsule forever
     return;
@@ -147,6 +176,7 @@ bool DefaultStreamWithoutApi(const RuntimeState& rt, int device, CUstream* strea
   *stream = nullptr;  // the legacy default stream
   ResolveTorch();
   if (g_torch_api == nullptr && g_torch_raw_stream == nullptr) return true;
+  if (!TorchMayHaveStreams()) return true;
   if (device < 0) {
     bool have_context = false;
     if (!CurrentDevice(rt, -1, &device, &have_context)) return false;

@@ -6,8 +6,10 @@
 // one with `__cuda_stream__()` (the CUDA Python stream protocol: (version, handle)). A
 // call that names none launches on the current stream of the exchange-API producer of its
 // first tensor argument (torch: torch.cuda.current_stream() of its device, read in C);
-// else, with torch imported, on torch's current stream of the current device; else on the
-// legacy default stream. torch is looked up in sys.modules, never imported.
+// else, with torch imported and its CUDA initialized, on torch's current stream of the
+// current device; else on the legacy default stream (torch's current stream too until it
+// initializes CUDA, which kpack then never makes it do). torch is looked up in
+// sys.modules, never imported.
 //
 // The current device comes from the library (Runtime::CurrentDevice: one cuCtxGetId and a
 // lookup); a thread with no current context gets the primary context of its tensors'

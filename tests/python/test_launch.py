@@ -357,11 +357,12 @@ def test_raw_pointers_without_torch_use_the_legacy_default_stream(fake, open_pac
     assert fake.last_launch(mark).stream == 0
 
 
-def test_with_torch_imported_raw_pointers_use_torchs_current_stream(driver):
-    # In a child process: kpack remembers torch once it has seen it. The stand-in "torch"
-    # module's Tensor is FakeTensor, whose exchange table reports the stream set here.
+def run_with_a_current_stream(driver, body):
+    """Runs `body` in a child process (kpack remembers torch once it has seen it) after a
+    preamble that opens examplepack as `pack` on the fake driver (`fake`) and sets `s` as
+    the current stream that FakeTensor's exchange table reports; `body` prints "ok"."""
     script = f"""
-import sys, types, ctypes
+import sys, types
 import kpack
 sys.path.insert(0, {str(KERNELS.parent / 'tests' / 'python')!r})
 from conftest import Fake
@@ -370,6 +371,14 @@ pack = kpack.open({str(KERNELS / 'examplepack')!r}, driver={driver!r})
 fake = Fake({driver!r})
 s = fake.stream_create()
 _testing.set_current_stream(s)
+""" + body
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_with_torch_imported_raw_pointers_use_torchs_current_stream(driver):
+    # The stand-in "torch" module's Tensor is FakeTensor.
+    run_with_a_current_stream(driver, """
 mark = fake.launch_count()
 pack.vector_add(1 << 20, 2 << 20, 3 << 20, 64)
 assert fake.last_launch(mark).stream == 0, "torch not imported yet: legacy stream"
@@ -380,9 +389,39 @@ mark = fake.launch_count()
 pack.vector_add(1 << 20, 2 << 20, 3 << 20, 64)
 assert fake.last_launch(mark).stream == s, "torch imported: its current stream"
 print("ok")
-"""
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+""")
+
+
+def test_raw_pointers_wait_for_torch_to_initialize_cuda_before_asking_its_stream(driver):
+    # A stand-in torch whose torch.cuda has not initialized CUDA: its current stream is the
+    # legacy default stream, and kpack must not ask for it (in real torch that initializes
+    # CUDA, and raises where torch cannot use the GPU). The stand-in's exchange table
+    # reports `s` (and counts the calls) so that asking would show.
+    run_with_a_current_stream(driver, """
+torch = types.ModuleType("torch")
+torch.Tensor = _testing.FakeTensor
+cuda = types.ModuleType("torch.cuda")
+cuda._initialized = False
+torch.cuda = cuda
+sys.modules["torch"] = torch
+sys.modules["torch.cuda"] = cuda
+def launch_stream(x=1 << 20):
+    mark = fake.launch_count()
+    pack.vector_add(x, 2 << 20, 3 << 20, 64)
+    return fake.last_launch(mark).stream
+def asked():
+    return _testing.counters()["current_work_stream"]
+before = asked()
+assert launch_stream() == 0, "torch has not initialized CUDA: the legacy default stream"
+assert launch_stream() == 0
+assert asked() == before, "torch was asked for its stream"
+assert launch_stream(_testing.FakeTensor(1 << 20)) == s, "a tensor's own library is asked"
+cuda._initialized = True
+assert launch_stream() == s, "torch initialized CUDA: its current stream"
+cuda._initialized = False  # torch never goes back; kpack no longer looks
+assert launch_stream() == s
+print("ok")
+""")
 
 
 # ---------------------------------------------------------------- bound launches

@@ -21,8 +21,10 @@ another device than the current one, or a value that does not fit, is a ``ValueE
 
 The stream is ``stream=`` if given (an int ``CUstream``, a ``torch.cuda.Stream``, or an
 object with ``__cuda_stream__``), else torch's current stream of the tensors' device (read
-in C through the tensors' DLPack exchange table, not through ``torch.cuda``), else the
-legacy default stream.
+in C through the tensors' DLPack exchange table, not through ``torch.cuda``); with raw
+pointers only, torch's current stream of the current device once torch has initialized
+CUDA (before that torch's current stream is the legacy default stream, and kpack does not
+make torch initialize CUDA to ask); else the legacy default stream.
 
 A callable grid gets a ``meta`` dict, as Triton's does: every call argument by parameter
 name (the objects passed), the constexprs of the variant the arguments select (so
