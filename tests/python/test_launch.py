@@ -350,13 +350,6 @@ def test_explicit_streams(fake, open_pack):
         k(tensor(0), tensor(1), tensor(2), 64, stream=-1)
 
 
-def test_raw_pointers_without_torch_use_the_legacy_default_stream(fake, open_pack):
-    assert "torch" not in sys.modules
-    mark = fake.launch_count()
-    open_pack("examplepack").vector_add(addr(0), addr(1), addr(2), 64)
-    assert fake.last_launch(mark).stream == 0
-
-
 def run_with_a_current_stream(driver, body):
     """Runs `body` in a child process (kpack remembers torch once it has seen it) after a
     preamble that opens examplepack as `pack` on the fake driver (`fake`) and sets `s` as
@@ -374,6 +367,17 @@ _testing.set_current_stream(s)
 """ + body
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_raw_pointers_without_torch_use_the_legacy_default_stream(driver):
+    # In a child process, where torch is not imported whatever this one imported.
+    run_with_a_current_stream(driver, """
+assert "torch" not in sys.modules
+mark = fake.launch_count()
+pack.vector_add(1 << 20, 2 << 20, 3 << 20, 64)
+assert fake.last_launch(mark).stream == 0
+print("ok")
+""")
 
 
 def test_with_torch_imported_raw_pointers_use_torchs_current_stream(driver):
