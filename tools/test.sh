@@ -5,7 +5,8 @@
 #      installed package with g++ and clang++-14), the Python tools' tests, and the main
 #      job (tools/run.sh);
 #   2. the CPU tier again under AddressSanitizer + UndefinedBehaviorSanitizer (clang) and
-#      under ThreadSanitizer (gcc);
+#      under ThreadSanitizer (gcc); the tests that see NVTX ranges with them compiled out
+#      (-DKPACK_ENABLE_NVTX=OFF);
 #   3. every libFuzzer target for $KPACK_FUZZ_SECONDS (default 30) seconds, plus the saved
 #      regression inputs.
 # `tools/test.sh --quick` runs step 1 only. The GPU tier (label `gpu`) needs a GPU:
@@ -73,6 +74,12 @@ echo "== CPU tier under TSan (gcc)"
 cmake -S . -B build-tsan "${common[@]}" -DKPACK_SANITIZE=thread >/dev/null
 cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L cpu --output-on-failure -j"$jobs"
+
+echo "== NVTX compiled out (-DKPACK_ENABLE_NVTX=OFF): the tests that see NVTX ranges"
+cmake -S . -B build-nonvtx "${common[@]}" -DKPACK_ENABLE_NVTX=OFF >/dev/null
+cmake --build build-nonvtx -j"$jobs" --target kpack_nvtx_test kpack_cli_test \
+  kpack_llama_engine_test
+ctest --test-dir build-nonvtx -L cpu -R 'Nvtx|^CliTest\.Doctor$' --output-on-failure -j"$jobs"
 
 echo "== fuzzers (libFuzzer, ASan + UBSan)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz "${common[@]}" -DKPACK_BUILD_FUZZERS=ON \

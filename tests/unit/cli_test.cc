@@ -522,7 +522,9 @@ TEST_F(CliTest, Doctor) {
   Result r = Cli({"doctor", "--driver", kFake});
   EXPECT_EQ(r.code, kOk) << r.out;
   EXPECT_THAT(r.out,
-              AllOf(HasSubstr("NVTX: compiled in"), HasSubstr("log level: warn (KPACK_LOG_LEVEL unset)"),
+              AllOf(HasSubstr(KPACK_ENABLE_NVTX ? "NVTX: compiled in"
+                                                : "NVTX: compiled out (-DKPACK_ENABLE_NVTX=OFF)"),
+                    HasSubstr("log level: warn (KPACK_LOG_LEVEL unset)"),
                     HasSubstr("CUDA 13.0"), HasSubstr("devices: 1"),
                     HasSubstr("device 0: Fake H200, compute capability 9.0"),
                     Not(HasSubstr("nothing can launch"))));
