@@ -631,9 +631,10 @@ def bench(pdl, out_json=None, chosen_only=False):
         base = lt.make_inputs(name, shape, "cuda")
         copies = _rotations(nbytes)
         weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
+        chosen = _chosen(name, 0)
         others = [] if chosen_only else [c for c in spec.configs if spec.allowed(
-            shape, c) and c.name != _chosen(name, 0).name]
-        for config in [_chosen(name, 0)] + others:
+            shape, c) and c.name != chosen.name]
+        for config in [chosen] + others:
             grid = spec.grid_for(base, config)
 
             def run(i=0, config=config, grid=grid):
