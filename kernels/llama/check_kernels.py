@@ -4,7 +4,7 @@
 
     python kernels/llama/check_kernels.py --device cpu    # interpreter (torch: pip install torch)
     python kernels/llama/check_kernels.py --device cuda [--bench-only] [--no-bench]
-        [--bench-chosen] [--json FILE]
+        [--bench-chosen] [--bench-m 1,4,16,64] [--json FILE]
 
 Every case runs a kernel on inputs whose tensors are followed by guard memory of random
 bytes and checks: its outputs against ``llama_torch`` within the spec's tolerances (the
@@ -26,8 +26,9 @@ bucket, then the timing tables issue 22 asks for: each projection at M = 1 with 
 (µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
 bytes in the same kind of graph and the kernel's speed relative to it, µs with the
 weights in L2; ``--bench-chosen``: only the committed pack's config, the per-kernel table,
-with one JIT compile per projection instead of one per candidate) and decode attention at
-contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
+with one JIT compile per projection instead of one per candidate; ``--bench-m``: the same
+at more batch sizes, the committed config of each one's bucket) and decode attention at
+batch 1/4/16/64 and contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
 candidate of the projection kernels' M = 2-4 bucket at the tiny shapes.
 """
 
@@ -58,6 +59,10 @@ def _parse():
     parser.add_argument("--bench-chosen", action="store_true",
                         help="cuda: time only the committed pack's config of each "
                              "projection (the per-kernel table), not every candidate")
+    parser.add_argument("--bench-m", default="1",
+                        help="cuda: time the projections at these batch sizes (comma-"
+                             "separated; above 1 the committed pack's config of M's "
+                             "bucket only)")
     parser.add_argument("--json", help="write the timing tables here")
     return parser.parse_args()
 
@@ -594,8 +599,8 @@ def copy_us(nbytes):
     return us
 
 
-def _proj_bytes(name, model):
-    """(weight bytes, all bytes moved) of a projection at M = 1: weights plus the
+def _proj_bytes(name, model, m=1):
+    """(weight bytes, all bytes moved) of a projection at M rows: weights plus the
     activations read and written."""
     h, nh, nkv, d, inter, v = (model[k] for k in ("H", "NH", "NKV", "D", "I", "V"))
     weights = {"llama_qkv_rope": (nh + 2 * nkv) * d * h * 2, "llama_o_proj": h * nh * d * 2,
@@ -604,15 +609,28 @@ def _proj_bytes(name, model):
     activations = {"llama_qkv_rope": 4 * h + 2 * (nh + 2 * nkv) * d,
                    "llama_o_proj": 2 * nh * d + 8 * h, "llama_gate_up": 4 * h + 2 * inter,
                    "llama_down_proj": 2 * inter + 8 * h, "llama_lm_head": 4 * h + 4 * v}[name]
-    return weights, weights + activations
+    return weights, weights + m * activations
 
 
-def bench(pdl, out_json=None, chosen_only=False):
+def bench(pdl, out_json=None, chosen_only=False, batch_sizes=(1,)):
     model = dict(lt.LLAMA_1B)
     bw = copy_bandwidth()
     print(f"\ndevice-to-device copy: {bw / 1e12:.3f} TB/s (read + write, 1 GiB)")
     rows, attn_rows = [], []
-    print(f"\nprojections at M = 1 (Llama-3.2-1B): µs per kernel inside a CUDA graph of "
+    for m in batch_sizes:
+        _bench_projections(model, m, bw, pdl, chosen_only or m > 1, rows)
+    _bench_attention(model, bw, pdl, attn_rows)
+    if out_json:
+        Path(out_json).write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "pdl": pdl,
+             "projections": rows, "attn_decode": attn_rows}, indent=2) + "\n")
+
+
+def _bench_projections(model, m, bw, pdl, chosen_only, rows):
+    """Time each projection at `m` rows (the bucket's committed config; every candidate
+    of the bucket unless `chosen_only`); append the rows to `rows`."""
+    bucket = llama_spec._bucket(m)
+    print(f"\nprojections at M = {m} (Llama-3.2-1B): µs per kernel inside a CUDA graph of "
           f"back-to-back launches{' with PDL' if pdl else ''}, weights rotated over copies "
           f"larger than L2; GB/s and % of the 1 GiB copy for the bytes moved (weights and "
           f"activations); 'copy µs': a device-to-device copy moving as many bytes in the "
@@ -625,13 +643,13 @@ def bench(pdl, out_json=None, chosen_only=False):
     for name in ("llama_qkv_rope", "llama_o_proj", "llama_gate_up", "llama_down_proj",
                  "llama_lm_head"):
         spec = SPECS[name]
-        nbytes, moved = _proj_bytes(name, model)
+        nbytes, moved = _proj_bytes(name, model, m)
         same_copy[name] = copy_us(moved)
-        shape = dict(model, M=1, CAP=4096)
+        shape = dict(model, M=m, CAP=4096)
         base = lt.make_inputs(name, shape, "cuda")
         copies = _rotations(nbytes)
         weights = [base["w"]] + [base["w"].clone() for _ in range(copies - 1)]
-        chosen = _chosen(name, 0)
+        chosen = _chosen(name, bucket)
         others = [] if chosen_only else [c for c in spec.configs if spec.allowed(
             shape, c) and c.name != chosen.name]
         for config in [chosen] + others:
@@ -649,7 +667,7 @@ def bench(pdl, out_json=None, chosen_only=False):
                 print(f"{name:18} {config.name:20} failed: {type(err).__name__}: {err}")
                 continue
             gbs = moved / us / 1e3
-            rows.append({"kernel": name, "config": config.name, "us": us, "GB/s": gbs,
+            rows.append({"M": m, "kernel": name, "config": config.name, "us": us, "GB/s": gbs,
                          "pct_copy": 100 * gbs * 1e9 / bw, "bytes": moved,
                          "copy_us": same_copy[name],
                          "pct_same_copy": 100 * same_copy[name] / us, "l2_hot_us": hot_us})
@@ -657,8 +675,12 @@ def bench(pdl, out_json=None, chosen_only=False):
                   f"{100 * gbs * 1e9 / bw:6.1f}% {same_copy[name]:8.2f} "
                   f"{100 * same_copy[name] / us:5.1f}% {hot_us:10.2f}", flush=True)
         del weights, base
-    print(f"\ndecode attention (Llama-3.2-1B heads): bytes = K and V read; the caches rotated "
-          f"over copies larger than L2 ('L2-hot µs': one cache); 'copy µs' and '% cp' as above")
+
+
+def _bench_attention(model, bw, pdl, attn_rows):
+    """Time decode attention at the grid's batch sizes and contexts into `attn_rows`."""
+    print("\ndecode attention (Llama-3.2-1B heads): bytes = K and V read; the caches rotated "
+          "over copies larger than L2 ('L2-hot µs': one cache); 'copy µs' and '% cp' as above")
     print(f"{'M':>3} {'ctx':>6} {'S':>3} {'config':12} {'µs':>8} {'GB/s':>7} {'% copy':>7} "
           f"{'copy µs':>8} {'% cp':>6} {'L2-hot µs':>10}")
     spec = SPECS["llama_attn_decode"]
@@ -695,10 +717,6 @@ def bench(pdl, out_json=None, chosen_only=False):
                   f"{100 * gbs * 1e9 / bw:6.1f}% {cp_us:8.2f} {100 * cp_us / us:5.1f}% "
                   f"{hot_us:10.2f}", flush=True)
             del args, caches
-    if out_json:
-        Path(out_json).write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(), "copy_bytes_per_s": bw, "pdl": pdl,
-             "projections_m1": rows, "attn_decode": attn_rows}, indent=2) + "\n")
 
 
 def main():
@@ -724,7 +742,8 @@ def main():
         print(f"\n{len(todo) - len(FAILURES)} of {len(todo)} cases passed "
               f"({time.time() - t0:.0f}s)")
     if args.device == "cuda" and not args.no_bench:
-        bench(pdl, args.json, args.bench_chosen)
+        bench(pdl, args.json, args.bench_chosen,
+              [int(m) for m in args.bench_m.split(",") if m])
     if FAILURES:
         print("\nFAILURES:\n" + "\n".join(FAILURES))
         sys.exit(1)
