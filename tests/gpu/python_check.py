@@ -7,8 +7,8 @@ kpack's Python eager call (grid= for kernels without grid expressions), through 
 launch, and through kernel[grid] with a callable grid, and compares each output bit for
 bit with Triton's JIT running the same kernel, config and specialization (examples_check
 explains why that is exact). Then: launches inside
-torch.cuda.graph capture and replay (which fails if kpack launched on any stream but
-torch's current one), a launch on a side stream, and the error paths (CPU tensor, wrong
+torch.cuda.graph capture and replay, on tensors and on raw pointers (which fails if kpack
+launched on any stream but torch's current one), a launch on a side stream, and the error paths (CPU tensor, wrong
 dtype, wrong count) on real tensors.
 
 Usage: python_check.py REPO_ROOT       (needs `pip install --no-build-isolation .` first)
@@ -93,6 +93,18 @@ def main():
     print(f"graph capture + replay: {torch.equal(out, x + y)}")
     if not torch.equal(out, x + y):
         failures.append("vector_add captured in a CUDA graph: wrong output after replay")
+    # Raw device pointers (ints) carry no stream: once torch has initialized CUDA (it has
+    # here), kpack launches them on torch's current stream, so they are captured too.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        add(x.data_ptr(), y.data_ptr(), out.data_ptr(), n)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    print(f"graph capture + replay, raw pointers: {torch.equal(out, x + y)}")
+    if not torch.equal(out, x + y):
+        failures.append("vector_add on raw pointers captured in a CUDA graph: wrong output "
+                        "after replay")
     side = torch.cuda.Stream()
     out.zero_()
     torch.cuda.synchronize()
