@@ -22,14 +22,15 @@ with K in one tile and with a K loop, ``tl.dot`` as x · wᵀ and as w · xᵀ (
 ``llama_rmsnorm`` with a row in one tile and in a loop). ``--device cuda`` compiles them
 (``USE_PDL`` on, launched with PDL): the same cases with every bucket's default config
 and the committed pack's (every config for attention), the Llama-3.2-1B shapes of every
-bucket, then the timing tables issue 22 asks for: each projection at M = 1 with every candidate of the bucket
-(µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a copy moving the same
-bytes in the same kind of graph and the kernel's speed relative to it, µs with the
-weights in L2; ``--bench-chosen``: only the committed pack's config, the per-kernel table,
-with one JIT compile per projection instead of one per candidate; ``--bench-m``: the same
-at more batch sizes, the committed config of each one's bucket) and decode attention at
-batch 1/4/16/64 and contexts 128/512/1K/4K/8K the same way. On either device ``--spec-buckets 1`` adds every spec
-candidate of the projection kernels' M = 2-4 bucket at the tiny shapes.
+bucket, then the timing tables issue 22 asks for: each projection at M = 1 with every
+candidate of the bucket (µs, GB/s, % of a measured 1 GiB device-to-device copy, µs of a
+copy moving the same bytes in the same kind of graph and the kernel's speed relative to
+it, µs with the weights in L2; ``--bench-chosen``: only the committed pack's config, the
+per-kernel table, with one JIT compile per projection instead of one per candidate;
+``--bench-m``: the same at more batch sizes, the committed config of each one's bucket)
+and decode attention at batch 1/4/16/64 and contexts 128/512/1K/4K/8K the same way. On
+either device ``--spec-buckets 1`` adds every spec candidate of the projection kernels'
+M = 2-4 bucket at the tiny shapes.
 """
 
 import argparse

@@ -6,10 +6,10 @@ examples_check.SHAPES (each bucket, aligned and not; python_cases.py): launches 
 kpack's Python eager call (grid= for kernels without grid expressions), through a bound
 launch, and through kernel[grid] with a callable grid, and compares each output bit for
 bit with Triton's JIT running the same kernel, config and specialization (examples_check
-explains why that is exact). Then: launches inside
-torch.cuda.graph capture and replay, on tensors and on raw pointers (which fails if kpack
-launched on any stream but torch's current one), a launch on a side stream, and the error paths (CPU tensor, wrong
-dtype, wrong count) on real tensors.
+explains why that is exact). Then: launches inside torch.cuda.graph capture and replay, on
+tensors and on raw pointers (which fails if kpack launched on any stream but torch's
+current one), a launch on a side stream, and the error paths (CPU tensor, wrong dtype,
+wrong count) on real tensors.
 
 Usage: python_check.py REPO_ROOT       (needs `pip install --no-build-isolation .` first)
 Exits 77 (skipped) without torch or a GPU, unless KPACK_REQUIRE_GPU=1 (then 1).
