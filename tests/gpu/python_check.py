@@ -84,27 +84,20 @@ def main():
     n = 1 << 20
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     out = torch.zeros(n, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        add(x, y, out, n)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    print(f"graph capture + replay: {torch.equal(out, x + y)}")
-    if not torch.equal(out, x + y):
-        failures.append("vector_add captured in a CUDA graph: wrong output after replay")
     # Raw device pointers (ints) carry no stream: once torch has initialized CUDA (it has
     # here), kpack launches them on torch's current stream, so they are captured too.
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        add(x.data_ptr(), y.data_ptr(), out.data_ptr(), n)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    print(f"graph capture + replay, raw pointers: {torch.equal(out, x + y)}")
-    if not torch.equal(out, x + y):
-        failures.append("vector_add on raw pointers captured in a CUDA graph: wrong output "
-                        "after replay")
+    for what, args in [("tensors", (x, y, out, n)),
+                       ("raw pointers", (x.data_ptr(), y.data_ptr(), out.data_ptr(), n))]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            add(*args)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        print(f"graph capture + replay, {what}: {torch.equal(out, x + y)}")
+        if not torch.equal(out, x + y):
+            failures.append(f"vector_add on {what} captured in a CUDA graph: wrong output "
+                            "after replay")
     side = torch.cuda.Stream()
     out.zero_()
     torch.cuda.synchronize()
