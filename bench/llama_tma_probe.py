@@ -14,8 +14,10 @@ question, answered before the pack's kernels are rewritten.
 
     bench/llama_tma_probe.py [--m 16,64] [--shapes qkv,o,gate_up,down] [--jobs 12]
 
-Configs are `{p|t}_{BLOCK_N}_k{BLOCK_K}_w{warps}_s{stages}[_t][_xS]`: p pointer loads, t
-TMA (host tensor maps), _t the swapped product (w · xᵀ, the weight rows as the MMA's M),
+Configs are `{p|t|d}_{BLOCK_N}_k{BLOCK_K}_w{warps}_s{stages}[_t][_xS]`: p pointer loads,
+t TMA through tensor maps encoded on the host (kernel parameters), d TMA through tensor
+maps each program writes to global scratch (`tl.make_tensor_descriptor`: the kernel's
+parameters stay pointers, as the pack's), _t the swapped product (w · xᵀ, the weight rows as the MMA's M),
 _xS S programs over K adding fp32 partials with atomics (the pack's split K orders its
 adds; this one does not, so its bits are not compared). BLOCK_M is M. A TMA config and
 its pointer twin run the same MMAs in the same order and must give the same bits;
@@ -41,12 +43,14 @@ CONFIGS = [
     "t_16_k128_w4_s6", "t_32_k128_w4_s6", "t_32_k64_w4_s8", "t_64_k64_w4_s6",
     "t_64_k64_w4_s8", "t_128_k64_w4_s4", "t_128_k64_w8_s4", "t_64_k128_w4_s4_t",
     "t_128_k64_w4_s6_t", "t_64_k64_w4_s6_x2", "t_64_k64_w4_s6_x4", "t_128_k64_w4_s4_t_x4",
+    "d_32_k64_w4_s8", "d_64_k64_w4_s6", "d_128_k64_w4_s4", "d_64_k64_w4_s6_x4",
 ]
+MODES = {"p": 0, "t": 1, "d": 2}
 
 
 def parse(name):
     parts = name.split("_")
-    c = {"tma": parts[0] == "t", "BLOCK_N": int(parts[1]), "BLOCK_K": int(parts[2][1:]),
+    c = {"tma": MODES[parts[0]], "BLOCK_N": int(parts[1]), "BLOCK_K": int(parts[2][1:]),
          "num_warps": int(parts[3][1:]), "STAGES": int(parts[4][1:]), "SWAP": False,
          "SPLIT": 1}
     for p in parts[5:]:
@@ -61,17 +65,28 @@ def parse(name):
 
 def twin(name):
     """The pointer-load config with the same tiles as TMA config `name` (None if not TMA)."""
-    return "p" + name[1:] if name.startswith("t_") else None
+    return "p" + name[1:] if name[0] in "td" else None
 
 
 def _kernel():
+    import torch
     import triton
     import triton.language as tl
+
+    # Device-side tensor maps (d configs) live in global scratch that Triton's launcher
+    # asks this allocator for.
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
 
     @triton.jit
     def gemm(x, w, y, x_desc, w_desc, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
              SPLIT: tl.constexpr, TMA: tl.constexpr):
+        if TMA == 2:
+            x_desc = tl.make_tensor_descriptor(x, shape=[M, K], strides=[K, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
+            w_desc = tl.make_tensor_descriptor(w, shape=[N, K], strides=[K, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         split = tl.program_id(2)
@@ -84,7 +99,7 @@ def _kernel():
         k_len = K // SPLIT
         k_lo = split * k_len
         for k0 in tl.range(k_lo, k_lo + k_len, BLOCK_K, num_stages=STAGES):
-            if TMA:
+            if TMA != 0:
                 a = x_desc.load([pid_m * BLOCK_M, k0])
                 b = w_desc.load([pid_n * BLOCK_N, k0])
             else:
@@ -115,7 +130,7 @@ def _args(gemm, x, w, y, name, m):
     from triton.tools.tensor_descriptor import TensorDescriptor
     c = parse(name)
     bm = m
-    if c["tma"]:
+    if c["tma"] == 1:
         xd = TensorDescriptor.from_tensor(x, [bm, c["BLOCK_K"]])
         wd = TensorDescriptor.from_tensor(w, [c["BLOCK_N"], c["BLOCK_K"]])
     else:
