@@ -347,38 +347,10 @@ def _acc_sum(acc, BLOCK_M: tl.constexpr, SWAP: tl.constexpr):
 
 
 @triton.jit
-def _one_dot(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             STAGES: tl.constexpr, SWAP: tl.constexpr):
-    """_project's tl.dot path for two row sets as one product: the weight tile holds
-    rows wrows_a[0], wrows_b[0], wrows_a[1], ... (2 * BLOCK_N of them), so one tl.dot of
-    [BLOCK_M, 2 * BLOCK_N] per K tile replaces two of BLOCK_N sharing x, and the two
-    results are its even and odd columns: each the same sum over K in the same order."""
-    tl.static_assert(BLOCK_M >= 16, "ONE is for tl.dot tiles (BLOCK_M >= 16)")
-    rows = row0 + tl.arange(0, BLOCK_M)
-    rows_ok = rows < M
-    x_base = rows.to(tl.int64)[:, None] * K
-    wrows = tl.reshape(tl.join(wrows_a, wrows_b), [2 * BLOCK_N])
-    wrows_ok2 = tl.reshape(tl.join(wrows_ok, wrows_ok), [2 * BLOCK_N])
-    # The first K tiles, loaded before gdc_wait as two, interleaved the same way.
-    w0 = tl.reshape(tl.permute(tl.join(wa0, wb0), (0, 2, 1)), [2 * BLOCK_N, BLOCK_K])
-    cols = tl.arange(0, BLOCK_K)
-    x = tl.load(xsrc + x_base + cols[None, :], mask=rows_ok[:, None] & (cols < K)[None, :],
-                other=0.0)
-    acc = _acc_first(x, w0, BLOCK_M, SWAP)
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(xsrc + x_base + cols[None, :], mask=rows_ok[:, None] & (cols < K)[None, :],
-                    other=0.0)
-        acc = _acc_mac(acc, x, _k_tile(w, wrows, wrows_ok2, k0, K, BLOCK_K), BLOCK_M, SWAP)
-    return tl.split(tl.reshape(_acc_sum(acc, BLOCK_M, SWAP), [BLOCK_M, BLOCK_N, 2]))
-
-
-@triton.jit
 def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
              NORM: tl.constexpr, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-             SWAP: tl.constexpr, ONE: tl.constexpr = False):
+             SWAP: tl.constexpr):
     """(x · w[wrows_a]ᵀ, x · w[wrows_b]ᵀ) as [BLOCK_M, BLOCK_N] fp32 for rows row0 ..
     row0 + BLOCK_M of x (those below M). Given, as loaded before gdc_wait (_w_first): wa0,
     wb0, the first K tiles of the weight rows, and g0, the norm weight's first BLOCK_K
@@ -388,8 +360,7 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
     llama_rmsnorm when it is the residual stream's: NORM is for one row only), each K tile
     loaded once and multiplied with the weight tiles (_acc_first, _acc_mac: tl.dot from 16
     rows, elementwise below; SWAP: _acc_first's), or below 16 rows with tiles of
-    _ROWS_GEMV_K columns or more, _project_rows. With ONE (TWO, tl.dot tiles) both row
-    sets go through one tl.dot of twice the width, their rows interleaved (_one_dot)."""
+    _ROWS_GEMV_K columns or more, _project_rows."""
     if BLOCK_M == 1:
         out_a, out_b = _project_row(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b,
                                     wrows_ok, K, wa0, wb0, NORM, TWO, BLOCK_N, BLOCK_K,
@@ -398,11 +369,6 @@ def _project(xsrc, row0, M, g0, norm_w, eps, w, wrows_a, wrows_b, wrows_ok, K, w
         tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
         out_a, out_b = _project_rows(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0,
                                      wb0, TWO, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
-    elif ONE:
-        tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
-        tl.static_assert(TWO, "ONE multiplies two row sets in one tl.dot")
-        out_a, out_b = _one_dot(xsrc, row0, M, w, wrows_a, wrows_b, wrows_ok, K, wa0, wb0,
-                                BLOCK_M, BLOCK_N, BLOCK_K, STAGES, SWAP)
     else:
         tl.static_assert(not NORM, "_project normalizes one row only (llama_rmsnorm)")
         rows = row0 + tl.arange(0, BLOCK_M)
@@ -483,12 +449,11 @@ def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
                    M, H, NH, NKV, CAP, eps,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
                    BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SWAP: tl.constexpr,
-                   ONE: tl.constexpr, USE_PDL: tl.constexpr):
+                   USE_PDL: tl.constexpr):
     """rmsnorm -> the q, k, v projections -> RoPE on q and k -> q, and k, v appended to
     the cache at [seq[m], kv head, pos[m]]. A program owns BLOCK_J row pairs (j, j + D/2)
     of the heads, so it rotates what it computed. One row normalizes h itself; more read
-    xn, llama_rmsnorm's rows (NORM). ONE (16 rows and more): the j and j + D/2 rows in one
-    tl.dot (_one_dot)."""
+    xn, llama_rmsnorm's rows (NORM)."""
     NORM: tl.constexpr = BLOCK_M == 1
     HALF: tl.constexpr = HEAD_DIM // 2
     pid_j = tl.program_id(0)
@@ -530,7 +495,7 @@ def llama_qkv_rope(h, xn, norm_w, w, inv_freq, pos, seq, q, k_cache, v_cache,
         _pdl_launch_rows(USE_PDL, BLOCK_M)
         a, b = _project(h if NORM else xn, pid_m * BLOCK_M, M, g0, norm_w, eps, w, row_a,
                         row_b, pairs_ok, H, wa0, wb0, NORM, True, BLOCK_M, BLOCK_J, BLOCK_K,
-                        STAGES, SWAP, ONE)
+                        STAGES, SWAP)
         if BLOCK_M > 1:
             c, sn = _rope_cos_sin(p, freq)
         rotate = (head < NH + NKV)[None, :]

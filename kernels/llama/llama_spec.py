@@ -468,35 +468,13 @@ RMSNORM = _spec(
     ["M"], ["xn"], ["h", "norm_w"], ["h", "norm_w", "xn", "H"],
     [_shape(m) for m in BUCKET_M], BF16_TOL)
 
-# QKV above 15 rows with a program's two row sets (j and j + D/2 of its heads) in one
-# tl.dot of twice the width (ONE: llama_kernels._one_dot; names ending _1): the 17-64 pin
-# and the 5-16 one, shallower, narrower and wider. Not tuned nor pinned: candidates for
-# bench/llama_proj_probe.py and bench/llama_variant_sweep.py. Why (session 27, an H100,
-# bench/llama_results/tma_probe_h100_s27.txt): a plain GEMM at QKV's shape and 64 rows
-# took 7.4 µs in tl.dot tiles 32 weight rows wide, 10.5 in tiles 16 wide.
-QKV_ONE = [(64, 16, 128, 4, 6, 0), (64, 16, 128, 4, 4, 0), (64, 8, 128, 4, 6, 0),
-           (64, 32, 128, 4, 4, 0), (16, 32, 256, 4, 4, 0), (16, 16, 256, 4, 4, 0),
-           (16, 16, 128, 4, 6, 0)]
-
-
-def _flagged_configs(n_name, flag, suffix, table):
-    """The projections' candidates with constexpr `flag` 0, then `table`'s tiles (BLOCK_M,
-    BLOCK_N named n_name, BLOCK_K, warps, stages, SWAP) with it 1, names ending `suffix`."""
-    return [Config(c.name, {**c.constexprs, flag: 0}, num_warps=c.num_warps,
-                   num_stages=c.num_stages) for c in _proj_configs(n_name)] + [
-        _config(f"p{m}_{n}_k{k}_w{w}_s{s}{'_t' * t}{suffix}", w, s,
-                **{"BLOCK_M": m, n_name: n, "BLOCK_K": k, "SWAP": t, flag: 1})
-        for m, n, k, w, s, t in table]
-
-
 QKV = _spec(
     "llama_qkv_rope", lk.llama_qkv_rope,
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("inv_freq", "*fp32")
     + _p("pos seq", "*i32") + _p("q k_cache v_cache", "*bf16")
     + _p("M H NH NKV CAP", "i32") + _p("eps", "fp32")
-    + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES SWAP ONE USE_PDL", "constexpr"),
-    _flagged_configs("BLOCK_J", "ONE", "_1", QKV_ONE),
-    _proj_buckets("llama_qkv_rope", PROJ_BUCKETS),
+    + _p("HEAD_DIM BLOCK_M BLOCK_J BLOCK_K STAGES SWAP USE_PDL", "constexpr"),
+    _proj_configs("BLOCK_J"), _proj_buckets("llama_qkv_rope", PROJ_BUCKETS),
     ["cdiv((NH + 2 * NKV) * HEAD_DIM / 2, BLOCK_J)", "cdiv(M, BLOCK_M)"],
     ["q", "k_cache", "v_cache"], ["h", "xn", "norm_w", "w", "inv_freq", "pos", "seq"],
     ["h", "xn", "norm_w", "w", "inv_freq", "q", "k_cache", "v_cache", "H", "CAP"],
@@ -594,14 +572,22 @@ LM_FLAT = [(64, 512, 64, 4, 6, 0), (64, 1024, 64, 4, 6, 0), (64, 512, 64, 4, 4, 
            (64, 1024, 128, 4, 4, 0), (16, 512, 128, 4, 4, 1), (16, 1024, 128, 4, 4, 1)]
 
 
+def _lm_head_configs():
+    """The projections' candidates (FLAT 0) and LM_FLAT's."""
+    return [Config(c.name, {**c.constexprs, "FLAT": 0}, num_warps=c.num_warps,
+                   num_stages=c.num_stages) for c in _proj_configs("BLOCK_N")] + [
+        _config(f"p{m}_{n}_k{k}_w{w}_s{s}{'_t' * t}_f", w, s, BLOCK_M=m, BLOCK_N=n,
+                BLOCK_K=k, SWAP=t, FLAT=1)
+        for m, n, k, w, s, t in LM_FLAT]
+
+
 LM_HEAD = _spec(
     "llama_lm_head", lk.llama_lm_head,
     _p("h", "*fp32") + _p("xn norm_w w", "*bf16") + _p("logits part_max", "*fp32")
     + _p("part_idx counters tokens pos", "*i32") + _p("M V H", "i32") + _p("eps", "fp32")
     + _p("advance keep_logits", "i32")
     + _p("BLOCK_M BLOCK_N BLOCK_K STAGES SWAP FLAT USE_PDL", "constexpr"),
-    _flagged_configs("BLOCK_N", "FLAT", "_f", LM_FLAT),
-    _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
+    _lm_head_configs(), _proj_buckets("llama_lm_head", PROJ1_BUCKETS),
     ["cdiv(V, BLOCK_N)", "cdiv(M, BLOCK_M)"], ["logits", "tokens", "pos", "counters"],
     ["h", "xn", "norm_w", "w"],
     ["h", "xn", "norm_w", "w", "logits", "part_max", "part_idx", "V", "H"],
