@@ -130,23 +130,24 @@ def _kernel():
 
 
 def _args(x, w, y, name, m):
+    """(arguments, constexprs and launch options, grid) of config `name` at M = m."""
+    import triton
     from triton.tools.tensor_descriptor import TensorDescriptor
     c = parse(name)
-    bm = m
     if c["tma"] == 1:
-        xd = TensorDescriptor.from_tensor(x, [bm, c["BLOCK_K"]])
+        xd = TensorDescriptor.from_tensor(x, [m, c["BLOCK_K"]])
         wd = TensorDescriptor.from_tensor(w, [c["BLOCK_N"], c["BLOCK_K"]])
     else:
         xd = wd = None
     n, k = w.shape
-    grid = (triton_cdiv(n, c["BLOCK_N"]), triton_cdiv(m, bm), c["SPLIT"])
-    kw = dict(BLOCK_M=bm, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
+    grid = (triton.cdiv(n, c["BLOCK_N"]), 1, c["SPLIT"])  # BLOCK_M is m: one program row
+    kw = dict(BLOCK_M=m, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"], STAGES=c["STAGES"],
               SWAP=c["SWAP"], SPLIT=c["SPLIT"], TMA=c["tma"], num_warps=c["num_warps"])
     return (x, w, y, xd, wd, m, n, k), kw, grid
 
 
-def triton_cdiv(a, b):
-    return -(-a // b)
+def _first_line(err):
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:150]}"
 
 
 def _compile(job):
@@ -163,7 +164,7 @@ def _compile(job):
         gemm.warmup(*args, grid=grid, **kw)
         return None
     except Exception as err:  # noqa: BLE001 - reported in the table
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:150]}"
+        return _first_line(err)
 
 
 def main():
@@ -224,8 +225,7 @@ def main():
                     us = ck._time_graph(lambda i=0: gemm[grid](*per[i % copies], **kw),
                                         2 * copies)
                 except Exception as err:  # noqa: BLE001 - report and go on
-                    print(f"{shape:8} {m:3} {name:24} failed: {type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:150]}")
+                    print(f"{shape:8} {m:3} {name:24} failed: {_first_line(err)}")
                     continue
                 outs[name] = got
                 err = (got - want).abs().max().item() / scale
