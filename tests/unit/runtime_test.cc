@@ -915,5 +915,31 @@ TEST_F(RuntimeTest, ManyThreadsLaunchWhileTheKernelLoadsLazily) {
   EXPECT_EQ(fallbacks, uint64_t{kThreads * kLaunches / 2}) << "the misaligned half";
 }
 
+// The launch counters stay exact with more threads than shards: the first threads own a
+// shard each (a plain increment), later ones share the last (an atomic one), so every
+// launch is counted once whichever kind of shard its thread got.
+TEST_F(RuntimeTest, LaunchCountsAreExactWithMoreThreadsThanShards) {
+  Runtime rt = Open();
+  Kernel add = *rt.Find("add");
+  constexpr int kThreads = 40, kLaunches = 250;
+  CUcontext context = nullptr;
+  ASSERT_EQ(d().CtxGetCurrent(&context), CUDA_SUCCESS);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      if (d().CtxSetCurrent(context) != CUDA_SUCCESS) failures.fetch_add(1);
+      for (int i = 0; i < kLaunches; ++i) {
+        failures.fetch_add(add.Launch(Grid{1}, nullptr, kX, kY, kOut, t + i).ok() ? 0 : 1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  uint64_t launches = 0;
+  for (const auto& v : add.variant_stats()) launches += v.launches;
+  EXPECT_EQ(launches, uint64_t{kThreads * kLaunches});
+}
+
 }  // namespace
 }  // namespace kpack
