@@ -8,7 +8,6 @@
 
 #include <cuda.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -84,25 +83,11 @@ struct alignas(64) CounterShard {
 };
 inline constexpr size_t kCounterShards = 16;
 
-// This thread's shard: the first kCounterShards - 1 threads to launch own one each, which
-// no other thread writes; every later thread shares the last one.
+// This thread's shard, assigned round-robin on first use.
 inline size_t ThreadShard() {
   static std::atomic<size_t> next{0};
-  thread_local const size_t shard =
-      std::min(next.fetch_add(1, std::memory_order_relaxed), kCounterShards - 1);
+  thread_local const size_t shard = next.fetch_add(1, std::memory_order_relaxed) % kCounterShards;
   return shard;
-}
-
-// Counts one in `counter` of shard `shard`. An owned shard takes a plain load and store
-// (exact: only its thread writes it; readers load it relaxed), not a locked increment,
-// which on x86 would wait for every store before it to complete, the driver's writes of
-// the launch just sent included. The shared shard takes the atomic increment.
-inline void CountOne(std::atomic<uint64_t>& counter, size_t shard) {
-  if (shard == kCounterShards - 1) {
-    counter.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  }
 }
 
 // A variant's CUfunction in one CUDA context (cuKernelGetFunction there), in a list that

@@ -915,9 +915,8 @@ TEST_F(RuntimeTest, ManyThreadsLaunchWhileTheKernelLoadsLazily) {
   EXPECT_EQ(fallbacks, uint64_t{kThreads * kLaunches / 2}) << "the misaligned half";
 }
 
-// The launch counters stay exact with more threads than shards: the first threads own a
-// shard each (a plain increment), later ones share the last (an atomic one), so every
-// launch is counted once whichever kind of shard its thread got.
+// The launch counters stay exact with more threads than shards (threads sharing a shard
+// count into it at once): every launch is counted once.
 TEST_F(RuntimeTest, LaunchCountsAreExactWithMoreThreadsThanShards) {
   Runtime rt = Open();
   Kernel add = *rt.Find("add");
