@@ -44,6 +44,10 @@
 #include "bench_setup.h"
 #include "ticks.h"
 
+#if KPACK_LAUNCH_STAMPS
+extern "C" uint64_t kpack_launch_stamps[4];  // runtime/launch.h
+#endif
+
 namespace {
 
 using kpack::bench::ArgsKernel;
@@ -54,11 +58,23 @@ std::atomic<uint64_t> counted{0};  // raw_params_atomic's counter
 
 struct Parts {
   double total = 0, before = 0, driver = 0, after = 0;
+  // kpack's part, split further in a profiling build (KPACK_LAUNCH_STAMPS): to the
+  // launch path's entry (the caller's Arg array), Select, PackArgs, Prepare, and from
+  // Prepare to the driver's entry.
+  double caller = 0, select = 0, pack = 0, prepare = 0, send = 0;
 };
+
+#if KPACK_LAUNCH_STAMPS
+constexpr bool kStamps = true;
+#else
+constexpr bool kStamps = false;
+uint64_t kpack_launch_stamps[4];  // never written: the columns are not printed
+#endif
 
 struct Path {
   std::string name;
   int reference;  // index of its raw reference path; -1 for a reference itself
+  bool kpack;     // through kpack's launch path (stamped in a profiling build)
   std::function<bool()> launch;
   std::vector<Parts> rounds;  // ticks per launch, one entry per round
 };
@@ -76,8 +92,8 @@ double TicksPerNs() {
   while (std::chrono::steady_clock::now() - c0 < std::chrono::milliseconds(50)) {
   }
   const uint64_t t1 = Ticks();
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - c0)
-                        .count();
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - c0).count();
   return static_cast<double>(t1 - t0) / ns;
 }
 
@@ -96,10 +112,20 @@ bool RunBatch(BenchSetup& g, CUstream stream, KpackTimingStamps* stamps, long la
     sum.before += static_cast<double>(stamps->entry - t0);
     sum.driver += static_cast<double>(stamps->exit - stamps->entry);
     sum.after += static_cast<double>(t1 - stamps->exit);
+    if (kStamps && path.kpack) {
+      const uint64_t* k = kpack_launch_stamps;
+      sum.caller += static_cast<double>(k[0] - t0);
+      sum.select += static_cast<double>(k[1] - k[0]);
+      sum.pack += static_cast<double>(k[2] - k[1]);
+      sum.prepare += static_cast<double>(k[3] - k[2]);
+      sum.send += static_cast<double>(stamps->entry - k[3]);
+    }
   }
   if (stamps->launches - passed != static_cast<uint64_t>(launches)) return false;
   const double n = static_cast<double>(launches);
-  path.rounds.push_back({sum.total / n, sum.before / n, sum.driver / n, sum.after / n});
+  path.rounds.push_back({sum.total / n, sum.before / n, sum.driver / n, sum.after / n,
+                         sum.caller / n, sum.select / n, sum.pack / n, sum.prepare / n,
+                         sum.send / n});
   return true;
 }
 
@@ -124,7 +150,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* chosen = std::getenv("KPACK_CUDA_DRIVER");
-  if (chosen != nullptr && chosen[0] != '\0' && std::getenv("KPACK_TIMING_REAL_DRIVER") == nullptr) {
+  if (chosen != nullptr && chosen[0] != '\0' &&
+      std::getenv("KPACK_TIMING_REAL_DRIVER") == nullptr) {
     setenv("KPACK_TIMING_REAL_DRIVER", chosen, 1);
   }
   setenv("KPACK_CUDA_DRIVER", KPACK_TIMING_DRIVER_PATH, 1);
@@ -162,17 +189,27 @@ int main(int argc, char** argv) {
   bound.reserve(g.kernels().size());
   for (const ArgsKernel& k : g.kernels()) {
     const int raw = static_cast<int>(paths.size());
-    paths.push_back({"raw_params/" + k.name, -1,
-                     [&g, &k, s] { return g.RawParams(k, k.raw_function, s); }, {}});
-    paths.push_back({"raw_params_fresh/" + k.name, raw,
-                     [&g, &k, s] { return g.RawParamsFresh(k, s); }, {}});
+    paths.push_back({"raw_params/" + k.name,
+                     -1,
+                     false,
+                     [&g, &k, s] { return g.RawParams(k, k.raw_function, s); },
+                     {}});
+    paths.push_back({"raw_params_fresh/" + k.name,
+                     raw,
+                     false,
+                     [&g, &k, s] { return g.RawParamsFresh(k, s); },
+                     {}});
     // Raw, then one relaxed atomic increment, as kpack counts its launches after the
     // driver returns: what a locked instruction costs right after the driver's work.
-    paths.push_back({"raw_params_atomic/" + k.name, raw, [&g, &k, s] {
+    paths.push_back({"raw_params_atomic/" + k.name,
+                     raw,
+                     false,
+                     [&g, &k, s] {
                        const bool ok = g.RawParams(k, k.raw_function, s);
                        counted.fetch_add(1, std::memory_order_relaxed);
                        return ok;
-                     }, {}});
+                     },
+                     {}});
     auto b = g.Bind(k, s);
     if (!b.ok()) {
       std::fprintf(stderr, "kpack_launch_split: bind failed: %s\n",
@@ -181,23 +218,33 @@ int main(int argc, char** argv) {
     }
     bound.push_back(*std::move(b));
     kpack::BoundLaunch* launch = &bound.back();
-    paths.push_back({"kpack_bound/" + k.name, raw, [launch] { return launch->Launch().ok(); }, {}});
-    paths.push_back({"kpack_by_kernel/" + k.name, raw,
-                     [&g, &k, s] { return g.KpackByKernel(k.kernel, k.inputs, s); }, {}});
-    paths.push_back({"kpack_by_name/" + k.name, raw, [&g, &k, s] { return g.KpackByName(k, s); },
+    paths.push_back(
+        {"kpack_bound/" + k.name, raw, true, [launch] { return launch->Launch().ok(); }, {}});
+    paths.push_back({"kpack_by_kernel/" + k.name,
+                     raw,
+                     true,
+                     [&g, &k, s] { return g.KpackByKernel(k.kernel, k.inputs, s); },
                      {}});
+    paths.push_back(
+        {"kpack_by_name/" + k.name, raw, true, [&g, &k, s] { return g.KpackByName(k, s); }, {}});
   }
   const int raw_dynamic = static_cast<int>(paths.size());
   size_t raw_shape = 0, kpack_shape = 0;
-  paths.push_back({"raw_dynamic_shapes", -1, [&] { return g.RawDynamic(raw_shape++, s); }, {}});
-  paths.push_back({"kpack_dynamic_shapes", raw_dynamic,
-                   [&] { return g.KpackDynamic(kpack_shape++, s); }, {}});
+  paths.push_back(
+      {"raw_dynamic_shapes", -1, false, [&] { return g.RawDynamic(raw_shape++, s); }, {}});
+  paths.push_back({"kpack_dynamic_shapes",
+                   raw_dynamic,
+                   true,
+                   [&] { return g.KpackDynamic(kpack_shape++, s); },
+                   {}});
 
   // A warm-up round, not kept.
   for (Path& p : paths) {
     if (!RunBatch(g, s, stamps, launches, p)) {
-      std::fprintf(stderr, "kpack_launch_split: %s: a launch failed or bypassed the timing "
-                   "driver\n", p.name.c_str());
+      std::fprintf(stderr,
+                   "kpack_launch_split: %s: a launch failed or bypassed the timing "
+                   "driver\n",
+                   p.name.c_str());
       return 1;
     }
     p.rounds.clear();
@@ -206,8 +253,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < paths.size(); ++i) {
       Path& p = paths[(i + r) % paths.size()];
       if (!RunBatch(g, s, stamps, launches, p)) {
-        std::fprintf(stderr, "kpack_launch_split: %s: a launch failed or bypassed the timing "
-                     "driver\n", p.name.c_str());
+        std::fprintf(stderr,
+                     "kpack_launch_split: %s: a launch failed or bypassed the timing "
+                     "driver\n",
+                     p.name.c_str());
         return 1;
       }
     }
@@ -215,9 +264,10 @@ int main(int argc, char** argv) {
   g.driver().StreamSynchronize(s);
 
   const double per_ns = TicksPerNs();
-  std::printf("# ns per launch: the median over %d rounds of each round's mean of %ld launches "
-              "(%.3f ticks per ns)\n",
-              rounds, launches, per_ns);
+  std::printf(
+      "# ns per launch: the median over %d rounds of each round's mean of %ld launches "
+      "(%.3f ticks per ns)\n",
+      rounds, launches, per_ns);
   std::printf("%-28s %8s %8s %8s %8s | %-22s %8s %8s %8s %8s\n", "path", "total", "before",
               "driver", "after", "over raw in its round", "total", "before", "driver", "after");
   for (const Path& p : paths) {
@@ -238,6 +288,23 @@ int main(int argc, char** argv) {
                   part(&Parts::after, ref));
     }
     std::printf("\n");
+  }
+  if (kStamps) {
+    std::printf(
+        "\n# kpack's part before the driver, by step (profiling build): ns per launch, "
+        "medians as above\n%-28s %8s %8s %8s %8s %8s\n",
+        "path", "caller", "select", "pack", "prepare", "send");
+    for (const Path& p : paths) {
+      if (!p.kpack) continue;
+      auto part = [&](double Parts::*field) {
+        std::vector<double> v;
+        for (const Parts& r : p.rounds) v.push_back(r.*field / per_ns);
+        return Median(v);
+      };
+      std::printf("%-28s %8.1f %8.1f %8.1f %8.1f %8.1f\n", p.name.c_str(), part(&Parts::caller),
+                  part(&Parts::select), part(&Parts::pack), part(&Parts::prepare),
+                  part(&Parts::send));
+    }
   }
   return 0;
 }

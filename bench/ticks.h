@@ -1,31 +1,15 @@
-// A cheap clock for splitting one launch's host time into parts (bench/launch_split.cc and
-// the pass-through driver of bench/timing_driver.cc read the same one): the x86 time-stamp
-// counter (constant rate on every CPU kpack benchmarks on), steady_clock's nanoseconds
-// elsewhere. Not serializing: a stamp may move by a few cycles against the instructions
-// around it, which averages out over thousands of launches.
+// What bench/launch_split.cc and the pass-through driver of bench/timing_driver.cc share:
+// the clock (src/util/ticks.h) and the driver's stamps.
 
 #ifndef KPACK_BENCH_TICKS_H_
 #define KPACK_BENCH_TICKS_H_
 
-#include <chrono>
 #include <cstdint>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
+#include "util/ticks.h"
 
 namespace kpack::bench {
-
-inline uint64_t Ticks() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __rdtsc();
-#else
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-#endif
-}
-
+using internal::Ticks;
 }  // namespace kpack::bench
 
 // What the pass-through driver records of the last cuLaunchKernelEx: Ticks() on entry and

@@ -44,8 +44,8 @@ CUresult TimedLaunch(const CUlaunchConfig* config, CUfunction f, void** params, 
 GetProcAddressFn RealGetProc() {
   if (real_get_proc == nullptr) {
     const char* path = std::getenv("KPACK_TIMING_REAL_DRIVER");
-    void* handle = dlopen(path != nullptr && path[0] != '\0' ? path : "libcuda.so.1",
-                          RTLD_NOW | RTLD_LOCAL);
+    void* handle =
+        dlopen(path != nullptr && path[0] != '\0' ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) return nullptr;
     real_get_proc = reinterpret_cast<GetProcAddressFn>(dlsym(handle, "cuGetProcAddress_v2"));
   }

@@ -17,6 +17,12 @@
 #include <nvtx3/nvToolsExt.h>
 #endif
 
+#if KPACK_LAUNCH_STAMPS
+extern "C" {
+uint64_t kpack_launch_stamps[4] = {};
+}
+#endif
+
 namespace kpack::internal {
 
 ABSL_ATTRIBUTE_NOINLINE absl::Status ArgCountError(const KernelData& k, size_t got) {
@@ -189,8 +195,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::SendInline(const V
 absl::Status RuntimeImpl::LaunchPacked(const VariantData& v, const Grid& grid, CUstream stream,
                                        const ScratchAllocator* scratch, std::byte* buf,
                                        bool fallback) const {
+  KPACK_LAUNCH_STAMP(0);
+  KPACK_LAUNCH_STAMP(1);
+  KPACK_LAUNCH_STAMP(2);
   DriverLaunch p;
   KPACK_RETURN_IF_ERROR(Prepare(v, grid, stream, scratch, buf, &p));
+  KPACK_LAUNCH_STAMP(3);
   return SendInline(v, p, fallback);
 }
 
@@ -201,13 +211,16 @@ absl::Status RuntimeImpl::Send(const VariantData& v, const DriverLaunch& p, bool
 absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUstream stream,
                                      std::span<const Arg> args,
                                      const ScratchAllocator* scratch) const {
+  KPACK_LAUNCH_STAMP(0);
   DispatchTable::Choice choice{};
   KPACK_RETURN_IF_ERROR(Select(k, args, &choice));
+  KPACK_LAUNCH_STAMP(1);
   // The sole variant, when there is one, without reading the variants vector.
   const VariantData& v = k.sole_variant != nullptr ? *k.sole_variant : *k.variants[choice.variant];
   ParamStorage storage;
   std::byte* const buf = storage.bytes + v.buffer_shift;
   KPACK_RETURN_IF_ERROR(PackArgs(v, args, buf));
+  KPACK_LAUNCH_STAMP(2);
   Grid computed;
   if (grid == nullptr) {
     if (ABSL_PREDICT_FALSE(!GridOf(v, args, &computed))) return EvalGrid(v, args).status();
@@ -215,6 +228,7 @@ absl::Status RuntimeImpl::LaunchArgs(const KernelData& k, const Grid* grid, CUst
   }
   DriverLaunch p;
   KPACK_RETURN_IF_ERROR(Prepare(v, *grid, stream, scratch, buf, &p));
+  KPACK_LAUNCH_STAMP(3);
   return SendInline(v, p, choice.fallback);
 }
 }  // namespace kpack::internal

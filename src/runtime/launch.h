@@ -37,6 +37,18 @@
 #include "runtime/runtime_impl.h"
 #include "util/status_macros.h"
 
+#if KPACK_LAUNCH_STAMPS
+#include "util/ticks.h"
+// Profiling builds only (CMake -DKPACK_LAUNCH_STAMPS=ON): Ticks() at the launch path's
+// steps, kpack_launch_stamps[0] on entry, [1] after Select, [2] after PackArgs, [3] after
+// Prepare (a BoundLaunch stamps [0] to [2] on entry), read by bench/launch_split.cc.
+// One array for the process: a profile of one launching thread.
+extern "C" uint64_t kpack_launch_stamps[4];
+#define KPACK_LAUNCH_STAMP(i) (kpack_launch_stamps[i] = ::kpack::internal::Ticks())
+#else
+#define KPACK_LAUNCH_STAMP(i) ((void)0)
+#endif
+
 namespace kpack::internal {
 
 // The driver's largest grid along y and z (CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y/Z on every
