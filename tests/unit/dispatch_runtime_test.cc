@@ -144,6 +144,17 @@ TEST_F(DispatchRuntimeTest, MisalignmentFallsBackToGenericAndIsCounted) {
   EXPECT_EQ(Launches("b0_div16_unit", true), 0u);
 }
 
+// A launch the driver refuses is not counted, neither as a launch nor as a fallback (the
+// counters are raised before the driver's call and lowered again when it fails).
+TEST_F(DispatchRuntimeTest, ALaunchTheDriverRefusesIsNotCounted) {
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX + 4, kY, kOut, 1000, 1, 1.0f));
+  fake::FailNext("LaunchKernelEx", CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+  EXPECT_FALSE(axpy_.Launch(nullptr, kX + 4, kY, kOut, 1000, 1, 1.0f).ok());
+  KP_ASSERT_OK(axpy_.Launch(nullptr, kX + 4, kY, kOut, 1000, 1, 1.0f));
+  EXPECT_EQ(Launches("b0_generic"), 2u);
+  EXPECT_EQ(Launches("b0_generic", true), 2u);
+}
+
 // Kernel::Restrict: a view that launches only some variants. Ignoring buckets, the b1
 // configuration (BLOCK 1024, 4 warps) serves every n, still specialized per call.
 TEST_F(DispatchRuntimeTest, RestrictedToOneConfigurationIgnoringBuckets) {
