@@ -11,7 +11,8 @@
 // Besides kpack's paths and the raw ones of kpack_launch_bench, raw_params_atomic/argsN is
 // the raw launch followed by one relaxed atomic increment, as kpack counts a launch once
 // the driver returns: a locked instruction waits for every store before it, the
-// driver's included.
+// driver's included. raw_params_fence/args4 follows it with a full fence instead, and
+// raw_params_stores64/args4 with 64 plain stores to the stack.
 //
 // Issue 25 asks why the by-Kernel path costs more over raw on the GPU machine than its
 // instructions explain: whether kpack's own part runs slow there (its data evicted by the
@@ -210,6 +211,30 @@ int main(int argc, char** argv) {
                        return ok;
                      },
                      {}});
+    if (k.arity == 4) {
+      // Two more probes after a raw launch: a full fence (waits for every store before
+      // it, the driver's included), and 64 plain 8-byte stores to the stack (what
+      // building 32 Args costs once the driver returns).
+      paths.push_back({"raw_params_fence/" + k.name,
+                       raw,
+                       false,
+                       [&g, &k, s] {
+                         const bool ok = g.RawParams(k, k.raw_function, s);
+                         std::atomic_thread_fence(std::memory_order_seq_cst);
+                         return ok;
+                       },
+                       {}});
+      paths.push_back({"raw_params_stores64/" + k.name,
+                       raw,
+                       false,
+                       [&g, &k, s] {
+                         const bool ok = g.RawParams(k, k.raw_function, s);
+                         volatile uint64_t words[64];
+                         for (int i = 0; i < 64; ++i) words[i] = static_cast<uint64_t>(i);
+                         return ok;
+                       },
+                       {}});
+    }
     auto b = g.Bind(k, s);
     if (!b.ok()) {
       std::fprintf(stderr, "kpack_launch_split: bind failed: %s\n",

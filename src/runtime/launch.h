@@ -44,9 +44,17 @@
 // Prepare (a BoundLaunch stamps [0] to [2] on entry), read by bench/launch_split.cc.
 // One array for the process: a profile of one launching thread.
 extern "C" uint64_t kpack_launch_stamps[4];
-#define KPACK_LAUNCH_STAMP(i) (kpack_launch_stamps[i] = ::kpack::internal::Ticks())
+// The empty asm keeps the compiler from moving memory accesses across a stamp.
+#define KPACK_LAUNCH_STAMP(i)                             \
+  do {                                                    \
+    asm volatile("" ::: "memory");                        \
+    kpack_launch_stamps[i] = ::kpack::internal::Ticks(); \
+    asm volatile("" ::: "memory");                        \
+  } while (0)
 #else
-#define KPACK_LAUNCH_STAMP(i) ((void)0)
+#define KPACK_LAUNCH_STAMP(i) \
+  do {                        \
+  } while (0)
 #endif
 
 namespace kpack::internal {
