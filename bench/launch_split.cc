@@ -28,7 +28,8 @@
 // figures are each part's median over the rounds of its mean per launch, and each path's
 // median over the rounds of its difference from its raw reference in the same round.
 // Exits 1 when a launch fails or a batch's launches did not all pass through the timing
-// driver.
+// driver. Built with kpack's profiling option (-DKPACK_LAUNCH_STAMPS=ON) it also prints
+// kpack's part by step: the caller's Arg array, Select, PackArgs, Prepare, the rest.
 
 #include <dlfcn.h>
 
