@@ -87,6 +87,16 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// Nanoseconds: the median over `p`'s rounds of its part `field`, less `ref`'s in the same
+// round when `ref` is given.
+double MedianNs(const Path& p, double Parts::*field, const Path* ref, double ticks_per_ns) {
+  std::vector<double> v;
+  for (size_t r = 0; r < p.rounds.size(); ++r) {
+    v.push_back((p.rounds[r].*field - (ref != nullptr ? ref->rounds[r].*field : 0)) / ticks_per_ns);
+  }
+  return Median(v);
+}
+
 // Ticks per nanosecond, against steady_clock over 50 ms.
 double TicksPerNs() {
   const auto c0 = std::chrono::steady_clock::now();
@@ -264,20 +274,10 @@ int main(int argc, char** argv) {
                    [&] { return g.KpackDynamic(kpack_shape++, s); },
                    {}});
 
-  // A warm-up round, not kept.
-  for (Path& p : paths) {
-    if (!RunBatch(g, s, stamps, launches, p)) {
-      std::fprintf(stderr,
-                   "kpack_launch_split: %s: a launch failed or bypassed the timing "
-                   "driver\n",
-                   p.name.c_str());
-      return 1;
-    }
-    p.rounds.clear();
-  }
-  for (int r = 0; r < rounds; ++r) {
+  // Round -1 warms up and is not kept.
+  for (int r = -1; r < rounds; ++r) {
     for (size_t i = 0; i < paths.size(); ++i) {
-      Path& p = paths[(i + r) % paths.size()];
+      Path& p = paths[(i + paths.size() + r) % paths.size()];
       if (!RunBatch(g, s, stamps, launches, p)) {
         std::fprintf(stderr,
                      "kpack_launch_split: %s: a launch failed or bypassed the timing "
@@ -285,6 +285,9 @@ int main(int argc, char** argv) {
                      p.name.c_str());
         return 1;
       }
+    }
+    if (r < 0) {
+      for (Path& p : paths) p.rounds.clear();
     }
   }
   g.driver().StreamSynchronize(s);
@@ -298,11 +301,7 @@ int main(int argc, char** argv) {
               "driver", "after", "over raw in its round", "total", "before", "driver", "after");
   for (const Path& p : paths) {
     auto part = [&](double Parts::*field, const Path* ref) {
-      std::vector<double> v;
-      for (size_t r = 0; r < p.rounds.size(); ++r) {
-        v.push_back((p.rounds[r].*field - (ref != nullptr ? ref->rounds[r].*field : 0)) / per_ns);
-      }
-      return Median(v);
+      return MedianNs(p, field, ref, per_ns);
     };
     std::printf("%-28s %8.1f %8.1f %8.1f %8.1f", p.name.c_str(), part(&Parts::total, nullptr),
                 part(&Parts::before, nullptr), part(&Parts::driver, nullptr),
@@ -322,11 +321,7 @@ int main(int argc, char** argv) {
         "path", "caller", "select", "pack", "prepare", "send");
     for (const Path& p : paths) {
       if (!p.kpack) continue;
-      auto part = [&](double Parts::*field) {
-        std::vector<double> v;
-        for (const Parts& r : p.rounds) v.push_back(r.*field / per_ns);
-        return Median(v);
-      };
+      auto part = [&](double Parts::*field) { return MedianNs(p, field, nullptr, per_ns); };
       std::printf("%-28s %8.1f %8.1f %8.1f %8.1f %8.1f\n", p.name.c_str(), part(&Parts::caller),
                   part(&Parts::select), part(&Parts::pack), part(&Parts::prepare),
                   part(&Parts::send));

@@ -144,8 +144,7 @@ TEST_F(DispatchRuntimeTest, MisalignmentFallsBackToGenericAndIsCounted) {
   EXPECT_EQ(Launches("b0_div16_unit", true), 0u);
 }
 
-// A launch the driver refuses is not counted, neither as a launch nor as a fallback (the
-// counters are raised before the driver's call and lowered again when it fails).
+// A launch the driver refuses is not counted, neither as a launch nor as a fallback.
 TEST_F(DispatchRuntimeTest, ALaunchTheDriverRefusesIsNotCounted) {
   KP_ASSERT_OK(axpy_.Launch(nullptr, kX + 4, kY, kOut, 1000, 1, 1.0f));
   fake::FailNext("LaunchKernelEx", CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
