@@ -83,7 +83,7 @@ ctest --test-dir build-nonvtx -L cpu -R 'Nvtx|^CliTest\.Doctor$' --output-on-fai
 
 echo "== fuzzers (libFuzzer, ASan + UBSan)"
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz "${common[@]}" -DKPACK_BUILD_FUZZERS=ON \
-  -DKPACK_BUILD_TESTS=OFF -DKPACK_BUILD_TOOLS=ON \
+  -DKPACK_BUILD_TESTS=OFF -DKPACK_BUILD_TOOLS=ON -DKPACK_FORTIFY_SOURCE=OFF \
   -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
 cmake --build build-fuzz -j"$jobs"
 ctest --test-dir build-fuzz -L fuzz --output-on-failure

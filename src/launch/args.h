@@ -8,7 +8,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
@@ -16,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "kpack/arg.h"
 #include "manifest/manifest.h"
+#include "util/bytes.h"
 
 namespace kpack::internal {
 
@@ -76,7 +76,7 @@ namespace args_detail {
 
 template <typename T>
 inline void Store(std::byte* dst, T value) {
-  std::memcpy(dst, &value, sizeof(T));
+  CopyBytes<sizeof(T)>(dst, &value);  // not std::memcpy: see util/bytes.h
 }
 
 // Whether an integer Arg fits a parameter of `bits` bits, signed or not.

@@ -137,8 +137,8 @@ absl::Status RuntimeImpl::FillScratch(const VariantData& v, const Grid& grid, ui
     global = *base;
     profile = *base + profile_start;
   }
-  if (v.global_scratch_size != 0) std::memcpy(buf + v.global_scratch_offset, &global, 8);
-  if (v.profile_scratch_size != 0) std::memcpy(buf + v.profile_scratch_offset, &profile, 8);
+  if (v.global_scratch_size != 0) CopyBytes<8>(buf + v.global_scratch_offset, &global);
+  if (v.profile_scratch_size != 0) CopyBytes<8>(buf + v.profile_scratch_offset, &profile);
   return absl::OkStatus();
 }
 

@@ -15,7 +15,9 @@
 // launch.cc compile into one straight-line body, while Bind and BoundLaunch::Set (and
 // kpack's own tools) call the same code. Rules for everything in this file: no heap
 // allocation, no lock, no string formatting, no logging on success; the error builders
-// below are out of line and run only on failure.
+// below are out of line and run only on failure; bytes are copied with CopyBytes and
+// ZeroBytes (util/bytes.h), never std::memcpy, which a fortified build (_FORTIFY_SOURCE,
+// Ubuntu's default) turns into a library call per copy into the stack buffer.
 
 #ifndef KPACK_SRC_RUNTIME_LAUNCH_H_
 #define KPACK_SRC_RUNTIME_LAUNCH_H_
@@ -25,7 +27,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <span>
 
@@ -35,6 +36,7 @@
 #include "kpack/arg.h"
 #include "launch/args.h"
 #include "runtime/runtime_impl.h"
+#include "util/bytes.h"
 #include "util/status_macros.h"
 
 #if KPACK_LAUNCH_STAMPS
@@ -98,12 +100,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   }
   const uint32_t* const more = v.pack_more;
   if (ABSL_PREDICT_FALSE(v.zero_all)) {
-    std::memset(buf, 0, v.param_bytes);
+    ZeroBytes(buf, v.param_bytes);
   } else {
     const uint32_t* const zero = more + v.num_generic;
     static constexpr std::byte kNone[kZeroStoreBytes] = {};
     for (uint32_t z = 0, n = v.num_zero_stores; z < n; ++z) {
-      std::memcpy(buf + zero[z], kNone, kZeroStoreBytes);
+      CopyBytes<kZeroStoreBytes>(buf + zero[z], kNone);
     }
   }
   // An Arg is its 8 payload bytes, then its kind byte (kpack/arg.h).
@@ -117,9 +119,9 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
 #pragma GCC unroll 2
   for (const PackOp* const end = op + v.num_pointer; op != end; ++op) {
     uint64_t bits;
-    std::memcpy(&bits, a + op->arg_byte, 8);
+    CopyBytes<8>(&bits, a + op->arg_byte);
     pointer_kinds |= a[op->arg_byte + 8];
-    std::memcpy(buf + op->offset, &bits, 8);
+    CopyBytes<8>(buf + op->offset, &bits);
   }
   unsigned char bad_kind = pointer_kinds & ~1u;  // a byte: the kind tests are byte operations
   uint64_t bad_value = 0;
@@ -127,9 +129,9 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
   const uint32_t* test = more + v.num_generic + v.num_zero_stores;
   for (const PackOp* const end = op + v.num_copy8; op != end; ++op, ++test) {
     uint64_t bits;
-    std::memcpy(&bits, a + op->arg_byte, 8);
+    CopyBytes<8>(&bits, a + op->arg_byte);
     bad_kind |= (a[op->arg_byte + 8] & *test) ^ (*test >> 8);
-    std::memcpy(buf + op->offset, &bits, 8);
+    CopyBytes<8>(buf + op->offset, &bits);
   }
   // i32 slots: every kind is kSigned exactly when their OR and their AND both are.
   constexpr auto kSigned = static_cast<unsigned char>(Arg::Kind::kSigned);
@@ -137,12 +139,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
 #pragma GCC unroll 2
   for (const PackOp* const end = op + v.num_i32; op != end; ++op) {
     uint64_t bits;
-    std::memcpy(&bits, a + op->arg_byte, 8);
+    CopyBytes<8>(&bits, a + op->arg_byte);
     const auto low = static_cast<uint32_t>(bits);
     i32_or |= a[op->arg_byte + 8];
     i32_and &= a[op->arg_byte + 8];
     bad_value |= bits ^ static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(low)));
-    std::memcpy(buf + op->offset, &low, 4);
+    CopyBytes<4>(buf + op->offset, &low);
   }
   bad_kind |= (i32_or ^ kSigned) | (i32_and ^ kSigned);
   // fp32: a float's bits, or a double rounded to float (what a Python float becomes).
@@ -150,7 +152,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
                 static_cast<unsigned>(Arg::Kind::kFloat32) + 1);
   for (const PackOp* const end = op + v.num_fp32; op != end; ++op) {
     uint64_t bits;
-    std::memcpy(&bits, a + op->arg_byte, 8);
+    CopyBytes<8>(&bits, a + op->arg_byte);
     const unsigned kind = a[op->arg_byte + 8];
     const bool is_double = kind == static_cast<unsigned>(Arg::Kind::kFloat64);
     // Only a double is converted: a float's bits read as a double are a denormal, which
@@ -159,7 +161,7 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status RuntimeImpl::PackArgs(
     const uint32_t value =
         is_double ? std::bit_cast<uint32_t>(rounded) : static_cast<uint32_t>(bits);
     bad_kind |= (kind - static_cast<unsigned>(Arg::Kind::kFloat32)) > 1;  // neither of the two
-    std::memcpy(buf + op->offset, &value, 4);
+    CopyBytes<4>(buf + op->offset, &value);
   }
   if (ABSL_PREDICT_FALSE((bad_kind | bad_value) != 0)) return PackEach(v, args, buf);
   for (uint32_t g = 0; g < v.num_generic; ++g) {
