@@ -12,7 +12,12 @@
 // the raw launch followed by one relaxed atomic increment, as kpack counts a launch once
 // the driver returns: a locked instruction waits for every store before it, the
 // driver's included. raw_params_fence/args4 follows it with a full fence instead, and
-// raw_params_stores64/args4 with 64 plain stores to the stack.
+// raw_params_stores64/args4 with 64 plain stores to the stack. The raw_then_*32/args4
+// paths follow it with a copy of PackArgs's loops on data of their own, for 32 arguments
+// (PackLoops below): what a packing loop costs right after the driver, with and without
+// the caller's Arg array, the kind bytes, or any Arg array at all; and, inlined into a
+// frame with the buffer on its stack as LaunchArgs has it, copying with std::memcpy (a
+// __memcpy_chk call per copy in a fortified build) or with util/bytes.h's CopyBytes.
 //
 // Issue 25 asks why the by-Kernel path costs more over raw on the GPU machine than its
 // instructions explain: whether kpack's own part runs slow there (its data evicted by the
@@ -36,15 +41,20 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "bench_setup.h"
+#include "kpack/arg.h"
 #include "ticks.h"
+#include "util/bytes.h"
 
 #if KPACK_LAUNCH_STAMPS
 extern "C" uint64_t kpack_launch_stamps[4];  // runtime/launch.h
@@ -57,6 +67,129 @@ using kpack::bench::BenchSetup;
 using kpack::bench::Ticks;
 
 std::atomic<uint64_t> counted{0};  // raw_params_atomic's counter
+
+// Probes of the per-argument cost (issue 25): a packing loop like PackArgs's, on data of
+// its own, run right after a raw launch (so timed in the "after" column). The arguments
+// are those of args32's kernel: 16 pointers, then 16 i32 (a CUdeviceptr and an int32_t
+// per Arg, as a caller's Launch builds them).
+constexpr int kProbePointers = 16, kProbeArgs = 32;
+struct ProbeOp {
+  uint16_t offset, arg_byte;
+};
+struct ProbeData {
+  ProbeOp plan[kProbeArgs];  // pointers at 0..127, i32 at 128..191
+  CUdeviceptr pointers[kProbePointers];
+  int32_t ints[kProbeArgs - kProbePointers];
+  alignas(16) unsigned char prebuilt[kProbeArgs * sizeof(kpack::Arg)];  // Args, built once
+  alignas(64) std::byte buf[256];
+  uint32_t shift = 0;  // where ProbeStackPack's buffer starts in its storage (a variant's buffer_shift)
+};
+ProbeData* probe = nullptr;  // on the heap, as a variant's data
+uint64_t probe_sink = 0;  // a plain add: a locked one would wait for the driver's stores
+
+ProbeData* MakeProbe() {
+  auto* d = new ProbeData();
+  for (int i = 0; i < kProbeArgs; ++i) {
+    d->plan[i] = {static_cast<uint16_t>(i < kProbePointers ? 8 * i : 128 + 4 * (i - kProbePointers)),
+                  static_cast<uint16_t>(16 * i)};
+  }
+  for (int i = 0; i < kProbePointers; ++i) d->pointers[i] = 0x7f0000000000ull + 256 * i;
+  for (int i = 0; i < kProbeArgs - kProbePointers; ++i) d->ints[i] = 1000 + i;
+  for (int i = 0; i < kProbeArgs; ++i) {
+    const kpack::Arg a = i < kProbePointers ? kpack::Arg(d->pointers[i])
+                                            : kpack::Arg(d->ints[i - kProbePointers]);
+    std::memcpy(d->prebuilt + sizeof(kpack::Arg) * i, &a, sizeof a);
+  }
+  return d;
+}
+
+// A copy of N bytes: std::memcpy, as the launch path copied until session 29, or
+// CopyBytes (util/bytes.h), as it copies now. They differ only in a fortified build
+// (_FORTIFY_SOURCE, the default of Ubuntu's GCC and of kpack's CMake): there a memcpy
+// into an object of known size is a call to __memcpy_chk.
+template <bool std_memcpy, size_t N>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void Copy(void* dst, const void* src) {
+  if constexpr (std_memcpy) {
+    std::memcpy(dst, src, N);
+  } else {
+    kpack::internal::CopyBytes<N>(dst, src);
+  }
+}
+
+// PackArgs's pointer and i32 loops (runtime/launch.h) over `args`, into `buf`; with
+// `kinds` false, the same copies without the kind bytes' loads and tests.
+template <bool kinds, bool std_memcpy>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline uint64_t PackLoops(const void* args, std::byte* buf) {
+  const auto* a = static_cast<const unsigned char*>(args);
+  const ProbeOp* op = probe->plan;
+  unsigned char pointer_kinds = 0;
+#pragma GCC unroll 2
+  for (const ProbeOp* const end = op + kProbePointers; op != end; ++op) {
+    uint64_t bits;
+    Copy<std_memcpy, 8>(&bits, a + op->arg_byte);
+    if constexpr (kinds) pointer_kinds |= a[op->arg_byte + 8];
+    Copy<std_memcpy, 8>(buf + op->offset, &bits);
+  }
+  unsigned char i32_or = 2, i32_and = 2;
+  uint64_t bad_value = 0;
+#pragma GCC unroll 2
+  for (const ProbeOp* const end = probe->plan + kProbeArgs; op != end; ++op) {
+    uint64_t bits;
+    Copy<std_memcpy, 8>(&bits, a + op->arg_byte);
+    const auto low = static_cast<uint32_t>(bits);
+    if constexpr (kinds) {
+      i32_or |= a[op->arg_byte + 8];
+      i32_and &= a[op->arg_byte + 8];
+      bad_value |= bits ^ static_cast<uint64_t>(static_cast<int64_t>(static_cast<int32_t>(low)));
+    }
+    Copy<std_memcpy, 4>(buf + op->offset, &low);
+  }
+  return (pointer_kinds & ~1u) | (i32_or ^ 2) | (i32_and ^ 2) | bad_value;
+}
+
+// The loops into a buffer reached through a pointer (the compiler knows no object size).
+template <bool kinds>
+ABSL_ATTRIBUTE_NOINLINE uint64_t ProbePack(const void* args, std::byte* buf) {
+  return PackLoops<kinds, true>(args, buf);
+}
+
+// The caller's Arg array, built on the stack as Kernel::Launch builds it, then `f(array)`.
+template <size_t... P, size_t... I, typename F>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline uint64_t WithProbeArgs(std::index_sequence<P...>,
+                                                           std::index_sequence<I...>, F f) {
+  const kpack::Arg packed[] = {kpack::Arg(probe->pointers[P])..., kpack::Arg(probe->ints[I])...};
+  asm volatile("" : : "r"(packed) : "memory");
+  return f(packed);
+}
+template <typename F>
+ABSL_ATTRIBUTE_NOINLINE uint64_t BuildProbeArgs(F f) {
+  return WithProbeArgs(std::make_index_sequence<kProbePointers>(),
+                       std::make_index_sequence<kProbeArgs - kProbePointers>(), f);
+}
+
+// The loops inlined into a frame with the buffer on its stack, as RuntimeImpl::LaunchArgs
+// packs into its ParamStorage: an object whose size the compiler knows, so that in a
+// fortified build each std::memcpy into it is a __memcpy_chk call.
+template <bool std_memcpy>
+ABSL_ATTRIBUTE_NOINLINE uint64_t ProbeStackPack(const kpack::Arg* args) {
+  alignas(64) std::byte storage[4096 + 64];
+  const uint64_t r = PackLoops<true, std_memcpy>(args, storage + probe->shift);
+  asm volatile("" : : "r"(storage) : "memory");
+  return r;
+}
+
+// The 32 values stored straight into the buffer at the plan's offsets: no Arg array.
+ABSL_ATTRIBUTE_NOINLINE uint64_t ProbeDirect() {
+  std::byte* const buf = probe->buf;
+  const ProbeOp* op = probe->plan;
+  for (int i = 0; i < kProbePointers; ++i, ++op) {
+    std::memcpy(buf + op->offset, &probe->pointers[i], 8);
+  }
+  for (int i = 0; i < kProbeArgs - kProbePointers; ++i, ++op) {
+    std::memcpy(buf + op->offset, &probe->ints[i], 4);
+  }
+  return 0;
+}
 
 struct Parts {
   double total = 0, before = 0, driver = 0, after = 0;
@@ -193,6 +326,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   KpackTimingStamps* stamps = stamps_fn();
+  probe = MakeProbe();
   BenchSetup& g = **setup;
   const CUstream s = g.stream(0);
 
@@ -246,6 +380,41 @@ int main(int argc, char** argv) {
                        },
                        {}});
     }
+    if (k.arity == 4) {
+      // The per-argument probes after a raw launch (ProbePack above): the 32-Arg array
+      // alone, the array and the packing loop, the loop over an array built once, the
+      // loop without the kind bytes, and the values stored without an Arg array.
+      auto after_raw = [&g, &k, s](std::string name, std::function<uint64_t()> probe_fn) {
+        return Path{name + "/" + k.name, -1, false,
+                    [&g, &k, s, probe_fn] {
+                      const bool ok = g.RawParams(k, k.raw_function, s);
+                      probe_sink += probe_fn();
+                      return ok;
+                    },
+                    {}};
+      };
+      const size_t first_probe = paths.size();
+      paths.push_back(after_raw("raw_then_build32", [] {
+        return BuildProbeArgs([](const kpack::Arg*) -> uint64_t { return 0; });
+      }));
+      paths.push_back(after_raw("raw_then_build_pack32", [] {
+        return BuildProbeArgs([](const kpack::Arg* a) { return ProbePack<true>(a, probe->buf); });
+      }));
+      paths.push_back(after_raw("raw_then_build_copy32", [] {
+        return BuildProbeArgs(
+            [](const kpack::Arg* a) { return ProbePack<false>(a, probe->buf); });
+      }));
+      paths.push_back(after_raw("raw_then_pack32",
+                                [] { return ProbePack<true>(probe->prebuilt, probe->buf); }));
+      paths.push_back(after_raw("raw_then_build_stack_memcpy32", [] {
+        return BuildProbeArgs([](const kpack::Arg* a) { return ProbeStackPack<true>(a); });
+      }));
+      paths.push_back(after_raw("raw_then_build_stack_copybytes32", [] {
+        return BuildProbeArgs([](const kpack::Arg* a) { return ProbeStackPack<false>(a); });
+      }));
+      paths.push_back(after_raw("raw_then_direct32", [] { return ProbeDirect(); }));
+      for (size_t i = first_probe; i < paths.size(); ++i) paths[i].reference = raw;
+    }
     auto b = g.Bind(k, s);
     if (!b.ok()) {
       std::fprintf(stderr, "kpack_launch_split: bind failed: %s\n",
@@ -297,13 +466,13 @@ int main(int argc, char** argv) {
       "# ns per launch: the median over %d rounds of each round's mean of %ld launches "
       "(%.3f ticks per ns)\n",
       rounds, launches, per_ns);
-  std::printf("%-28s %8s %8s %8s %8s | %-22s %8s %8s %8s %8s\n", "path", "total", "before",
+  std::printf("%-36s %8s %8s %8s %8s | %-22s %8s %8s %8s %8s\n", "path", "total", "before",
               "driver", "after", "over raw in its round", "total", "before", "driver", "after");
   for (const Path& p : paths) {
     auto part = [&](double Parts::*field, const Path* ref) {
       return MedianNs(p, field, ref, per_ns);
     };
-    std::printf("%-28s %8.1f %8.1f %8.1f %8.1f", p.name.c_str(), part(&Parts::total, nullptr),
+    std::printf("%-36s %8.1f %8.1f %8.1f %8.1f", p.name.c_str(), part(&Parts::total, nullptr),
                 part(&Parts::before, nullptr), part(&Parts::driver, nullptr),
                 part(&Parts::after, nullptr));
     if (p.reference >= 0) {
