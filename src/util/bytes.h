@@ -4,10 +4,11 @@
 // default in Ubuntu's GCC, the GPU machine's): a copy into an object whose size the
 // compiler tracks -- the launch path's parameter buffer on the stack, a BoundLaunch's
 // storage -- becomes a call to __memcpy_chk with the room left computed at run time. In
-// PackArgs that was one call per argument, about 5-8 ns each on the GPU machine's host and
-// most of the by-Kernel path's cost over raw at 32 arguments (bench/RESULTS.md, session
-// 29). __builtin_memcpy and __builtin_memset are the compiler's own, which the fortified
-// wrappers do not redirect; the sizes are the callers' to get right, as with memcpy.
+// PackArgs that was one call per argument: there PackArgs cost 5-8 ns per argument on the
+// GPU machine's host, where a copy of its loops without the calls costs 1-2 ns
+// (bench/RESULTS.md, session 29). __builtin_memcpy and __builtin_memset are the
+// compiler's own, which the fortified wrappers do not redirect; the sizes are the
+// callers' to get right, as with memcpy.
 
 #ifndef KPACK_SRC_UTIL_BYTES_H_
 #define KPACK_SRC_UTIL_BYTES_H_
