@@ -74,11 +74,6 @@ ABSL_ATTRIBUTE_NOINLINE absl::Status ArgError(absl::string_view kernel, size_t i
 
 namespace args_detail {
 
-template <typename T>
-inline void Store(std::byte* dst, T value) {
-  CopyBytes<sizeof(T)>(dst, &value);  // not std::memcpy: see util/bytes.h
-}
-
 // Whether an integer Arg fits a parameter of `bits` bits, signed or not.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool FitsInteger(const Arg& a, int bits, bool is_signed) {
   if (a.kind() == Arg::Kind::kSigned) {
@@ -113,16 +108,16 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool StoreInteger(const Arg& a, std::byte* d
   uint64_t v = a.bits();
   switch (bits) {
     case 8:
-      Store(dst, static_cast<uint8_t>(v));
+      StoreBytes(dst, static_cast<uint8_t>(v));
       break;
     case 16:
-      Store(dst, static_cast<uint16_t>(v));
+      StoreBytes(dst, static_cast<uint16_t>(v));
       break;
     case 32:
-      Store(dst, static_cast<uint32_t>(v));
+      StoreBytes(dst, static_cast<uint32_t>(v));
       break;
     default:
-      Store(dst, v);
+      StoreBytes(dst, v);
       break;
   }
   return true;
@@ -145,7 +140,6 @@ inline bool IsFloat(const Arg& a, double* out) {
 // Writes `arg` into `dst` as a value of `type`. Returns false, writing nothing useful,
 // when the Arg's kind cannot go to that type or an integer does not fit.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, std::byte* dst) {
-  using args_detail::Store;
   using args_detail::StoreInteger;
   double d;
   switch (type) {
@@ -153,12 +147,12 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, s
       if (a.kind() != Arg::Kind::kHostTypedPointer && a.kind() != Arg::Kind::kDevicePtr) {
         return false;
       }
-      Store(dst, a.bits());
+      StoreBytes(dst, a.bits());
       return true;
     case ParamType::kI1:
     case ParamType::kU1:
       if (a.kind() != Arg::Kind::kBool) return false;
-      Store(dst, static_cast<uint8_t>(a.bits()));
+      StoreBytes(dst, static_cast<uint8_t>(a.bits()));
       return true;
     case ParamType::kI8:
       return StoreInteger(a, dst, 8, true);
@@ -178,35 +172,35 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline bool PackArg(ParamType type, const Arg& a, s
       return StoreInteger(a, dst, 64, false);
     case ParamType::kFp32:
       if (a.kind() == Arg::Kind::kFloat32) {
-        Store(dst, static_cast<uint32_t>(a.bits()));
+        StoreBytes(dst, static_cast<uint32_t>(a.bits()));
         return true;
       }
       if (!args_detail::IsFloat(a, &d)) return false;
-      Store(dst, static_cast<float>(d));  // 4 bytes, never a double (Triton AOT's bug)
+      StoreBytes(dst, static_cast<float>(d));  // 4 bytes, never a double (Triton AOT's bug)
       return true;
     case ParamType::kFp64:
       if (!args_detail::IsFloat(a, &d)) return false;
-      Store(dst, d);
+      StoreBytes(dst, d);
       return true;
     case ParamType::kFp16:
       if (a.kind() == Arg::Kind::kHalf) {
-        Store(dst, static_cast<uint16_t>(a.bits()));
+        StoreBytes(dst, static_cast<uint16_t>(a.bits()));
         return true;
       }
       if (!args_detail::IsFloat(a, &d)) return false;
       {
         uint16_t h;
         if (!DoubleToHalfBits(d, &h)) return false;  // past fp16's range, as Triton refuses
-        Store(dst, h);
+        StoreBytes(dst, h);
       }
       return true;
     case ParamType::kBf16:
       if (a.kind() == Arg::Kind::kBFloat16) {
-        Store(dst, static_cast<uint16_t>(a.bits()));
+        StoreBytes(dst, static_cast<uint16_t>(a.bits()));
         return true;
       }
       if (!args_detail::IsFloat(a, &d)) return false;
-      Store(dst, TritonBf16Bits(d));
+      StoreBytes(dst, TritonBf16Bits(d));
       return true;
     case ParamType::kConstexpr:
     case ParamType::kTensorDesc:  // PackDesc (launch/tensordesc.h)

@@ -4,12 +4,12 @@
 #include "launch/tensordesc.h"
 
 #include <cstddef>
-#include <cstring>
 #include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "util/bytes.h"
 
 namespace kpack::internal {
 
@@ -65,11 +65,6 @@ DescSlot MakeDescSlot(const VariantSpec& variant, const TensorDescSpec& desc) {
 
 namespace {
 
-template <typename T>
-void Store(std::byte* dst, T value) {
-  std::memcpy(dst, &value, sizeof(T));
-}
-
 // The caller's shape, with the last dimension doubled for an fp4-padded descriptor as
 // Triton does (make_tensordesc_arg: the encode and the i32 shape slots both get it). The
 // caller's value is checked before it is doubled, so the doubling cannot overflow.
@@ -96,7 +91,7 @@ static_assert(sizeof(TensorDesc) == 8 * DescMemo::kKeyWords && offsetof(TensorDe
                   offsetof(TensorDesc, padding) == 8 * (DescMemo::kKeyWords - 1),
               "DescMemo's key is TensorDesc's layout");
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void MemoKey(const TensorDesc& d, uint64_t* key) {
-  std::memcpy(key, &d, sizeof(TensorDesc));
+  CopyBytes<sizeof(TensorDesc)>(key, &d);
   key[1] &= 0xffffffffu;                  // rank (int)
   key[DescMemo::kKeyWords - 1] &= 0xffu;  // padding (uint8_t enum)
 }
@@ -128,7 +123,7 @@ bool DescMemo::Find(const TensorDesc& d, std::byte* map) const {
 #pragma GCC unroll 16
     for (int i = 0; i < kMapWords; ++i) {
       const uint64_t word = e.map[i].load(std::memory_order_acquire);
-      std::memcpy(map + 8 * i, &word, 8);
+      CopyBytes<8>(map + 8 * i, &word);
     }
     if (e.seq.load(std::memory_order_relaxed) != seq) continue;  // overwritten meanwhile
     return true;
@@ -149,7 +144,7 @@ void DescMemo::Insert(const TensorDesc& d, const std::byte* map) {
   for (int i = 0; i < kKeyWords; ++i) e.key[i].store(key[i], std::memory_order_release);
   for (int i = 0; i < kMapWords; ++i) {
     uint64_t word;
-    std::memcpy(&word, map + 8 * i, 8);
+    CopyBytes<8>(&word, map + 8 * i);
     e.map[i].store(word, std::memory_order_release);
   }
   e.seq.store(seq + 2, std::memory_order_release);
@@ -164,8 +159,8 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, 
     // The very inputs of an earlier encode, which passed every check below.
     for (int i = 0; i < rank; ++i) {
       const int64_t n = d.shape[i] * (i == rank - 1 && slot.fp4_padded ? 2 : 1);
-      Store(buf + slot.shape[i], static_cast<int32_t>(n));
-      Store(buf + slot.strides[i], d.strides[i]);
+      StoreBytes(buf + slot.shape[i], static_cast<int32_t>(n));
+      StoreBytes(buf + slot.strides[i], d.strides[i]);
     }
     return {};
   }
@@ -201,16 +196,16 @@ DescResult PackDesc(const Driver& driver, const DescSlot& slot, const Arg& arg, 
     if (r != CUDA_SUCCESS) return {DescProblem::kEncode, 0, r};
     if (slot.memo != nullptr) slot.memo->Insert(d, buf + slot.first);
   } else {
-    Store(buf + slot.first, static_cast<uint64_t>(d.base));
+    StoreBytes(buf + slot.first, static_cast<uint64_t>(d.base));
     for (int i = 0; i < rank; ++i) {
-      Store(buf + slot.base_shape[i], shape[i]);
-      Store(buf + slot.base_strides[i], d.strides[i]);
+      StoreBytes(buf + slot.base_shape[i], shape[i]);
+      StoreBytes(buf + slot.base_strides[i], d.strides[i]);
     }
-    Store(buf + slot.padding, static_cast<uint8_t>(nan ? 1 : 0));
+    StoreBytes(buf + slot.padding, static_cast<uint8_t>(nan ? 1 : 0));
   }
   for (int i = 0; i < rank; ++i) {
-    Store(buf + slot.shape[i], static_cast<int32_t>(shape[i]));
-    Store(buf + slot.strides[i], d.strides[i]);
+    StoreBytes(buf + slot.shape[i], static_cast<int32_t>(shape[i]));
+    StoreBytes(buf + slot.strides[i], d.strides[i]);
   }
   return {};
 }

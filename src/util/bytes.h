@@ -1,4 +1,5 @@
-// Fixed-size byte copies for the launch path: plain loads and stores with every toolchain.
+// Fixed-size byte copies for the launch path (PackArgs, PackArg, PackDesc and its memo,
+// the scratch pointers): plain loads and stores with every toolchain.
 //
 // std::memcpy of a constant size compiles to moves, except under _FORTIFY_SOURCE (on by
 // default in Ubuntu's GCC, the GPU machine's): a copy into an object whose size the
@@ -23,6 +24,12 @@ namespace kpack::internal {
 template <size_t N>
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline void CopyBytes(void* dst, const void* src) {
   __builtin_memcpy(dst, src, N);
+}
+
+// Stores the bytes of `value` at `dst` (a parameter slot: any alignment).
+template <typename T>
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline void StoreBytes(std::byte* dst, T value) {
+  CopyBytes<sizeof(T)>(dst, &value);
 }
 
 // Zeroes `n` bytes at `dst`.
