@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/launch.h"
+#include "util/bytes.h"
 #include "util/status_macros.h"
 
 namespace kpack::internal {
@@ -211,7 +212,7 @@ absl::Status BucketGraph::Patch(std::span<BoundState* const> launches, uint64_t*
     if (node.num_scratch != 0) {  // the node's own scratch pointers, not the launch's
       std::memcpy(staging_, st.buf, node.param_bytes);
       for (int k = 0; k < node.num_scratch; ++k) {
-        std::memcpy(staging_ + node.scratch[k].first, &node.scratch[k].second, 8);
+        CopyBytes<8>(staging_ + node.scratch[k].first, &node.scratch[k].second);
       }
       current = staging_;
     }
