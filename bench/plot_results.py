@@ -59,7 +59,7 @@ def plot_graph(results, out_png: Path) -> None:
     plt.close(fig)
 
 
-def plot_python(results, labels, out_png: Path) -> None:
+def plot_python(results, labels, out_png: Path, device: str = "") -> None:
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -81,7 +81,7 @@ def plot_python(results, labels, out_png: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("host µs per launch (median, min-max over repetitions)")
     ax.legend(fontsize=8)
-    ax.set_title("Launch cost from Python (torch tensors)")
+    ax.set_title("Launch cost from Python (torch tensors)" + (f"\n{device}" if device else ""))
     fig.tight_layout()
     fig.savefig(out_png, dpi=150)
     plt.close(fig)
@@ -91,6 +91,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--graph", type=Path, help="kpack_graph_bench --json output")
     p.add_argument("--python", type=Path, help="python_launch_bench.py results.json")
+    p.add_argument("--python-device", default="",
+                   help="the machine, for the Python plot's title "
+                   "(python_launch_bench.py's results.json does not name it)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args(argv)
     if not args.graph and not args.python:
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
         labels = {lp.key: lp.label.replace("`", "")
                   for lp in plb.PATHS + plb.EXTRA_PATHS + [plb.RAW]}
         plot_python(json.loads(args.python.read_text()), labels,
-                    args.out / "python_launch_cost.png")
+                    args.out / "python_launch_cost.png", args.python_device)
         print(f"wrote {args.out / 'python_launch_cost.png'}")
     return 0
 
