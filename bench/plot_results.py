@@ -60,6 +60,8 @@ def plot_graph(results, out_png: Path) -> None:
 
 
 def plot_python(results, labels, out_png: Path, device: str = "") -> None:
+    """``device`` titles the plot; by default the one ``results`` names (results.json files
+    written before the benchmark recorded it name none)."""
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -81,6 +83,7 @@ def plot_python(results, labels, out_png: Path, device: str = "") -> None:
     ax.invert_yaxis()
     ax.set_xlabel("host µs per launch (median, min-max over repetitions)")
     ax.legend(fontsize=8)
+    device = device or results.get("device", "")
     ax.set_title("Launch cost from Python (torch tensors)" + (f"\n{device}" if device else ""))
     fig.tight_layout()
     fig.savefig(out_png, dpi=150)
@@ -92,8 +95,8 @@ def main(argv=None) -> int:
     p.add_argument("--graph", type=Path, help="kpack_graph_bench --json output")
     p.add_argument("--python", type=Path, help="python_launch_bench.py results.json")
     p.add_argument("--python-device", default="",
-                   help="the machine, for the Python plot's title "
-                   "(python_launch_bench.py's results.json does not name it)")
+                   help="the machine, for the Python plot's title, in place of the one "
+                   "results.json names (files written before session 32 name none)")
     p.add_argument("--out", type=Path, default=Path("."))
     args = p.parse_args(argv)
     if not args.graph and not args.python:

@@ -350,9 +350,10 @@ def gpu_main(args) -> int:
         m = {key: medians[key][t.kernel] for key in keys}
         value, met = t.check(m)
         verdicts.append((t.text, value, met))
+    device = torch.cuda.get_device_name(0)
     header = (f"# Launch cost from Python: Triton vs kpack\n\n"
               f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
-              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, Triton "
+              f"{device}, torch {torch.__version__}, Triton "
               f"{triton.__version__}, Python {platform.python_version()}\n\n"
               f"Command: `{' '.join([sys.executable, *sys.argv])}`\n\n"
               f"{args.reps} repetitions x {args.iters} batches of {args.batch} launches per "
@@ -362,7 +363,8 @@ def gpu_main(args) -> int:
     table = render(medians, ranges, keys, labels, verdicts)
     (args.out / "results.md").write_text(header + table)
     (args.out / "results.json").write_text(json.dumps(
-        {"us_per_launch": results, "medians": medians, "check_max_error": errors,
+        {"device": device, "us_per_launch": results, "medians": medians,
+         "check_max_error": errors,
          "targets": [{"target": t, "value": v, "met": m} for t, v, m in verdicts]},
         indent=1) + "\n")
     print(header + table, flush=True)
